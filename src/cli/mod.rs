@@ -1,0 +1,318 @@
+//! Command line: argv → [`Invocation`].
+//!
+//! `csi-sidecar [shared flags] MODULE [flags] [MODULE [flags] ...]`, or an
+//! upstream binary name as argv[0] (`livenessprobe --csi-address=...`). A
+//! module name token starts a new segment. Go-style flags are normalised by
+//! [`goflags`] and then parsed by argh into typed configurations.
+
+pub mod goflags;
+pub mod shared;
+
+use std::collections::BTreeMap;
+
+use argh::{ArgsInfo, FromArgs};
+
+use crate::{
+    compat,
+    modules::{self, ModuleConfig, ModuleDesc},
+};
+use goflags::{FlagError, FlagKind, GivenFlag};
+pub use shared::SharedFlags;
+
+/// The name of the multicall binary itself.
+pub const PROGRAM: &str = "csi-sidecar";
+
+/// The version printed by `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+pub enum Command {
+    /// Run these modules.
+    Run(Invocation),
+    /// Print and exit (help, list, version, usage errors).
+    Exit {
+        /// Process exit status.
+        code: u8,
+        /// Text for stdout (code 0) or stderr.
+        text: String,
+    },
+}
+
+/// A parsed command line, ready to run.
+#[derive(Debug, PartialEq)]
+pub struct Invocation {
+    /// argv[0] basename, used in `--version` output and logs.
+    pub program: String,
+    /// Shared settings, merged from every segment.
+    pub shared: SharedFlags,
+    /// The modules, in command-line order.
+    pub modules: Vec<ModuleConfig>,
+    /// Warnings to log once logging is up (deprecated flags and the like).
+    pub warnings: Vec<String>,
+}
+
+/// A flag name → kind table built from argh's description of a struct.
+struct FlagTable(BTreeMap<&'static str, (FlagKind, &'static str)>);
+
+impl FlagTable {
+    fn from_info(info: argh::CommandInfoWithArgs, keep: impl Fn(&str) -> bool) -> Self {
+        let mut map = BTreeMap::new();
+        for f in info.flags {
+            let name = f.long.trim_start_matches('-');
+            if name == "help" || !keep(name) {
+                continue;
+            }
+            let kind = match f.kind {
+                argh::FlagInfoKind::Switch => FlagKind::Bool,
+                argh::FlagInfoKind::Option { .. } => FlagKind::Value,
+            };
+            map.insert(name, (kind, f.description));
+        }
+        FlagTable(map)
+    }
+
+    fn kind(&self, name: &str) -> Option<FlagKind> {
+        self.0.get(name).map(|(k, _)| *k)
+    }
+
+    fn render(&self, out: &mut String) {
+        for (name, (kind, desc)) in &self.0 {
+            let arg = if *kind == FlagKind::Value { "=VALUE" } else { "" };
+            out.push_str(&format!("  --{name}{arg}\n        {desc}\n"));
+        }
+    }
+}
+
+fn shared_table(accepts: impl Fn(&str) -> bool) -> FlagTable {
+    FlagTable::from_info(SharedFlags::get_args_info(), accepts)
+}
+
+/// The shared flags a module accepts: its upstream list plus the logging flags.
+fn module_accepts_shared(spec: &modules::FlagSpec, name: &str) -> bool {
+    spec.shared.contains(&name) || shared::LOGGING.contains(&name)
+}
+
+fn is_help(name: &str) -> bool {
+    matches!(name, "help" | "h")
+}
+
+fn usage_error(module: Option<&str>, err: impl std::fmt::Display) -> Command {
+    let (scope, hint) = match module {
+        Some(m) => (format!("{PROGRAM}: {m}: "), format!("Run '{PROGRAM} {m} --help' for usage.")),
+        None => (format!("{PROGRAM}: "), format!("Run '{PROGRAM} --help' for usage.")),
+    };
+    Command::Exit { code: 2, text: format!("{scope}{err}\n{hint}\n") }
+}
+
+/// One module's part of the command line.
+struct Segment {
+    desc: &'static ModuleDesc,
+    args: Vec<String>,
+}
+
+/// A shared flag value and where it was given.
+struct SharedGiven {
+    flag: GivenFlag,
+    origin: &'static str,
+}
+
+/// Parses a full argv (including argv[0]).
+pub fn parse(argv: &[String]) -> Command {
+    let program = argv
+        .first()
+        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+        .unwrap_or_else(|| PROGRAM.to_string());
+    let args = argv.get(1..).unwrap_or_default();
+
+    if let Some(desc) = modules::lookup(&program) {
+        // Busybox style: argv[0] names the module, all arguments are its own.
+        return build(program, Vec::new(), vec![Segment { desc, args: args.to_vec() }]);
+    }
+
+    // Top level: shared flags, --list/--help/--version, then module segments.
+    match args.first().map(String::as_str) {
+        None => return Command::Exit { code: 2, text: top_help() },
+        Some("--list" | "-list" | "list") => return Command::Exit { code: 0, text: list() },
+        Some("--help" | "-help" | "-h" | "help") => {
+            return match args.get(1).and_then(|m| modules::lookup(m)) {
+                Some(desc) => Command::Exit { code: 0, text: module_help(desc.name, desc) },
+                None => Command::Exit { code: 0, text: top_help() },
+            };
+        }
+        _ => {}
+    }
+    let all_shared = shared_table(|_| true);
+    let top = match goflags::tokenize(args, |n| all_shared.kind(n).or(is_help(n).then_some(FlagKind::Bool))) {
+        Ok(t) => t,
+        Err(e) => return usage_error(None, e),
+    };
+    if top.flags.iter().any(|f| is_help(&f.name)) {
+        return Command::Exit { code: 0, text: top_help() };
+    }
+    let mut rest = &args[top.rest..];
+    if rest.is_empty() && top.flags.iter().any(|f| f.name == "version") {
+        return Command::Exit { code: 0, text: format!("{program} {VERSION}\n") };
+    }
+    let mut segments = Vec::new();
+    while let Some(name) = rest.first() {
+        let Some(desc) = modules::lookup(name) else {
+            return usage_error(None, format!("unknown module {name:?}; '{PROGRAM} --list' shows the modules"));
+        };
+        let Some(spec) = &desc.flags else {
+            return not_built(desc);
+        };
+        let own = FlagTable::from_info((spec.info)(), |_| true);
+        let shared = shared_table(|n| module_accepts_shared(spec, n));
+        let tail = &rest[1..];
+        let t = match goflags::tokenize(tail, |n| own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool))) {
+            Ok(t) => t,
+            Err(e) => return usage_error(Some(desc.name), e),
+        };
+        segments.push(Segment { desc, args: tail[..t.rest].to_vec() });
+        rest = &tail[t.rest..];
+    }
+    if segments.is_empty() {
+        return usage_error(None, "no module given; '{PROGRAM} --list' shows the modules".replace("{PROGRAM}", PROGRAM));
+    }
+    build(program, top.flags, segments)
+}
+
+fn not_built(desc: &ModuleDesc) -> Command {
+    let ready: Vec<_> = modules::MODULES.iter().filter(|m| m.flags.is_some()).map(|m| m.name).collect();
+    Command::Exit {
+        code: 1,
+        text: format!(
+            "{PROGRAM}: module {} (replaces {}) is not built in this version of csi-sidecar; available modules: {}\n",
+            desc.name,
+            desc.replaces,
+            ready.join(", ")
+        ),
+    }
+}
+
+fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> Command {
+    let mut shared_given: Vec<SharedGiven> = top_flags.into_iter().map(|flag| SharedGiven { flag, origin: "top level" }).collect();
+    let mut configs = Vec::new();
+    let mut warnings = Vec::new();
+    let single = segments.len() == 1;
+
+    for seg in &segments {
+        let desc = seg.desc;
+        let Some(spec) = &desc.flags else {
+            return not_built(desc);
+        };
+        if configs.iter().any(|c: &ModuleConfig| c.name() == desc.name) {
+            return usage_error(None, format!("module {} given twice", desc.name));
+        }
+        let own = FlagTable::from_info((spec.info)(), |_| true);
+        let shared = shared_table(|n| module_accepts_shared(spec, n));
+        let kind_of = |n: &str| own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool));
+        let t = match goflags::tokenize(&seg.args, kind_of) {
+            Ok(t) => t,
+            Err(e) => return usage_error(Some(desc.name), e),
+        };
+        if t.rest < seg.args.len() {
+            return usage_error(Some(desc.name), FlagError::Unexpected(seg.args[t.rest].clone()));
+        }
+        let flags = goflags::last_wins(t.flags);
+        if flags.iter().any(|f| is_help(&f.name) && f.value == "true") {
+            let title = if single { program.clone() } else { desc.name.to_string() };
+            return Command::Exit { code: 0, text: module_help(&title, desc) };
+        }
+        if single && flags.iter().any(|f| f.name == "version" && f.value == "true") {
+            return Command::Exit { code: 0, text: format!("{program} {VERSION}\n") };
+        }
+        let (own_flags, shared_flags): (Vec<_>, Vec<_>) = flags.into_iter().partition(|f| own.kind(&f.name).is_some());
+        let own_args = goflags::to_argh_args(&own_flags, |n| own.kind(n));
+        let own_refs: Vec<&str> = own_args.iter().map(String::as_str).collect();
+        match (spec.parse)(desc.name, &own_refs) {
+            Ok(cfg) => configs.push(cfg),
+            Err(e) => return usage_error(Some(desc.name), e.output.trim_end()),
+        }
+        // Validate this segment's shared values on their own, so an error names the module.
+        if let Err(e) = parse_shared(&shared_flags) {
+            return usage_error(Some(desc.name), e);
+        }
+        for f in own_flags.iter().chain(&shared_flags) {
+            if let Some((_, note)) = compat::DEPRECATED_FLAGS.iter().find(|(n, _)| *n == f.name) {
+                warnings.push(format!("{}: flag --{} is deprecated: {note}", desc.name, f.name));
+            }
+        }
+        shared_given.extend(shared_flags.into_iter().map(|flag| SharedGiven { flag, origin: desc.name }));
+    }
+
+    // Every place that sets a shared flag must agree.
+    let mut merged: Vec<GivenFlag> = Vec::new();
+    for g in &shared_given {
+        match merged.iter().position(|m| m.name == g.flag.name) {
+            None => merged.push(g.flag.clone()),
+            Some(i) if merged[i].value == g.flag.value => {}
+            Some(i) => {
+                let first = shared_given.iter().find(|o| o.flag.name == g.flag.name).map(|o| o.origin).unwrap_or("?");
+                return usage_error(
+                    None,
+                    format!(
+                        "conflicting values for shared flag --{}: {:?} ({first}) and {:?} ({})",
+                        g.flag.name, merged[i].value, g.flag.value, g.origin
+                    ),
+                );
+            }
+        }
+    }
+    let shared = match parse_shared(&merged) {
+        Ok(s) => s,
+        Err(e) => return usage_error(None, e),
+    };
+    Command::Run(Invocation { program, shared, modules: configs, warnings })
+}
+
+fn parse_shared(flags: &[GivenFlag]) -> Result<SharedFlags, String> {
+    let table = shared_table(|_| true);
+    let args = goflags::to_argh_args(flags, |n| table.kind(n));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    SharedFlags::from_args(&[PROGRAM], &refs).map_err(|e| e.output.trim_end().to_string())
+}
+
+/// `--list`: every module, its upstream names and whether it is built.
+pub fn list() -> String {
+    let mut out = String::new();
+    for m in modules::MODULES {
+        let state = if m.flags.is_some() { "" } else { " (not built yet)" };
+        out.push_str(&format!(
+            "{:<12} replaces {:<22} names: {:<45} {}{state}\n",
+            m.name,
+            m.replaces,
+            std::iter::once(m.name).chain(m.binary_names.iter().copied()).collect::<Vec<_>>().join(", "),
+            m.summary
+        ));
+    }
+    out
+}
+
+fn top_help() -> String {
+    let mut out = format!(
+        "{PROGRAM} {VERSION}: one process for the Kubernetes CSI sidecars.\n\n\
+         Usage:\n  {PROGRAM} [shared flags] MODULE [flags] [MODULE [flags] ...]\n  \
+         <upstream binary name> [flags]      (busybox style, e.g. livenessprobe --csi-address=...)\n  \
+         {PROGRAM} --list | --help [MODULE] | --version\n\nModules:\n"
+    );
+    out.push_str(&list());
+    out.push_str("\nShared flags (before the first module or inside any module, values must agree):\n");
+    shared_table(|_| true).render(&mut out);
+    out
+}
+
+fn module_help(title: &str, desc: &ModuleDesc) -> String {
+    let Some(spec) = &desc.flags else {
+        return format!("{}: not built yet\n", desc.name);
+    };
+    let mut out = format!("Usage: {title} [flags]\n\n{}: {} (replaces {})\n\nFlags:\n", desc.name, desc.summary, desc.replaces);
+    FlagTable::from_info((spec.info)(), |_| true).render(&mut out);
+    out.push_str("\nShared flags:\n");
+    shared_table(|n| module_accepts_shared(spec, n)).render(&mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,106 @@
+//! Flags that configure the shared services of the process (CSI connection,
+//! HTTP server, logging, Kubernetes client, leader election). They may be
+//! given before the first module or inside any module's segment (that is how
+//! upstream manifests pass them), as long as every place agrees.
+
+use std::time::Duration;
+
+use argh::{ArgsInfo, FromArgs};
+
+use super::goflags::parse_go_duration;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s)
+}
+
+/// Settings shared by every module in the process.
+#[derive(FromArgs, ArgsInfo, Debug, Default, Clone, PartialEq)]
+pub struct SharedFlags {
+    /// address of the CSI driver socket: a path or a unix:// URL (default "/run/csi/socket")
+    #[argh(option)]
+    pub csi_address: Option<String>,
+    /// TCP address of the HTTP server for health checks and metrics, e.g. ":9808" (default: none)
+    #[argh(option)]
+    pub http_endpoint: Option<String>,
+    /// deprecated: TCP address of the metrics server; use --http-endpoint
+    #[argh(option)]
+    pub metrics_address: Option<String>,
+    /// HTTP path of the Prometheus metrics (default "/metrics")
+    #[argh(option)]
+    pub metrics_path: Option<String>,
+    /// deprecated: TCP port of the health server, on all interfaces; use --http-endpoint
+    #[argh(option)]
+    pub health_port: Option<String>,
+    /// path to a kubeconfig; empty means in-cluster configuration
+    #[argh(option)]
+    pub kubeconfig: Option<String>,
+    /// log verbosity (klog levels: 0-1 info, 2-4 debug, 5+ trace with CSI requests)
+    #[argh(option, long = "v")]
+    pub v: Option<u32>,
+    /// klog per-file verbosity (accepted for compatibility; has no effect)
+    #[argh(option)]
+    pub vmodule: Option<String>,
+    /// log format: "text" or "json" (default "text")
+    #[argh(option)]
+    pub logging_format: Option<String>,
+    /// log flush frequency (accepted for compatibility; logs are never buffered)
+    #[argh(option, from_str_fn(duration))]
+    pub log_flush_frequency: Option<Duration>,
+    /// split text logs into stdout and stderr (accepted for compatibility; has no effect)
+    #[argh(switch)]
+    pub log_text_split_stream: bool,
+    /// text info buffer size (accepted for compatibility; has no effect)
+    #[argh(option)]
+    pub log_text_info_buffer_size: Option<String>,
+    /// split JSON logs into stdout and stderr (accepted for compatibility; has no effect)
+    #[argh(switch)]
+    pub log_json_split_stream: bool,
+    /// JSON info buffer size (accepted for compatibility; has no effect)
+    #[argh(option)]
+    pub log_json_info_buffer_size: Option<String>,
+    /// size GOMAXPROCS from the cgroup quota (accepted for compatibility; has no effect in Rust)
+    #[argh(switch)]
+    pub automaxprocs: bool,
+    /// enable pprof (accepted for compatibility; profiling endpoints are not served)
+    #[argh(switch)]
+    pub enable_pprof: bool,
+    /// print the version and exit
+    #[argh(switch)]
+    pub version: bool,
+}
+
+/// Logging flags every upstream sidecar has (component-base `logs`).
+pub const LOGGING: &[&str] = &[
+    "v",
+    "vmodule",
+    "logging-format",
+    "log-flush-frequency",
+    "log-text-split-stream",
+    "log-text-info-buffer-size",
+    "log-json-split-stream",
+    "log-json-info-buffer-size",
+    "automaxprocs",
+    "version",
+];
+
+impl SharedFlags {
+    /// The CSI address, with the upstream default.
+    pub fn csi_address(&self) -> &str {
+        non_empty(&self.csi_address).unwrap_or(crate::compat::DEFAULT_CSI_ADDRESS)
+    }
+
+    /// The metrics path, with the upstream default.
+    pub fn metrics_path(&self) -> &str {
+        non_empty(&self.metrics_path).unwrap_or(crate::compat::DEFAULT_METRICS_PATH)
+    }
+
+    /// The verbosity, 0 by default.
+    pub fn verbosity(&self) -> u32 {
+        self.v.unwrap_or(0)
+    }
+}
+
+/// An empty string means "not set", as in Go.
+pub fn non_empty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty())
+}

@@ -1,0 +1,178 @@
+use std::time::Duration;
+
+use super::*;
+use crate::modules::{prober::config::ProberFlags, registrar::config::RegistrarFlags};
+
+fn argv(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
+fn run(s: &str) -> Invocation {
+    match parse(&argv(s)) {
+        Command::Run(inv) => inv,
+        Command::Exit { code, text } => panic!("{s}: exit {code}: {text}"),
+    }
+}
+
+fn exit(s: &str) -> (u8, String) {
+    match parse(&argv(s)) {
+        Command::Exit { code, text } => (code, text),
+        Command::Run(inv) => panic!("{s}: expected exit, got {inv:?}"),
+    }
+}
+
+fn registrar(inv: &Invocation) -> &RegistrarFlags {
+    inv.modules
+        .iter()
+        .find_map(|m| match m {
+            ModuleConfig::Registrar(r) => Some(r),
+            _ => None,
+        })
+        .expect("registrar configured")
+}
+
+fn prober(inv: &Invocation) -> &ProberFlags {
+    inv.modules
+        .iter()
+        .find_map(|m| match m {
+            ModuleConfig::Prober(p) => Some(p),
+            _ => None,
+        })
+        .expect("prober configured")
+}
+
+#[test]
+fn argv0_selects_the_module_for_every_upstream_name() {
+    let table: &[(&str, &str)] = &[
+        ("/usr/bin/livenessprobe", "prober"),
+        ("livenessprobe", "prober"),
+        ("prober", "prober"),
+        ("/csi-node-driver-registrar", "registrar"),
+        ("registrar", "registrar"),
+    ];
+    for (a0, module) in table {
+        let inv = run(a0);
+        assert_eq!(inv.modules.len(), 1, "{a0}");
+        assert_eq!(inv.modules[0].name(), *module, "{a0}");
+    }
+}
+
+#[test]
+fn subcommand_and_argv0_take_the_same_path() {
+    let a = run("livenessprobe --csi-address=/csi/csi.sock --probe-timeout=5s");
+    let b = run("csi-sidecar prober -csi-address /csi/csi.sock -probe-timeout 5s");
+    assert_eq!(a.shared, b.shared);
+    assert_eq!(a.modules, b.modules);
+    assert_eq!(prober(&a).probe_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn upstream_defaults() {
+    let inv = run("livenessprobe");
+    assert_eq!(inv.shared.csi_address(), "/run/csi/socket");
+    assert_eq!(prober(&inv).probe_timeout, Duration::from_secs(3));
+    let inv = run("csi-node-driver-registrar");
+    let r = registrar(&inv);
+    assert_eq!(r.timeout, Duration::from_secs(1));
+    assert_eq!(r.plugin_registration_path, "/registration");
+    assert_eq!(r.kubelet_registration_path, None);
+}
+
+#[test]
+fn several_modules_with_their_own_flags_and_shared_ones_once() {
+    let inv = run(
+        "csi-sidecar --csi-address=/csi/csi.sock --http-endpoint=:9809 registrar --kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock --timeout=2s prober --probe-timeout=3s -v=5",
+    );
+    assert_eq!(inv.modules.len(), 2);
+    assert_eq!(inv.shared.csi_address(), "/csi/csi.sock");
+    assert_eq!(inv.shared.http_endpoint.as_deref(), Some(":9809"));
+    assert_eq!(inv.shared.verbosity(), 5);
+    assert_eq!(registrar(&inv).timeout, Duration::from_secs(2));
+    assert_eq!(registrar(&inv).kubelet_registration_path.as_deref(), Some("/var/lib/kubelet/plugins/x/csi.sock"));
+    assert_eq!(prober(&inv).probe_timeout, Duration::from_secs(3));
+}
+
+#[test]
+fn shared_flags_repeated_in_segments_must_agree() {
+    let inv = run("csi-sidecar registrar --csi-address=/a --kubelet-registration-path=/k prober --csi-address=/a");
+    assert_eq!(inv.shared.csi_address(), "/a");
+    let (code, text) = exit("csi-sidecar registrar --csi-address=/a --kubelet-registration-path=/k prober --csi-address=/b");
+    assert_eq!(code, 2);
+    assert!(text.contains("--csi-address") && text.contains("\"/a\" (registrar)") && text.contains("\"/b\" (prober)"), "{text}");
+}
+
+#[test]
+fn unknown_flag_exits_2_naming_flag_and_module() {
+    let (code, text) = exit("csi-sidecar prober --nope=1");
+    assert_eq!(code, 2);
+    assert!(text.contains("prober") && text.contains("-nope"), "{text}");
+    let (code, text) = exit("livenessprobe --kubelet-registration-path=/x");
+    assert_eq!(code, 2, "registrar's flag is unknown to the prober");
+    assert!(text.contains("kubelet-registration-path"), "{text}");
+}
+
+#[test]
+fn bad_value_exits_2_naming_flag_value_and_module() {
+    let (code, text) = exit("csi-sidecar prober --probe-timeout=soon");
+    assert_eq!(code, 2);
+    assert!(text.contains("prober") && text.contains("probe-timeout") && text.contains("soon"), "{text}");
+    let (code, text) = exit("csi-sidecar registrar -v=loud");
+    assert_eq!(code, 2);
+    assert!(text.contains("registrar") && text.contains("--v") && text.contains("loud"), "{text}");
+}
+
+#[test]
+fn deprecated_flags_are_accepted_with_a_warning() {
+    let inv = run("csi-node-driver-registrar --kubelet-registration-path=/k --connection-timeout=30s --health-port=9809");
+    assert_eq!(inv.shared.health_port.as_deref(), Some("9809"));
+    assert!(inv.warnings.iter().any(|w| w.contains("connection-timeout")), "{:?}", inv.warnings);
+    assert!(inv.warnings.iter().any(|w| w.contains("health-port")), "{:?}", inv.warnings);
+}
+
+#[test]
+fn booleans_and_compat_no_ops() {
+    let inv = run("csi-node-driver-registrar --enable-pprof=false -automaxprocs --logging-format=json");
+    assert!(!inv.shared.enable_pprof);
+    assert!(inv.shared.automaxprocs);
+    assert_eq!(inv.shared.logging_format.as_deref(), Some("json"));
+}
+
+#[test]
+fn list_help_version() {
+    let (code, text) = exit("csi-sidecar --list");
+    assert_eq!(code, 0);
+    for m in ["provisioner", "attacher", "registrar", "prober", "livenessprobe", "csi-node-driver-registrar", "not built yet"] {
+        assert!(text.contains(m), "{m} missing from --list:\n{text}");
+    }
+    let (code, text) = exit("csi-sidecar --help");
+    assert_eq!(code, 0);
+    assert!(text.contains("--csi-address"));
+    let (code, text) = exit("csi-sidecar --version");
+    assert_eq!((code, text), (0, format!("csi-sidecar {VERSION}\n")));
+    let (code, text) = exit("csi-node-driver-registrar --version");
+    assert_eq!((code, text), (0, format!("csi-node-driver-registrar {VERSION}\n")));
+    let (code, text) = exit("livenessprobe --help");
+    assert_eq!(code, 0);
+    assert!(text.contains("--probe-timeout") && text.contains("--csi-address"), "{text}");
+}
+
+#[test]
+fn unbuilt_modules_refuse_to_start() {
+    let (code, text) = exit("csi-provisioner --csi-address=/x");
+    assert_eq!(code, 1);
+    assert!(text.contains("provisioner") && text.contains("not built"), "{text}");
+    let (code, _) = exit("csi-sidecar attacher");
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn unknown_module_and_duplicates() {
+    let (code, text) = exit("csi-sidecar frobnicator");
+    assert_eq!(code, 2);
+    assert!(text.contains("frobnicator"));
+    let (code, text) = exit("csi-sidecar prober prober");
+    assert_eq!(code, 2);
+    assert!(text.contains("twice"), "{text}");
+    let (code, _) = exit("csi-sidecar --csi-address=/x");
+    assert_eq!(code, 2);
+}

@@ -1,0 +1,3 @@
+//! Everything that speaks gRPC to the CSI driver.
+pub mod proto;
+pub mod redact;

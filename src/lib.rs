@@ -1,0 +1,8 @@
+//! csi-sidecar: one executable that replaces the Kubernetes CSI sidecars.
+//!
+//! See ARCHITECTURE.md for the map of modules and the invariants.
+
+pub mod cli;
+pub mod compat;
+pub mod csi;
+pub mod modules;

@@ -1,0 +1,109 @@
+//! The modules, one per upstream sidecar, and the static table that names
+//! them. argv[0] and the subcommand both resolve through [`MODULES`].
+
+pub mod prober;
+pub mod registrar;
+
+use argh::{ArgsInfo, FromArgs};
+
+/// A parsed module configuration, ready to run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModuleConfig {
+    /// livenessprobe.
+    Prober(prober::config::ProberFlags),
+    /// node-driver-registrar.
+    Registrar(registrar::config::RegistrarFlags),
+}
+
+/// How a module's own flags are parsed.
+pub struct FlagSpec {
+    /// argh's description of the module's own flags.
+    pub info: fn() -> argh::CommandInfoWithArgs,
+    /// Parses normalised arguments into the module's configuration.
+    pub parse: fn(&str, &[&str]) -> Result<ModuleConfig, argh::EarlyExit>,
+    /// The shared flags (besides logging) upstream accepts for this sidecar.
+    pub shared: &'static [&'static str],
+}
+
+/// One row of the module table.
+pub struct ModuleDesc {
+    /// Subcommand name.
+    pub name: &'static str,
+    /// Upstream binary names (argv[0] basenames) that select this module.
+    pub binary_names: &'static [&'static str],
+    /// The upstream sidecar this module replaces.
+    pub replaces: &'static str,
+    /// One line for `--list`.
+    pub summary: &'static str,
+    /// `None` while the module is not built yet.
+    pub flags: Option<FlagSpec>,
+}
+
+/// Every module, built or planned.
+pub static MODULES: &[ModuleDesc] = &[
+    ModuleDesc {
+        name: "provisioner",
+        binary_names: &["csi-provisioner"],
+        replaces: "external-provisioner",
+        summary: "dynamic provisioning and deletion of volumes",
+        flags: None,
+    },
+    ModuleDesc {
+        name: "attacher",
+        binary_names: &["csi-attacher"],
+        replaces: "external-attacher",
+        summary: "ControllerPublish/Unpublish for VolumeAttachments",
+        flags: None,
+    },
+    ModuleDesc {
+        name: "registrar",
+        binary_names: &["csi-node-driver-registrar", "node-driver-registrar"],
+        replaces: "node-driver-registrar",
+        summary: "registers the driver with the kubelet's plugin manager",
+        flags: Some(FlagSpec {
+            info: registrar::config::RegistrarFlags::get_args_info,
+            parse: |cmd, args| registrar::config::RegistrarFlags::from_args(&[cmd], args).map(ModuleConfig::Registrar),
+            shared: registrar::config::SHARED_FLAGS,
+        }),
+    },
+    ModuleDesc {
+        name: "prober",
+        binary_names: &["livenessprobe"],
+        replaces: "livenessprobe",
+        summary: "answers /healthz from the driver's Probe",
+        flags: Some(FlagSpec {
+            info: prober::config::ProberFlags::get_args_info,
+            parse: |cmd, args| prober::config::ProberFlags::from_args(&[cmd], args).map(ModuleConfig::Prober),
+            shared: prober::config::SHARED_FLAGS,
+        }),
+    },
+    ModuleDesc {
+        name: "resizer",
+        binary_names: &["csi-resizer"],
+        replaces: "external-resizer",
+        summary: "volume expansion",
+        flags: None,
+    },
+    ModuleDesc {
+        name: "snapshotter",
+        binary_names: &["csi-snapshotter"],
+        replaces: "csi-snapshotter",
+        summary: "volume snapshots",
+        flags: None,
+    },
+];
+
+/// The module a name selects: its subcommand name or an upstream binary name.
+pub fn lookup(name: &str) -> Option<&'static ModuleDesc> {
+    MODULES.iter().find(|m| m.name == name || m.binary_names.contains(&name))
+}
+
+impl ModuleConfig {
+    /// The module's table name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModuleConfig::Prober(_) => "prober",
+            ModuleConfig::Registrar(_) => "registrar",
+        }
+    }
+}

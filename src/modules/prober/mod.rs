@@ -1,0 +1,2 @@
+//! prober: livenessprobe parity.
+pub mod config;

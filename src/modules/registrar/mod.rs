@@ -1,0 +1,2 @@
+//! registrar: node-driver-registrar parity.
+pub mod config;
