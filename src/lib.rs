@@ -5,4 +5,8 @@
 pub mod cli;
 pub mod compat;
 pub mod csi;
+pub mod host;
+pub mod http;
+pub mod logging;
+pub mod metrics;
 pub mod modules;

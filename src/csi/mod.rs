@@ -1,3 +1,10 @@
-//! Everything that speaks gRPC to the CSI driver.
+//! Everything that speaks gRPC to the CSI driver (invariant: nothing else
+//! does). Modules use [`Connection`]'s typed, metered, redacting calls.
+pub mod address;
+pub mod connection;
+pub mod driver;
 pub mod proto;
 pub mod redact;
+
+pub use connection::Connection;
+pub use driver::DriverInfo;

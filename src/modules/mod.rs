@@ -107,3 +107,71 @@ impl ModuleConfig {
         }
     }
 }
+
+/// What a module gets from the host: the shared services, never its own.
+#[derive(Clone)]
+pub struct ModuleContext {
+    /// The one driver connection.
+    pub csi: crate::csi::Connection,
+    /// The one health registry (served by the one HTTP server).
+    pub health: crate::http::HealthRegistry,
+    /// The process shutdown token.
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+/// Why a module stopped before shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    /// The configuration cannot work (exit status 1, like upstream).
+    #[error("{module}: {message}")]
+    Config {
+        /// The module.
+        module: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A failure the module cannot recover from.
+    #[error("{module}: {message}")]
+    Fatal {
+        /// The module.
+        module: &'static str,
+        /// What happened.
+        message: String,
+    },
+}
+
+impl ModuleConfig {
+    /// Checks that need no I/O, run before anything starts. Upstream exits
+    /// with status 1 for these.
+    pub fn validate(&self) -> Result<(), ModuleError> {
+        match self {
+            ModuleConfig::Prober(_) => Ok(()),
+            ModuleConfig::Registrar(r) => registrar::validate(r),
+        }
+    }
+
+    /// A module that asks the process to exit at once with this status,
+    /// before anything starts (registrar `--mode=kubelet-registration-probe`).
+    pub fn early_exit(&self) -> Option<u8> {
+        match self {
+            ModuleConfig::Registrar(r) => registrar::early_exit(r),
+            ModuleConfig::Prober(_) => None,
+        }
+    }
+
+    /// The per-call timeout this module wants for driver discovery.
+    pub fn discovery_timeout(&self) -> std::time::Duration {
+        match self {
+            ModuleConfig::Prober(p) => p.probe_timeout,
+            ModuleConfig::Registrar(r) => r.timeout,
+        }
+    }
+
+    /// Runs the module until shutdown.
+    pub async fn run(self, ctx: ModuleContext) -> Result<(), ModuleError> {
+        match self {
+            ModuleConfig::Prober(c) => prober::run(c, ctx).await,
+            ModuleConfig::Registrar(c) => registrar::run(c, ctx).await,
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The one gRPC connection of the process to the CSI driver.
+//!
+//! - The channel connects lazily and reconnects by itself: the connector
+//!   runs on every (re)connect and bumps a generation counter.
+//! - [`Connection::maintain`] waits for the socket for as long as it takes
+//!   (logging every 10 s), discovers the driver (name, capabilities) and
+//!   discovers it again after every reconnect.
+//! - Every call has a deadline, is recorded in `csi_sidecar_operations_seconds`
+//!   and, at `-v=5`, logged with its secrets stripped.
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use hyper_util::rt::TokioIo;
+use tokio::{net::UnixStream, sync::watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    Request, Response, Status,
+    transport::{Channel, Endpoint, Uri},
+};
+use tracing::Instrument;
+
+use super::{
+    address::{AddressError, CsiAddress},
+    driver::{DriverInfo, validate_plugin_info},
+    proto::csi::v1::{
+        self as csi, controller_client::ControllerClient, identity_client::IdentityClient, plugin_capability,
+    },
+    redact::{Redact, redacted_debug},
+};
+use crate::compat::{self, metrics as m};
+
+/// How often a missing or silent driver is reported.
+pub const STILL_CONNECTING_EVERY: Duration = Duration::from_secs(10);
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Full gRPC method names, as upstream labels them.
+pub mod method {
+    /// Identity/Probe.
+    pub const PROBE: &str = "/csi.v1.Identity/Probe";
+    /// Identity/GetPluginInfo.
+    pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
+    /// Identity/GetPluginCapabilities.
+    pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
+    /// Controller/ControllerGetCapabilities.
+    pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
+}
+
+struct Inner {
+    address: CsiAddress,
+    channel: Channel,
+    connects: watch::Sender<u64>,
+    driver: watch::Sender<Option<Arc<DriverInfo>>>,
+}
+
+/// A cheap-to-clone handle on the driver connection.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+impl Connection {
+    /// Creates the connection; nothing is dialled until the first call.
+    pub fn new(address: &str) -> Result<Self, AddressError> {
+        let address = CsiAddress::parse(address)?;
+        let (connects, _) = watch::channel(0u64);
+        let path = address.path().to_path_buf();
+        let counter = connects.clone();
+        let connector = tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            let counter = counter.clone();
+            async move {
+                let stream = UnixStream::connect(&path).await?;
+                counter.send_modify(|n| *n += 1);
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        });
+        let channel = Endpoint::from_static("http://localhost").connect_with_connector_lazy(connector);
+        let (driver, _) = watch::channel(None);
+        Ok(Connection { inner: Arc::new(Inner { address, channel, connects, driver }) })
+    }
+
+    /// The driver socket.
+    pub fn address(&self) -> &CsiAddress {
+        &self.inner.address
+    }
+
+    /// The driver as last discovered, if it was.
+    pub fn driver(&self) -> Option<Arc<DriverInfo>> {
+        self.inner.driver.borrow().clone()
+    }
+
+    /// Waits until the driver has been discovered; `None` on shutdown.
+    pub async fn wait_for_driver(&self, shutdown: &CancellationToken) -> Option<Arc<DriverInfo>> {
+        let mut rx = self.inner.driver.subscribe();
+        tokio::select! {
+            _ = shutdown.cancelled() => None,
+            r = rx.wait_for(Option::is_some) => r.ok().and_then(|d| d.clone()),
+        }
+    }
+
+    /// Successful (re)connects so far.
+    pub fn connect_count(&self) -> u64 {
+        *self.inner.connects.borrow()
+    }
+
+    /// Runs one unary call with a deadline, metrics and redacted logging.
+    pub async fn call<Req, Resp, F, Fut>(&self, method: &'static str, timeout: Duration, req: Req, send: F) -> Result<Resp, Status>
+    where
+        Req: Redact + Clone + Debug,
+        Resp: Debug,
+        F: FnOnce(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        if tracing::enabled!(tracing::Level::TRACE) {
+            tracing::trace!(method, request = %redacted_debug(&req), "GRPC call");
+        }
+        let start = Instant::now();
+        let mut request = Request::new(req);
+        request.set_timeout(timeout);
+        let result = match tokio::time::timeout(timeout, send(self.inner.channel.clone(), request)).await {
+            Ok(r) => r.map(Response::into_inner),
+            Err(_) => Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE)),
+        };
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.record(method, code, start.elapsed());
+        match &result {
+            Ok(resp) => tracing::trace!(method, response = ?resp, "GRPC response"),
+            Err(status) => tracing::trace!(method, error = %compat::grpc_error_text(status), "GRPC error"),
+        }
+        result
+    }
+
+    fn record(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        let driver: metrics::SharedString = match self.inner.driver.borrow().as_ref() {
+            Some(d) => metrics::SharedString::from(d.name.clone()),
+            None => metrics::SharedString::const_str(m::UNKNOWN_DRIVER),
+        };
+        metrics::histogram!(
+            m::OPERATIONS_SECONDS,
+            m::LABEL_DRIVER_NAME => driver,
+            m::LABEL_METHOD_NAME => method,
+            m::LABEL_GRPC_STATUS_CODE => compat::grpc_code_name(code),
+        )
+        .record(elapsed.as_secs_f64());
+    }
+
+    /// `Identity/Probe`.
+    pub async fn probe(&self, timeout: Duration) -> Result<csi::ProbeResponse, Status> {
+        self.call(method::PROBE, timeout, csi::ProbeRequest {}, |ch, r| async move { IdentityClient::new(ch).probe(r).await })
+            .await
+    }
+
+    /// `Identity/GetPluginInfo`.
+    pub async fn get_plugin_info(&self, timeout: Duration) -> Result<csi::GetPluginInfoResponse, Status> {
+        self.call(method::GET_PLUGIN_INFO, timeout, csi::GetPluginInfoRequest {}, |ch, r| async move {
+            IdentityClient::new(ch).get_plugin_info(r).await
+        })
+        .await
+    }
+
+    /// `Identity/GetPluginCapabilities`.
+    pub async fn get_plugin_capabilities(&self, timeout: Duration) -> Result<csi::GetPluginCapabilitiesResponse, Status> {
+        self.call(method::GET_PLUGIN_CAPABILITIES, timeout, csi::GetPluginCapabilitiesRequest {}, |ch, r| async move {
+            IdentityClient::new(ch).get_plugin_capabilities(r).await
+        })
+        .await
+    }
+
+    /// `Controller/ControllerGetCapabilities`.
+    pub async fn controller_get_capabilities(&self, timeout: Duration) -> Result<csi::ControllerGetCapabilitiesResponse, Status> {
+        self.call(method::CONTROLLER_GET_CAPABILITIES, timeout, csi::ControllerGetCapabilitiesRequest {}, |ch, r| async move {
+            ControllerClient::new(ch).controller_get_capabilities(r).await
+        })
+        .await
+    }
+
+    /// One discovery attempt: name, then capabilities. A driver that fails
+    /// the capability calls is still usable by name.
+    async fn discover_once(&self, timeout: Duration) -> Result<DriverInfo, String> {
+        let info = self.get_plugin_info(timeout).await.map_err(|s| compat::grpc_error_text(&s))?;
+        validate_plugin_info(&info).map_err(|e| e.to_string())?;
+        let plugin_capabilities = match self.get_plugin_capabilities(timeout).await {
+            Ok(r) => r.capabilities,
+            Err(s) => {
+                tracing::warn!(error = %compat::grpc_error_text(&s), "GetPluginCapabilities failed; assuming none");
+                Vec::new()
+            }
+        };
+        let mut driver = DriverInfo {
+            name: Arc::from(info.name.as_str()),
+            vendor_version: info.vendor_version,
+            plugin_capabilities,
+            controller_capabilities: Vec::new(),
+        };
+        if driver.has_plugin_service(plugin_capability::service::Type::ControllerService) {
+            match self.controller_get_capabilities(timeout).await {
+                Ok(r) => driver.controller_capabilities = r.capabilities,
+                Err(s) => tracing::warn!(error = %compat::grpc_error_text(&s), "ControllerGetCapabilities failed; assuming none"),
+            }
+        }
+        Ok(driver)
+    }
+
+    /// Discovers the driver, retrying until it answers or shutdown.
+    async fn discover(&self, timeout: Duration, shutdown: &CancellationToken) -> Option<DriverInfo> {
+        let mut delay = RETRY_MIN;
+        let mut last_report = Instant::now();
+        loop {
+            let attempt = if self.inner.address.path().exists() {
+                self.discover_once(timeout).await
+            } else {
+                Err("socket does not exist yet".to_string())
+            };
+            match attempt {
+                Ok(info) => return Some(info),
+                Err(e) if last_report.elapsed() >= STILL_CONNECTING_EVERY => {
+                    tracing::warn!(address = %self.inner.address, error = %e, "Still connecting to the CSI driver");
+                    last_report = Instant::now();
+                }
+                Err(e) => tracing::debug!(address = %self.inner.address, error = %e, "CSI driver not ready yet"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Keeps the driver information current until shutdown: discovers it,
+    /// then discovers it again after every reconnect.
+    pub async fn maintain(self, timeout: Duration, shutdown: CancellationToken) {
+        let span = tracing::info_span!("csi", address = %self.inner.address);
+        async move {
+            let mut connects = self.inner.connects.subscribe();
+            loop {
+                let Some(info) = self.discover(timeout, &shutdown).await else { return };
+                // Everything up to and including this discovery's own connect is seen.
+                connects.borrow_and_update();
+                let previous = self.inner.driver.send_replace(Some(Arc::new(info.clone())));
+                match previous {
+                    None => tracing::info!(driver = %info.name, version = %info.vendor_version, "CSI driver discovered"),
+                    Some(p) if p.name != info.name => {
+                        tracing::warn!(old = %p.name, new = %info.name, "CSI driver name changed after reconnect")
+                    }
+                    Some(_) => tracing::info!(driver = %info.name, "CSI driver rediscovered after reconnect"),
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = connects.changed() => if r.is_err() { return },
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}

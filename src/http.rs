@@ -1,0 +1,294 @@
+//! The one HTTP server of the process: `/healthz`, `/healthz/<check>` and
+//! the Prometheus metrics path.
+//!
+//! Modules register named health checks; `/healthz` is healthy only when
+//! every check is. When exactly one check fails, its status and body are
+//! returned unchanged, so a process running one module answers exactly like
+//! the upstream sidecar it replaces.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+};
+
+use axum::{
+    Router,
+    extract::{Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use futures::future::{BoxFuture, join_all};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{cli::SharedFlags, cli::shared::non_empty, compat, metrics::Metrics};
+
+/// The answer of one health check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthReport {
+    /// HTTP status code.
+    pub status: u16,
+    /// Response body.
+    pub body: String,
+}
+
+impl HealthReport {
+    /// 200 `ok`.
+    pub fn ok() -> Self {
+        HealthReport { status: 200, body: compat::prober::BODY_OK.to_string() }
+    }
+
+    /// A failed check.
+    pub fn failed(status: u16, body: impl Into<String>) -> Self {
+        HealthReport { status, body: body.into() }
+    }
+
+    /// Whether this is a 2xx answer.
+    pub fn is_healthy(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// A named health check registered by a module.
+pub trait HealthCheck: Send + Sync + 'static {
+    /// Runs the check.
+    fn check(&self) -> BoxFuture<'static, HealthReport>;
+}
+
+/// All health checks of the process.
+#[derive(Clone, Default)]
+pub struct HealthRegistry {
+    checks: Arc<RwLock<Vec<(String, Arc<dyn HealthCheck>)>>>,
+}
+
+impl HealthRegistry {
+    /// Adds (or replaces) the check `name`, served at `/healthz/<name>`.
+    pub fn register(&self, name: &str, check: Arc<dyn HealthCheck>) {
+        let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
+        checks.retain(|(n, _)| n != name);
+        checks.push((name.to_string(), check));
+    }
+
+    fn snapshot(&self) -> Vec<(String, Arc<dyn HealthCheck>)> {
+        self.checks.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs every check concurrently and aggregates them.
+    pub async fn check_all(&self) -> HealthReport {
+        let checks = self.snapshot();
+        let reports = join_all(checks.iter().map(|(_, c)| c.check())).await;
+        aggregate(checks.into_iter().map(|(n, _)| n).zip(reports).collect())
+    }
+
+    /// Runs one check; `None` if there is no such check.
+    pub async fn check_one(&self, name: &str) -> Option<HealthReport> {
+        let check = self.snapshot().into_iter().find(|(n, _)| n == name)?.1;
+        Some(check.check().await)
+    }
+}
+
+/// Healthy only if every check is. One failure: that check's answer as is.
+/// Several: the first failure's status, one line per failed check.
+pub fn aggregate(reports: Vec<(String, HealthReport)>) -> HealthReport {
+    let failed: Vec<_> = reports.into_iter().filter(|(_, r)| !r.is_healthy()).collect();
+    match failed.as_slice() {
+        [] => HealthReport::ok(),
+        [(_, only)] => only.clone(),
+        [(_, first), ..] => HealthReport::failed(
+            first.status,
+            failed.iter().map(|(n, r)| format!("{n}: {}", r.body)).collect::<Vec<_>>().join("\n"),
+        ),
+    }
+}
+
+/// HTTP configuration could not be resolved.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HttpConfigError {
+    /// Upstream refuses both.
+    #[error("only one of `--metrics-address` and `--http-endpoint` can be explicitly set")]
+    MetricsAndHttpEndpoint,
+    /// Upstream refuses both.
+    #[error("only one of `--health-port` and `--http-endpoint` can be explicitly set")]
+    HealthPortAndHttpEndpoint,
+    /// Not a port number.
+    #[error("invalid --health-port {0:?}: not a port number")]
+    BadHealthPort(String),
+}
+
+/// Where the HTTP server listens.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ListenPlan {
+    /// Addresses in Go's `host:port` form (`:9808` = every interface).
+    pub addresses: Vec<String>,
+}
+
+/// Resolves the listen addresses from the upstream flags.
+///
+/// `--http-endpoint` wins; otherwise `--health-port` (livenessprobe's default
+/// port 9808 when a prober runs); the deprecated `--metrics-address` adds a
+/// second listener on the same router.
+pub fn listen_plan(shared: &SharedFlags, has_prober: bool) -> Result<ListenPlan, HttpConfigError> {
+    let http = non_empty(&shared.http_endpoint);
+    let metrics = non_empty(&shared.metrics_address);
+    let health_port = non_empty(&shared.health_port).filter(|p| *p != "0");
+    if http.is_some() && metrics.is_some() {
+        return Err(HttpConfigError::MetricsAndHttpEndpoint);
+    }
+    if let Some(p) = health_port {
+        if p.parse::<u16>().is_err() {
+            return Err(HttpConfigError::BadHealthPort(p.to_string()));
+        }
+        if http.is_some() && p != compat::prober::DEFAULT_HEALTH_PORT {
+            return Err(HttpConfigError::HealthPortAndHttpEndpoint);
+        }
+    }
+    let mut addresses = Vec::new();
+    if let Some(h) = http {
+        addresses.push(h.to_string());
+    } else if let Some(p) = health_port {
+        addresses.push(format!(":{p}"));
+    } else if has_prober {
+        addresses.push(format!(":{}", compat::prober::DEFAULT_HEALTH_PORT));
+    }
+    if let Some(m) = metrics {
+        addresses.push(m.to_string());
+    }
+    Ok(ListenPlan { addresses })
+}
+
+/// Go's `:port` means every interface.
+pub fn bindable(addr: &str) -> String {
+    match addr.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => addr.to_string(),
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    health: HealthRegistry,
+    metrics: Option<Metrics>,
+}
+
+fn reply(r: HealthReport) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, r.body).into_response()
+}
+
+async fn healthz(State(s): State<AppState>) -> Response {
+    reply(s.health.check_all().await)
+}
+
+async fn healthz_one(State(s): State<AppState>, Path(name): Path<String>) -> Response {
+    match s.health.check_one(&name).await {
+        Some(r) => reply(r),
+        None => (StatusCode::NOT_FOUND, format!("no health check named {name:?}")).into_response(),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    match s.metrics {
+        Some(m) => ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], m.render()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// The router: health checks and metrics.
+pub fn router(health: HealthRegistry, metrics_registry: Option<Metrics>, metrics_path: &str) -> Router {
+    Router::new()
+        .route(compat::prober::HEALTHZ_PATH, get(healthz))
+        .route("/healthz/{name}", get(healthz_one))
+        .route(metrics_path, get(metrics))
+        .with_state(AppState { health, metrics: metrics_registry })
+}
+
+/// Listening failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address}: {source}")]
+pub struct ListenError {
+    address: String,
+    source: std::io::Error,
+}
+
+/// Binds every address of the plan (so a port conflict fails at start-up).
+pub async fn bind(plan: &ListenPlan) -> Result<Vec<TcpListener>, ListenError> {
+    let mut out = Vec::new();
+    for a in &plan.addresses {
+        let l = TcpListener::bind(bindable(a)).await.map_err(|source| ListenError { address: a.clone(), source })?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Serves `router` on `listener` until `shutdown` fires.
+pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(address = ?addr, "HTTP server listening");
+    axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(status: u16, body: &str) -> HealthReport {
+        HealthReport::failed(status, body)
+    }
+
+    #[test]
+    fn aggregation() {
+        let table: Vec<(Vec<(&str, HealthReport)>, HealthReport)> = vec![
+            (vec![], HealthReport::ok()),
+            (vec![("prober", HealthReport::ok()), ("registrar", HealthReport::ok())], HealthReport::ok()),
+            (vec![("prober", r(500, "driver responded but is not ready")), ("registrar", HealthReport::ok())], r(500, "driver responded but is not ready")),
+            (vec![("prober", HealthReport::ok()), ("registrar", r(404, "registration socket does not exist"))], r(404, "registration socket does not exist")),
+            (
+                vec![("registrar", r(404, "registration socket does not exist")), ("prober", r(500, "x"))],
+                r(404, "registrar: registration socket does not exist\nprober: x"),
+            ),
+        ];
+        for (input, want) in table {
+            let got = aggregate(input.iter().map(|(n, r)| (n.to_string(), r.clone())).collect());
+            assert_eq!(got, want, "{input:?}");
+        }
+    }
+
+    fn flags(http: Option<&str>, metrics: Option<&str>, health: Option<&str>) -> SharedFlags {
+        SharedFlags {
+            http_endpoint: http.map(String::from),
+            metrics_address: metrics.map(String::from),
+            health_port: health.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn listen_plans() {
+        use HttpConfigError::*;
+        let table: &[(SharedFlags, bool, Result<Vec<&str>, HttpConfigError>)] = &[
+            (flags(None, None, None), true, Ok(vec![":9808"])),
+            (flags(None, None, None), false, Ok(vec![])),
+            (flags(Some("127.0.0.1:1"), None, None), true, Ok(vec!["127.0.0.1:1"])),
+            (flags(Some(""), None, None), true, Ok(vec![":9808"])),
+            (flags(None, None, Some("9900")), false, Ok(vec![":9900"])),
+            (flags(None, None, Some("0")), false, Ok(vec![])),
+            (flags(Some(":1"), None, Some("9808")), true, Ok(vec![":1"])),
+            (flags(Some(":1"), None, Some("9900")), true, Err(HealthPortAndHttpEndpoint)),
+            (flags(Some(":1"), Some(":2"), None), true, Err(MetricsAndHttpEndpoint)),
+            (flags(None, Some(":2"), None), true, Ok(vec![":9808", ":2"])),
+            (flags(None, None, Some("http")), true, Err(BadHealthPort("http".into()))),
+        ];
+        for (f, prober, want) in table {
+            let got = listen_plan(f, *prober).map(|p| p.addresses);
+            let want = want.clone().map(|v| v.into_iter().map(String::from).collect::<Vec<_>>());
+            assert_eq!(got, want, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn go_any_interface_syntax() {
+        assert_eq!(bindable(":9808"), "0.0.0.0:9808");
+        assert_eq!(bindable("127.0.0.1:9808"), "127.0.0.1:9808");
+    }
+}
