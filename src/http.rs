@@ -103,7 +103,7 @@ pub fn aggregate(reports: Vec<(String, HealthReport)>) -> HealthReport {
 }
 
 /// HTTP configuration could not be resolved.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HttpConfigError {
     /// Upstream refuses both.
     #[error("only one of `--metrics-address` and `--http-endpoint` can be explicitly set")]

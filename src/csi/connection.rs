@@ -124,6 +124,11 @@ impl Connection {
         let mut request = Request::new(req);
         request.set_timeout(timeout);
         let result = match tokio::time::timeout(timeout, send(self.inner.channel.clone(), request)).await {
+            // tonic enforces the grpc-timeout itself and calls it Cancelled;
+            // Go (and upstream's texts and metrics) call it DeadlineExceeded.
+            Ok(Err(s)) if s.code() == tonic::Code::Cancelled && start.elapsed() >= timeout => {
+                Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE))
+            }
             Ok(r) => r.map(Response::into_inner),
             Err(_) => Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE)),
         };

@@ -1,0 +1,195 @@
+//! An in-process CSI driver that misbehaves on purpose, for what a real
+//! driver cannot be made to show: Probe not ready, Probe slower than the
+//! timeout, errors, a socket that accepts and never answers, garbage bytes.
+//!
+//! It serves the Identity service only, and counts connections and calls so
+//! tests can prove that csi-sidecar shares one connection and one Probe.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use csi_sidecar::csi::proto::csi::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
+    ProbeRequest, ProbeResponse,
+    identity_server::{Identity, IdentityServer},
+};
+use tokio::{io::AsyncWriteExt, net::UnixListener};
+use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request, Response, Status};
+
+/// What `Probe` answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeAnswer {
+    /// `ready: true`.
+    Ready,
+    /// `ready: false`.
+    NotReady,
+    /// `ready` absent (means ready).
+    Absent,
+    /// A gRPC error.
+    Fail(Code, String),
+}
+
+/// The driver's scripted behaviour; change it while it runs.
+#[derive(Clone, Debug)]
+pub struct Script {
+    /// `GetPluginInfo.name` (may be empty to test validation).
+    pub name: String,
+    /// `Probe` answer.
+    pub probe: ProbeAnswer,
+    /// Delay before answering `Probe`.
+    pub probe_delay: Duration,
+    /// `GetPluginInfo` fails with this while set.
+    pub plugin_info_error: Option<(Code, String)>,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Script { name: "fault.csi.example.com".into(), probe: ProbeAnswer::Ready, probe_delay: Duration::ZERO, plugin_info_error: None }
+    }
+}
+
+/// How the socket behaves at the transport level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// A proper gRPC server.
+    Grpc,
+    /// Accepts connections and never reads or answers.
+    Silent,
+    /// Writes garbage bytes on every connection and closes it.
+    Garbage,
+}
+
+/// Call and connection counters.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Accepted connections.
+    pub connections: AtomicU64,
+    /// `Probe` calls.
+    pub probes: AtomicU64,
+    /// `GetPluginInfo` calls.
+    pub plugin_infos: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Service {
+    script: Arc<Mutex<Script>>,
+    counters: Arc<Counters>,
+}
+
+impl Service {
+    fn script(&self) -> Script {
+        self.script.lock().expect("script lock").clone()
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for Service {
+    async fn get_plugin_info(&self, _: Request<GetPluginInfoRequest>) -> Result<Response<GetPluginInfoResponse>, Status> {
+        self.counters.plugin_infos.fetch_add(1, Ordering::SeqCst);
+        let s = self.script();
+        if let Some((code, msg)) = s.plugin_info_error {
+            return Err(Status::new(code, msg));
+        }
+        Ok(Response::new(GetPluginInfoResponse { name: s.name, vendor_version: "0.0.1-fault".into(), manifest: Default::default() }))
+    }
+
+    async fn get_plugin_capabilities(&self, _: Request<GetPluginCapabilitiesRequest>) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities: vec![] }))
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        self.counters.probes.fetch_add(1, Ordering::SeqCst);
+        let s = self.script();
+        tokio::time::sleep(s.probe_delay).await;
+        match s.probe {
+            ProbeAnswer::Ready => Ok(Response::new(ProbeResponse { ready: Some(true) })),
+            ProbeAnswer::NotReady => Ok(Response::new(ProbeResponse { ready: Some(false) })),
+            ProbeAnswer::Absent => Ok(Response::new(ProbeResponse { ready: None })),
+            ProbeAnswer::Fail(code, msg) => Err(Status::new(code, msg)),
+        }
+    }
+}
+
+/// A running fault driver; stopped (and its socket removed) on drop.
+pub struct FaultDriver {
+    socket: PathBuf,
+    script: Arc<Mutex<Script>>,
+    /// Counters.
+    pub counters: Arc<Counters>,
+    stop: CancellationToken,
+}
+
+impl FaultDriver {
+    /// Listens on `socket` (replacing a stale one).
+    pub fn start(socket: &Path, transport: Transport, script: Script) -> FaultDriver {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).expect("bind fault driver socket");
+        let script = Arc::new(Mutex::new(script));
+        let counters = Arc::new(Counters::default());
+        let stop = CancellationToken::new();
+        let svc = Service { script: script.clone(), counters: counters.clone() };
+        let (stop2, counters2) = (stop.clone(), counters.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            let incoming = UnixListenerStream::new(listener).map(move |c| {
+                counters2.connections.fetch_add(1, Ordering::SeqCst);
+                c
+            });
+            match transport {
+                Transport::Grpc => {
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(IdentityServer::new(svc))
+                        .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
+                        .await;
+                }
+                Transport::Silent | Transport::Garbage => {
+                    tokio::pin!(incoming);
+                    loop {
+                        tokio::select! {
+                            _ = stop2.cancelled() => break,
+                            conn = incoming.next() => match conn {
+                                Some(Ok(mut c)) if transport == Transport::Garbage => {
+                                    let _ = c.write_all(b"\x00\xffHTTP/0.9 garbage \x13\x37 not a gRPC server\r\n\r\n").await;
+                                    let _ = c.shutdown().await;
+                                }
+                                Some(Ok(c)) => held.push(c),
+                                _ => break,
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        FaultDriver { socket: socket.to_path_buf(), script, counters, stop }
+    }
+
+    /// Changes the script.
+    pub fn update(&self, f: impl FnOnce(&mut Script)) {
+        f(&mut self.script.lock().expect("script lock"));
+    }
+
+    /// `Probe` calls so far.
+    pub fn probes(&self) -> u64 {
+        self.counters.probes.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.counters.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultDriver {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}

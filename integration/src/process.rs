@@ -1,0 +1,123 @@
+//! Child processes that never outlive the test: killed on drop, logs kept
+//! in a file and printed when a test fails.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+/// A running child process.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `program args` with stdout and stderr in `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        Proc { name: name.to_string(), child, log, exited: None }
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process wrote so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: Signal) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), sig);
+    }
+
+    /// Whether it has exited; records the status.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// Waits for exit up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(s) = self.try_exit() {
+                return Some(s);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// SIGTERM, then the exit status (panics with the logs if it does not exit in 10 s).
+    pub async fn terminate(&mut self) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        match self.wait_exit(Duration::from_secs(10)).await {
+            Some(s) => s,
+            None => panic!("{} did not exit within 10s of SIGTERM; logs:\n{}", self.name, self.logs()),
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if self.try_exit().is_none() {
+            let _ = self.child.kill();
+            self.exited = self.child.wait().ok();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("----- {} logs ({}) -----\n{}", self.name, self.log.display(), self.logs());
+        }
+    }
+}
+
+/// Runs a command to completion with a timeout: (status code, stdout, stderr).
+pub fn run_to_end(program: &Path, args: &[&str], timeout: Duration) -> (Option<i32>, String, String) {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            panic!("{} {args:?} did not finish within {timeout:?}", program.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("output");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
