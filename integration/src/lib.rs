@@ -83,3 +83,15 @@ pub async fn wait_until<T: std::fmt::Debug>(what: &str, timeout: Duration, mut p
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A gRPC channel to a unix socket (what the kubelet does with the
+/// registration socket).
+pub async fn uds_channel(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
