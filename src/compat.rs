@@ -16,7 +16,8 @@ pub mod metrics {
     /// Histogram of every CSI call.
     pub const OPERATIONS_SECONDS: &str = "csi_sidecar_operations_seconds";
     /// HELP text of [`OPERATIONS_SECONDS`].
-    pub const OPERATIONS_SECONDS_HELP: &str = "[ALPHA] Container Storage Interface operation duration with gRPC error code status total";
+    pub const OPERATIONS_SECONDS_HELP: &str =
+        "[ALPHA] Container Storage Interface operation duration with gRPC error code status total";
     /// Buckets of [`OPERATIONS_SECONDS`].
     pub const OPERATIONS_SECONDS_BUCKETS: &[f64] =
         &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
@@ -100,10 +101,6 @@ pub mod registrar {
     pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
     /// `/healthz` body when the registration socket is missing (404).
     pub const BODY_SOCKET_MISSING: &str = "registration socket does not exist";
-    /// `/healthz` body prefix when the own socket cannot be dialled (500).
-    pub fn body_connect_failed(socket: &str, err: &str) -> String {
-        format!("error connecting to node-registrar socket {socket}: {err}")
-    }
     /// `/healthz` body prefix when `GetInfo` on the own socket failed (500).
     pub fn body_get_info_failed(err: &str) -> String {
         format!("error getting info from node-registrar socket: {err}")

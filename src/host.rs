@@ -67,7 +67,8 @@ pub async fn run(inv: Invocation) -> ExitCode {
     }
 
     let mut tasks = JoinSet::new();
-    let discovery_timeout = inv.modules.iter().map(ModuleConfig::discovery_timeout).max().unwrap_or(Duration::from_secs(1));
+    let discovery_timeout =
+        inv.modules.iter().map(ModuleConfig::discovery_timeout).max().unwrap_or(Duration::from_secs(1));
     tasks.spawn(csi.clone().maintain(discovery_timeout, shutdown.clone()));
     {
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());

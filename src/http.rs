@@ -8,7 +8,7 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
 };
 
 use axum::{
@@ -18,7 +18,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use futures::future::{BoxFuture, join_all};
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared, join_all},
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -56,21 +59,59 @@ pub trait HealthCheck: Send + Sync + 'static {
     fn check(&self) -> BoxFuture<'static, HealthReport>;
 }
 
+type NamedChecks = Vec<(String, Arc<dyn HealthCheck>)>;
+type InFlight = Shared<BoxFuture<'static, HealthReport>>;
+
+/// Runs one check at a time: concurrent callers share the running one, so a
+/// burst of probes costs one driver call (and one allocation of its future).
+struct Coalesced {
+    inner: Arc<dyn HealthCheck>,
+    in_flight: Arc<Mutex<Option<InFlight>>>,
+}
+
+impl HealthCheck for Coalesced {
+    fn check(&self) -> BoxFuture<'static, HealthReport> {
+        let fut = {
+            let mut slot = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self.inner.check().shared();
+                    *slot = Some(f.clone());
+                    f
+                }
+            }
+        };
+        let in_flight = self.in_flight.clone();
+        async move {
+            let report = fut.clone().await;
+            let mut slot = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().is_some_and(|f| f.ptr_eq(&fut)) {
+                *slot = None;
+            }
+            report
+        }
+        .boxed()
+    }
+}
+
 /// All health checks of the process.
 #[derive(Clone, Default)]
 pub struct HealthRegistry {
-    checks: Arc<RwLock<Vec<(String, Arc<dyn HealthCheck>)>>>,
+    checks: Arc<RwLock<NamedChecks>>,
 }
 
 impl HealthRegistry {
     /// Adds (or replaces) the check `name`, served at `/healthz/<name>`.
+    /// Concurrent requests share one run of the check.
     pub fn register(&self, name: &str, check: Arc<dyn HealthCheck>) {
+        let check: Arc<dyn HealthCheck> = Arc::new(Coalesced { inner: check, in_flight: Arc::default() });
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
         checks.retain(|(n, _)| n != name);
         checks.push((name.to_string(), check));
     }
 
-    fn snapshot(&self) -> Vec<(String, Arc<dyn HealthCheck>)> {
+    fn snapshot(&self) -> NamedChecks {
         self.checks.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -232,6 +273,35 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
 mod tests {
     use super::*;
 
+    struct Counting {
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl HealthCheck for Counting {
+        fn check(&self) -> BoxFuture<'static, HealthReport> {
+            let calls = self.calls.clone();
+            async move {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                HealthReport::ok()
+            }
+            .boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_checks_share_one_run_and_later_ones_run_again() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reg = HealthRegistry::default();
+        reg.register("c", Arc::new(Counting { calls: calls.clone() }));
+        let all = join_all((0..32).map(|_| reg.check_one("c"))).await;
+        assert!(all.iter().all(|r| r.as_ref() == Some(&HealthReport::ok())));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        reg.check_all().await;
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2, "a later request runs the check again");
+        assert_eq!(reg.check_one("nope").await, None);
+    }
+
     fn r(status: u16, body: &str) -> HealthReport {
         HealthReport::failed(status, body)
     }
@@ -241,8 +311,14 @@ mod tests {
         let table: Vec<(Vec<(&str, HealthReport)>, HealthReport)> = vec![
             (vec![], HealthReport::ok()),
             (vec![("prober", HealthReport::ok()), ("registrar", HealthReport::ok())], HealthReport::ok()),
-            (vec![("prober", r(500, "driver responded but is not ready")), ("registrar", HealthReport::ok())], r(500, "driver responded but is not ready")),
-            (vec![("prober", HealthReport::ok()), ("registrar", r(404, "registration socket does not exist"))], r(404, "registration socket does not exist")),
+            (
+                vec![("prober", r(500, "driver responded but is not ready")), ("registrar", HealthReport::ok())],
+                r(500, "driver responded but is not ready"),
+            ),
+            (
+                vec![("prober", HealthReport::ok()), ("registrar", r(404, "registration socket does not exist"))],
+                r(404, "registration socket does not exist"),
+            ),
             (
                 vec![("registrar", r(404, "registration socket does not exist")), ("prober", r(500, "x"))],
                 r(404, "registrar: registration socket does not exist\nprober: x"),
@@ -266,7 +342,8 @@ mod tests {
     #[test]
     fn listen_plans() {
         use HttpConfigError::*;
-        let table: &[(SharedFlags, bool, Result<Vec<&str>, HttpConfigError>)] = &[
+        type Row = (SharedFlags, bool, Result<Vec<&'static str>, HttpConfigError>);
+        let table: &[Row] = &[
             (flags(None, None, None), true, Ok(vec![":9808"])),
             (flags(None, None, None), false, Ok(vec![])),
             (flags(Some("127.0.0.1:1"), None, None), true, Ok(vec!["127.0.0.1:1"])),

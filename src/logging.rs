@@ -26,7 +26,8 @@ pub fn level_for_verbosity(v: u32) -> tracing::Level {
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `-v`.
 pub fn init(verbosity: u32, format: Option<&str>) -> Result<(), LoggingError> {
     let level = level_for_verbosity(verbosity).to_string().to_lowercase();
-    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(format!("warn,csi_sidecar={level}")));
+    let filter =
+        EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(format!("warn,csi_sidecar={level}")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi);
     let result = match format.unwrap_or("text") {

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             eprint!("{text}");
             return ExitCode::from(code);
         }
-        Command::Run(inv) => inv,
+        Command::Run(inv) => *inv,
     };
     if let Some(code) = inv.modules.iter().find_map(|m| m.early_exit()) {
         return ExitCode::from(code);

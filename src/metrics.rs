@@ -87,7 +87,12 @@ mod process {
         if let Some(f) = stat_fields() {
             let num = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok());
             if let (Some(utime), Some(stime)) = (num(14), num(15)) {
-                put("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", (utime + stime) / ticks);
+                put(
+                    "process_cpu_seconds_total",
+                    "counter",
+                    "Total user and system CPU time spent in seconds.",
+                    (utime + stime) / ticks,
+                );
             }
             if let Some(vsize) = num(23) {
                 put("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", vsize);
@@ -96,7 +101,12 @@ mod process {
                 put("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", rss * page);
             }
             if let (Some(start), Some(btime)) = (num(22), boot_time()) {
-                put("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", btime as f64 + start / ticks);
+                put(
+                    "process_start_time_seconds",
+                    "gauge",
+                    "Start time of the process since unix epoch in seconds.",
+                    btime as f64 + start / ticks,
+                );
             }
         }
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
@@ -113,12 +123,24 @@ mod process {
         fn process_families_are_present_and_numeric() {
             let mut out = String::new();
             super::append(&mut out);
-            for name in ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds", "process_open_fds"] {
-                let line = out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} missing:\n{out}"));
+            for name in [
+                "process_cpu_seconds_total",
+                "process_resident_memory_bytes",
+                "process_start_time_seconds",
+                "process_open_fds",
+            ] {
+                let line = out
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{name} ")))
+                    .unwrap_or_else(|| panic!("{name} missing:\n{out}"));
                 let v: f64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("numeric value");
                 assert!(v >= 0.0);
             }
-            let rss: f64 = out.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes ")).and_then(|v| v.parse().ok()).expect("rss");
+            let rss: f64 = out
+                .lines()
+                .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+                .and_then(|v| v.parse().ok())
+                .expect("rss");
             assert!(rss > 100_000.0, "a running test process has more than 100 kB resident: {rss}");
         }
     }

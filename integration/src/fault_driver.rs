@@ -52,7 +52,12 @@ pub struct Script {
 
 impl Default for Script {
     fn default() -> Self {
-        Script { name: "fault.csi.example.com".into(), probe: ProbeAnswer::Ready, probe_delay: Duration::ZERO, plugin_info_error: None }
+        Script {
+            name: "fault.csi.example.com".into(),
+            probe: ProbeAnswer::Ready,
+            probe_delay: Duration::ZERO,
+            plugin_info_error: None,
+        }
     }
 }
 
@@ -92,16 +97,26 @@ impl Service {
 
 #[tonic::async_trait]
 impl Identity for Service {
-    async fn get_plugin_info(&self, _: Request<GetPluginInfoRequest>) -> Result<Response<GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
         self.counters.plugin_infos.fetch_add(1, Ordering::SeqCst);
         let s = self.script();
         if let Some((code, msg)) = s.plugin_info_error {
             return Err(Status::new(code, msg));
         }
-        Ok(Response::new(GetPluginInfoResponse { name: s.name, vendor_version: "0.0.1-fault".into(), manifest: Default::default() }))
+        Ok(Response::new(GetPluginInfoResponse {
+            name: s.name,
+            vendor_version: "0.0.1-fault".into(),
+            manifest: Default::default(),
+        }))
     }
 
-    async fn get_plugin_capabilities(&self, _: Request<GetPluginCapabilitiesRequest>) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         Ok(Response::new(GetPluginCapabilitiesResponse { capabilities: vec![] }))
     }
 

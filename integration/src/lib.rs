@@ -24,12 +24,15 @@ pub fn sidecar_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("CSI_SIDECAR_BIN") {
         return PathBuf::from(p);
     }
-    let exe = std::env::current_exe().expect("current test executable");
-    // target/<profile>/deps/<test> -> target/<profile>/csi-sidecar
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target profile dir");
-    let bin = profile_dir.join("csi-sidecar");
-    assert!(bin.exists(), "{} not built: run `cargo build --workspace` first (or set CSI_SIDECAR_BIN)", bin.display());
-    bin
+    let exe = std::env::current_exe().expect("current executable");
+    // A bench binary sits in target/<profile>/, a test in target/<profile>/deps/.
+    let candidates: Vec<PathBuf> = exe.ancestors().skip(1).take(2).map(|d| d.join("csi-sidecar")).collect();
+    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "csi-sidecar not built next to {}: run `cargo build --workspace` first (or set CSI_SIDECAR_BIN)",
+            exe.display()
+        )
+    })
 }
 
 /// A directory holding `name` as a symlink to the csi-sidecar binary, as the
@@ -70,7 +73,11 @@ pub fn free_port() -> u16 {
 
 /// Polls `cond` every 50 ms until it holds or `timeout` passes; on timeout
 /// panics with `what` and the last observed state.
-pub async fn wait_until<T: std::fmt::Debug>(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> (bool, T)) -> T {
+pub async fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> (bool, T),
+) -> T {
     let start = Instant::now();
     loop {
         let (ok, state) = probe().await;
@@ -91,7 +98,9 @@ pub async fn uds_channel(path: &Path) -> Result<tonic::transport::Channel, tonic
     tonic::transport::Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
         }))
         .await
 }

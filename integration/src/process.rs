@@ -119,5 +119,9 @@ pub fn run_to_end(program: &Path, args: &[&str], timeout: Duration) -> (Option<i
         std::thread::sleep(Duration::from_millis(10));
     }
     let out = child.wait_with_output().expect("output");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

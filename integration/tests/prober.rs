@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use csi_sidecar_integration::{
-    component_bin, free_port,
+    component_bin,
     fault_driver::{FaultDriver, ProbeAnswer, Script, Transport},
+    free_port,
     http::{Reply, get},
     process::Proc,
     symlinked_bin, wait_until,
@@ -23,7 +24,8 @@ fn start_prober(extra: &[&str]) -> Prober {
     let socket = dir.path().join("csi.sock");
     let addr = format!("127.0.0.1:{}", free_port());
     let bin = symlinked_bin(dir.path(), "livenessprobe");
-    let mut args = vec![format!("--csi-address={}", socket.display()), format!("--http-endpoint={addr}"), "-v=5".to_string()];
+    let mut args =
+        vec![format!("--csi-address={}", socket.display()), format!("--http-endpoint={addr}"), "-v=5".to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let proc = Proc::spawn("livenessprobe", &bin, &args, dir.path());
     Prober { proc, addr, _dir: dir, socket }
@@ -57,8 +59,18 @@ async fn upstream_codes_and_bodies_for_every_probe_outcome() {
     let table: Vec<(ProbeAnswer, Duration, u16, &str)> = vec![
         (ProbeAnswer::NotReady, Duration::ZERO, 500, "driver responded but is not ready"),
         (ProbeAnswer::Absent, Duration::ZERO, 200, "ok"),
-        (ProbeAnswer::Fail(Code::Internal, "disk on fire".into()), Duration::ZERO, 500, "rpc error: code = Internal desc = disk on fire"),
-        (ProbeAnswer::Ready, Duration::from_secs(3), 500, "rpc error: code = DeadlineExceeded desc = context deadline exceeded"),
+        (
+            ProbeAnswer::Fail(Code::Internal, "disk on fire".into()),
+            Duration::ZERO,
+            500,
+            "rpc error: code = Internal desc = disk on fire",
+        ),
+        (
+            ProbeAnswer::Ready,
+            Duration::from_secs(3),
+            500,
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+        ),
         (ProbeAnswer::Ready, Duration::ZERO, 200, "ok"),
     ];
     for (answer, delay, status, body) in table {

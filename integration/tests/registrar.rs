@@ -1,13 +1,11 @@
 //! registrar (node-driver-registrar parity), playing the kubelet's part
 //! against the registration socket, with the real driver behind it.
 
-use std::{
-    os::unix::fs::PermissionsExt,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{os::unix::fs::PermissionsExt, path::PathBuf, time::Duration};
 
-use csi_sidecar::csi::proto::pluginregistration::{InfoRequest, RegistrationStatus, registration_client::RegistrationClient};
+use csi_sidecar::csi::proto::pluginregistration::{
+    InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
+};
 use csi_sidecar_integration::{
     component_bin,
     fault_driver::{FaultDriver, Script, Transport},
@@ -86,7 +84,10 @@ async fn registration_handshake_rejection_and_sigterm() {
     assert_eq!(info.supported_versions, vec!["1.0.0".to_string()]);
     assert_eq!(healthz(&env.addr, 200).await, "ok");
 
-    client.notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() }).await.expect("notify true");
+    client
+        .notify_registration_status(RegistrationStatus { plugin_registered: true, error: String::new() })
+        .await
+        .expect("notify true");
     assert!(reg.try_exit().is_none(), "an accepted registration keeps the registrar running");
     assert_eq!(healthz(&env.addr, 200).await, "ok");
 
@@ -118,7 +119,8 @@ async fn a_driver_that_starts_late_is_waited_for() {
     assert!(!env.reg_socket().exists());
     let _driver = env.driver("csi-mock-driver");
     let sock = env.reg_socket();
-    wait_until("registration socket after the late driver", Duration::from_secs(15), async || (sock.exists(), ())).await;
+    wait_until("registration socket after the late driver", Duration::from_secs(15), async || (sock.exists(), ()))
+        .await;
     assert_eq!(healthz(&env.addr, 200).await, "ok");
     // A vanished socket reads as upstream's 404.
     std::fs::remove_file(&sock).expect("remove socket");
@@ -159,7 +161,11 @@ fn missing_registration_path_exits_1_and_probe_mode_exits_0() {
     let (code, _, err) = run_to_end(&bin, &["--csi-address=/nonexistent.sock"], Duration::from_secs(10));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("kubelet-registration-path is a required parameter"), "{err}");
-    let (code, _, err) = run_to_end(&bin, &["--mode=kubelet-registration-probe", "--kubelet-registration-path=/x"], Duration::from_secs(10));
+    let (code, _, err) = run_to_end(
+        &bin,
+        &["--mode=kubelet-registration-probe", "--kubelet-registration-path=/x"],
+        Duration::from_secs(10),
+    );
     assert_eq!(code, Some(0), "{err}");
 }
 

@@ -69,7 +69,11 @@ pub fn tokenize(args: &[String], kind_of: impl Fn(&str) -> Option<FlagKind>) -> 
         if arg == "--" {
             return Ok(Tokenized { flags, rest: i + 1 });
         }
-        let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')).filter(|b| !b.is_empty() && !arg.starts_with("---")) else {
+        let Some(body) = arg
+            .strip_prefix("--")
+            .or_else(|| arg.strip_prefix('-'))
+            .filter(|b| !b.is_empty() && !arg.starts_with("---"))
+        else {
             return Ok(Tokenized { flags, rest: i });
         };
         let (name, inline) = match body.split_once('=') {
@@ -139,8 +143,8 @@ pub fn parse_go_bool(s: &str) -> Result<bool, String> {
 pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     let err = || format!("time: invalid duration {s:?}");
     let body = s.strip_prefix('+').unwrap_or(s);
-    if body.starts_with('-') {
-        return if body[1..].chars().all(|c| c == '0' || c == '.') && body.len() > 1 {
+    if let Some(negated) = body.strip_prefix('-') {
+        return if !negated.is_empty() && negated.chars().all(|c| c == '0' || c == '.') {
             Ok(Duration::ZERO)
         } else {
             Err(format!("{}: negative durations are not accepted", err()))
@@ -193,9 +197,9 @@ impl fmt::Display for GoDuration {
         }
         if d < Duration::from_secs(1) {
             let n = d.as_nanos();
-            return if n % 1_000_000 == 0 {
+            return if n.is_multiple_of(1_000_000) {
                 write!(f, "{}ms", n / 1_000_000)
-            } else if n % 1_000 == 0 {
+            } else if n.is_multiple_of(1_000) {
                 write!(f, "{}µs", n / 1_000)
             } else {
                 write!(f, "{n}ns")
@@ -240,12 +244,8 @@ mod tests {
 
     #[test]
     fn every_go_spelling_of_a_flag_normalises_the_same() {
-        let table: &[&[&str]] = &[
-            &["--csi-address=/x"],
-            &["-csi-address=/x"],
-            &["--csi-address", "/x"],
-            &["-csi-address", "/x"],
-        ];
+        let table: &[&[&str]] =
+            &[&["--csi-address=/x"], &["-csi-address=/x"], &["--csi-address", "/x"], &["-csi-address", "/x"]];
         for line in table {
             let t = tokenize(&args(line), kinds).unwrap();
             assert_eq!(t.flags, vec![flag("csi-address", "/x")], "{line:?}");
@@ -305,7 +305,8 @@ mod tests {
 
     #[test]
     fn argh_rendering() {
-        let out = to_argh_args(&[flag("leader-election", "false"), flag("enable-pprof", "true"), flag("v", "3")], kinds);
+        let out =
+            to_argh_args(&[flag("leader-election", "false"), flag("enable-pprof", "true"), flag("v", "3")], kinds);
         assert_eq!(out, args(&["--enable-pprof", "--v", "3"]));
     }
 

@@ -29,7 +29,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[derive(Debug, PartialEq)]
 pub enum Command {
     /// Run these modules.
-    Run(Invocation),
+    Run(Box<Invocation>),
     /// Print and exit (help, list, version, usage errors).
     Exit {
         /// Process exit status.
@@ -119,10 +119,8 @@ struct SharedGiven {
 
 /// Parses a full argv (including argv[0]).
 pub fn parse(argv: &[String]) -> Command {
-    let program = argv
-        .first()
-        .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
-        .unwrap_or_else(|| PROGRAM.to_string());
+    let program =
+        argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_else(|| PROGRAM.to_string());
     let args = argv.get(1..).unwrap_or_default();
 
     if let Some(desc) = modules::lookup(&program) {
@@ -165,7 +163,9 @@ pub fn parse(argv: &[String]) -> Command {
         let own = FlagTable::from_info((spec.info)(), |_| true);
         let shared = shared_table(|n| module_accepts_shared(spec, n));
         let tail = &rest[1..];
-        let t = match goflags::tokenize(tail, |n| own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool))) {
+        let t = match goflags::tokenize(tail, |n| {
+            own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool))
+        }) {
             Ok(t) => t,
             Err(e) => return usage_error(Some(desc.name), e),
         };
@@ -173,7 +173,10 @@ pub fn parse(argv: &[String]) -> Command {
         rest = &tail[t.rest..];
     }
     if segments.is_empty() {
-        return usage_error(None, "no module given; '{PROGRAM} --list' shows the modules".replace("{PROGRAM}", PROGRAM));
+        return usage_error(
+            None,
+            "no module given; '{PROGRAM} --list' shows the modules".replace("{PROGRAM}", PROGRAM),
+        );
     }
     build(program, top.flags, segments)
 }
@@ -192,7 +195,8 @@ fn not_built(desc: &ModuleDesc) -> Command {
 }
 
 fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> Command {
-    let mut shared_given: Vec<SharedGiven> = top_flags.into_iter().map(|flag| SharedGiven { flag, origin: "top level" }).collect();
+    let mut shared_given: Vec<SharedGiven> =
+        top_flags.into_iter().map(|flag| SharedGiven { flag, origin: "top level" }).collect();
     let mut configs = Vec::new();
     let mut warnings = Vec::new();
     let single = segments.len() == 1;
@@ -264,7 +268,7 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
         Ok(s) => s,
         Err(e) => return usage_error(None, e),
     };
-    Command::Run(Invocation { program, shared, modules: configs, warnings })
+    Command::Run(Box::new(Invocation { program, shared, modules: configs, warnings }))
 }
 
 fn parse_shared(flags: &[GivenFlag]) -> Result<SharedFlags, String> {
@@ -307,7 +311,8 @@ fn module_help(title: &str, desc: &ModuleDesc) -> String {
     let Some(spec) = &desc.flags else {
         return format!("{}: not built yet\n", desc.name);
     };
-    let mut out = format!("Usage: {title} [flags]\n\n{}: {} (replaces {})\n\nFlags:\n", desc.name, desc.summary, desc.replaces);
+    let mut out =
+        format!("Usage: {title} [flags]\n\n{}: {} (replaces {})\n\nFlags:\n", desc.name, desc.summary, desc.replaces);
     FlagTable::from_info((spec.info)(), |_| true).render(&mut out);
     out.push_str("\nShared flags:\n");
     shared_table(|n| module_accepts_shared(spec, n)).render(&mut out);

@@ -9,7 +9,7 @@ fn argv(s: &str) -> Vec<String> {
 
 fn run(s: &str) -> Invocation {
     match parse(&argv(s)) {
-        Command::Run(inv) => inv,
+        Command::Run(inv) => *inv,
         Command::Exit { code, text } => panic!("{s}: exit {code}: {text}"),
     }
 }
@@ -96,9 +96,13 @@ fn several_modules_with_their_own_flags_and_shared_ones_once() {
 fn shared_flags_repeated_in_segments_must_agree() {
     let inv = run("csi-sidecar registrar --csi-address=/a --kubelet-registration-path=/k prober --csi-address=/a");
     assert_eq!(inv.shared.csi_address(), "/a");
-    let (code, text) = exit("csi-sidecar registrar --csi-address=/a --kubelet-registration-path=/k prober --csi-address=/b");
+    let (code, text) =
+        exit("csi-sidecar registrar --csi-address=/a --kubelet-registration-path=/k prober --csi-address=/b");
     assert_eq!(code, 2);
-    assert!(text.contains("--csi-address") && text.contains("\"/a\" (registrar)") && text.contains("\"/b\" (prober)"), "{text}");
+    assert!(
+        text.contains("--csi-address") && text.contains("\"/a\" (registrar)") && text.contains("\"/b\" (prober)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -123,7 +127,8 @@ fn bad_value_exits_2_naming_flag_value_and_module() {
 
 #[test]
 fn deprecated_flags_are_accepted_with_a_warning() {
-    let inv = run("csi-node-driver-registrar --kubelet-registration-path=/k --connection-timeout=30s --health-port=9809");
+    let inv =
+        run("csi-node-driver-registrar --kubelet-registration-path=/k --connection-timeout=30s --health-port=9809");
     assert_eq!(inv.shared.health_port.as_deref(), Some("9809"));
     assert!(inv.warnings.iter().any(|w| w.contains("connection-timeout")), "{:?}", inv.warnings);
     assert!(inv.warnings.iter().any(|w| w.contains("health-port")), "{:?}", inv.warnings);
@@ -141,7 +146,15 @@ fn booleans_and_compat_no_ops() {
 fn list_help_version() {
     let (code, text) = exit("csi-sidecar --list");
     assert_eq!(code, 0);
-    for m in ["provisioner", "attacher", "registrar", "prober", "livenessprobe", "csi-node-driver-registrar", "not built yet"] {
+    for m in [
+        "provisioner",
+        "attacher",
+        "registrar",
+        "prober",
+        "livenessprobe",
+        "csi-node-driver-registrar",
+        "not built yet",
+    ] {
         assert!(text.contains(m), "{m} missing from --list:\n{text}");
     }
     let (code, text) = exit("csi-sidecar --help");

@@ -110,7 +110,13 @@ impl Connection {
     }
 
     /// Runs one unary call with a deadline, metrics and redacted logging.
-    pub async fn call<Req, Resp, F, Fut>(&self, method: &'static str, timeout: Duration, req: Req, send: F) -> Result<Resp, Status>
+    pub async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        timeout: Duration,
+        req: Req,
+        send: F,
+    ) -> Result<Resp, Status>
     where
         Req: Redact + Clone + Debug,
         Resp: Debug,
@@ -160,8 +166,10 @@ impl Connection {
 
     /// `Identity/Probe`.
     pub async fn probe(&self, timeout: Duration) -> Result<csi::ProbeResponse, Status> {
-        self.call(method::PROBE, timeout, csi::ProbeRequest {}, |ch, r| async move { IdentityClient::new(ch).probe(r).await })
-            .await
+        self.call(method::PROBE, timeout, csi::ProbeRequest {}, |ch, r| async move {
+            IdentityClient::new(ch).probe(r).await
+        })
+        .await
     }
 
     /// `Identity/GetPluginInfo`.
@@ -173,7 +181,10 @@ impl Connection {
     }
 
     /// `Identity/GetPluginCapabilities`.
-    pub async fn get_plugin_capabilities(&self, timeout: Duration) -> Result<csi::GetPluginCapabilitiesResponse, Status> {
+    pub async fn get_plugin_capabilities(
+        &self,
+        timeout: Duration,
+    ) -> Result<csi::GetPluginCapabilitiesResponse, Status> {
         self.call(method::GET_PLUGIN_CAPABILITIES, timeout, csi::GetPluginCapabilitiesRequest {}, |ch, r| async move {
             IdentityClient::new(ch).get_plugin_capabilities(r).await
         })
@@ -181,10 +192,16 @@ impl Connection {
     }
 
     /// `Controller/ControllerGetCapabilities`.
-    pub async fn controller_get_capabilities(&self, timeout: Duration) -> Result<csi::ControllerGetCapabilitiesResponse, Status> {
-        self.call(method::CONTROLLER_GET_CAPABILITIES, timeout, csi::ControllerGetCapabilitiesRequest {}, |ch, r| async move {
-            ControllerClient::new(ch).controller_get_capabilities(r).await
-        })
+    pub async fn controller_get_capabilities(
+        &self,
+        timeout: Duration,
+    ) -> Result<csi::ControllerGetCapabilitiesResponse, Status> {
+        self.call(
+            method::CONTROLLER_GET_CAPABILITIES,
+            timeout,
+            csi::ControllerGetCapabilitiesRequest {},
+            |ch, r| async move { ControllerClient::new(ch).controller_get_capabilities(r).await },
+        )
         .await
     }
 
@@ -209,7 +226,9 @@ impl Connection {
         if driver.has_plugin_service(plugin_capability::service::Type::ControllerService) {
             match self.controller_get_capabilities(timeout).await {
                 Ok(r) => driver.controller_capabilities = r.capabilities,
-                Err(s) => tracing::warn!(error = %compat::grpc_error_text(&s), "ControllerGetCapabilities failed; assuming none"),
+                Err(s) => {
+                    tracing::warn!(error = %compat::grpc_error_text(&s), "ControllerGetCapabilities failed; assuming none")
+                }
             }
         }
         Ok(driver)
@@ -253,7 +272,9 @@ impl Connection {
                 connects.borrow_and_update();
                 let previous = self.inner.driver.send_replace(Some(Arc::new(info.clone())));
                 match previous {
-                    None => tracing::info!(driver = %info.name, version = %info.vendor_version, "CSI driver discovered"),
+                    None => {
+                        tracing::info!(driver = %info.name, version = %info.vendor_version, "CSI driver discovered")
+                    }
                     Some(p) if p.name != info.name => {
                         tracing::warn!(old = %p.name, new = %info.name, "CSI driver name changed after reconnect")
                     }

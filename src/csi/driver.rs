@@ -22,16 +22,16 @@ pub struct DriverInfo {
 impl DriverInfo {
     /// Whether the driver advertises the plugin service `svc`.
     pub fn has_plugin_service(&self, svc: plugin_capability::service::Type) -> bool {
-        self.plugin_capabilities.iter().any(|c| {
-            matches!(&c.r#type, Some(plugin_capability::Type::Service(s)) if s.r#type == svc as i32)
-        })
+        self.plugin_capabilities
+            .iter()
+            .any(|c| matches!(&c.r#type, Some(plugin_capability::Type::Service(s)) if s.r#type == svc as i32))
     }
 
     /// Whether the driver advertises the controller RPC capability `rpc`.
     pub fn has_controller_capability(&self, rpc: controller_service_capability::rpc::Type) -> bool {
-        self.controller_capabilities.iter().any(|c| {
-            matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r)) if r.r#type == rpc as i32)
-        })
+        self.controller_capabilities
+            .iter()
+            .any(|c| matches!(&c.r#type, Some(controller_service_capability::Type::Rpc(r)) if r.r#type == rpc as i32))
     }
 }
 

@@ -41,7 +41,12 @@ mod tests {
         // CSI v1.12.0 marks exactly these request fields as secret.
         assert!(SECRET_FIELDS.len() >= 19, "{SECRET_FIELDS:?}");
         assert!(SECRET_FIELDS.iter().all(|(_, f)| *f == "secrets"));
-        for m in ["csi.v1.CreateVolumeRequest", "csi.v1.DeleteVolumeRequest", "csi.v1.ControllerPublishVolumeRequest", "csi.v1.NodeStageVolumeRequest"] {
+        for m in [
+            "csi.v1.CreateVolumeRequest",
+            "csi.v1.DeleteVolumeRequest",
+            "csi.v1.ControllerPublishVolumeRequest",
+            "csi.v1.NodeStageVolumeRequest",
+        ] {
             assert!(SECRET_FIELDS.iter().any(|(msg, _)| *msg == m), "{m} missing");
         }
     }

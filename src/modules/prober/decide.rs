@@ -30,7 +30,11 @@ mod tests {
                 500,
                 "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
             ),
-            (Err(Status::unavailable("connection refused")), 500, "rpc error: code = Unavailable desc = connection refused"),
+            (
+                Err(Status::unavailable("connection refused")),
+                500,
+                "rpc error: code = Unavailable desc = connection refused",
+            ),
             (Err(Status::internal("boom")), 500, "rpc error: code = Internal desc = boom"),
         ];
         for (input, status, body) in table {

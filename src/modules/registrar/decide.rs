@@ -53,7 +53,11 @@ pub fn socket_health(state: &SocketState, path: &str) -> Option<HealthReport> {
 
 /// The `/healthz` answer from the self-check's `GetInfo`.
 pub fn self_check_health(answered_name: &str, driver: &str) -> HealthReport {
-    if answered_name == driver { HealthReport::ok() } else { HealthReport::failed(500, up::body_wrong_name(answered_name)) }
+    if answered_name == driver {
+        HealthReport::ok()
+    } else {
+        HealthReport::failed(500, up::body_wrong_name(answered_name))
+    }
 }
 
 /// Delay before the socket is recreated after the kubelet rejected the

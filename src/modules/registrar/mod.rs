@@ -23,7 +23,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{
     Request, Response, Status,
-    transport::{Endpoint, Server, Uri},
+    transport::{Channel, Endpoint, Server, Uri},
 };
 
 use crate::{
@@ -47,7 +47,10 @@ const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
 pub fn validate(cfg: &RegistrarFlags) -> Result<(), ModuleError> {
     match cfg.kubelet_registration_path.as_deref() {
         Some(p) if !p.is_empty() => Ok(()),
-        _ => Err(ModuleError::Config { module: NAME, message: "kubelet-registration-path is a required parameter".into() }),
+        _ => Err(ModuleError::Config {
+            module: NAME,
+            message: "kubelet-registration-path is a required parameter".into(),
+        }),
     }
 }
 
@@ -68,7 +71,10 @@ impl registration_server::Registration for RegistrationService {
         Ok(Response::new(self.info.clone()))
     }
 
-    async fn notify_registration_status(&self, req: Request<RegistrationStatus>) -> Result<Response<RegistrationStatusResponse>, Status> {
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let status = req.into_inner();
         tracing::info!(registered = status.plugin_registered, error = %status.error, "Received NotifyRegistrationStatus call");
         let _ = self.events.send(decide::registration(status.plugin_registered, &status.error));
@@ -77,56 +83,65 @@ impl registration_server::Registration for RegistrationService {
 }
 
 /// `/healthz` for the registrar: the socket exists and answers `GetInfo`
-/// with the driver's name.
+/// with the driver's name. Upstream dials the socket for every request; this
+/// keeps one lazily (re)connecting channel to it.
 struct RegistrarHealth {
     socket: PathBuf,
     driver: Arc<str>,
     timeout: Duration,
+    channel: Channel,
 }
 
 impl RegistrarHealth {
-    async fn self_check(socket: PathBuf, driver: Arc<str>, timeout: Duration) -> HealthReport {
-        let shown = socket.display().to_string();
-        if let Some(r) = decide::socket_health(&socket::state(&socket), &shown) {
-            return r;
-        }
+    fn new(socket: PathBuf, driver: Arc<str>, timeout: Duration) -> Self {
         let path = socket.clone();
-        let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
-        let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }));
-        let channel = match tokio::time::timeout(timeout, connect).await {
-            Ok(Ok(ch)) => ch,
-            Ok(Err(e)) => return HealthReport::failed(500, up::body_connect_failed(&shown, &e.to_string())),
-            Err(_) => return HealthReport::failed(500, up::body_connect_failed(&shown, compat::DEADLINE_EXCEEDED_MESSAGE)),
-        };
-        let answer = match tokio::time::timeout(timeout, RegistrationClient::new(channel).get_info(InfoRequest {})).await {
-            Ok(r) => r,
-            Err(_) => Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE)),
-        };
-        match answer {
-            Ok(info) => decide::self_check_health(&info.into_inner().name, &driver),
-            Err(s) => HealthReport::failed(500, up::body_get_info_failed(&compat::grpc_error_text(&s))),
-        }
+        let channel = Endpoint::from_static("http://localhost").connect_timeout(timeout).connect_with_connector_lazy(
+            tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+            }),
+        );
+        RegistrarHealth { socket, driver, timeout, channel }
     }
 }
 
 impl HealthCheck for RegistrarHealth {
     fn check(&self) -> BoxFuture<'static, HealthReport> {
-        Self::self_check(self.socket.clone(), self.driver.clone(), self.timeout).boxed()
+        let (socket, driver, timeout, channel) =
+            (self.socket.clone(), self.driver.clone(), self.timeout, self.channel.clone());
+        async move {
+            let shown = socket.display().to_string();
+            if let Some(r) = decide::socket_health(&socket::state(&socket), &shown) {
+                return r;
+            }
+            let answer =
+                match tokio::time::timeout(timeout, RegistrationClient::new(channel).get_info(InfoRequest {})).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE)),
+                };
+            match answer {
+                Ok(info) => decide::self_check_health(&info.into_inner().name, &driver),
+                Err(s) => HealthReport::failed(500, up::body_get_info_failed(&compat::grpc_error_text(&s))),
+            }
+        }
+        .boxed()
     }
 }
 
 /// Why one incarnation of the registration socket ended.
 enum Ended {
     Shutdown,
-    Rejected,
+    /// The kubelet rejected the registration; `after_accept` if it had
+    /// accepted one on this socket before (the backoff starts over).
+    Rejected {
+        after_accept: bool,
+    },
     ServerFailed(String),
 }
 
 async fn serve_once(socket_path: &Path, info: PluginInfo, shutdown: &CancellationToken) -> Result<Ended, ModuleError> {
-    let listener = socket::listen(socket_path).map_err(|e| ModuleError::Fatal { module: NAME, message: e.to_string() })?;
+    let listener =
+        socket::listen(socket_path).map_err(|e| ModuleError::Fatal { module: NAME, message: e.to_string() })?;
     tracing::info!(socket = %socket_path.display(), "Registration Server started");
     let (events, mut rx) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();
@@ -134,14 +149,18 @@ async fn serve_once(socket_path: &Path, info: PluginInfo, shutdown: &Cancellatio
         .add_service(RegistrationServer::new(RegistrationService { info, events }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.clone().cancelled_owned());
     tokio::pin!(server);
+    let mut accepted = false;
     let ended = loop {
         tokio::select! {
             r = &mut server => break Ended::ServerFailed(match r { Ok(()) => "server stopped".into(), Err(e) => e.to_string() }),
             Some(ev) = rx.recv() => match ev {
-                Registration::Accepted => tracing::info!("Plugin registered with the kubelet"),
+                Registration::Accepted => {
+                    accepted = true;
+                    tracing::info!("Plugin registered with the kubelet");
+                }
                 Registration::Rejected(e) => {
                     tracing::error!(error = %e, "The kubelet rejected the registration; recreating the socket");
-                    break Ended::Rejected;
+                    break Ended::Rejected { after_accept: accepted };
                 }
             },
             _ = shutdown.cancelled() => break Ended::Shutdown,
@@ -164,13 +183,15 @@ pub async fn run(cfg: RegistrarFlags, ctx: ModuleContext) -> Result<(), ModuleEr
     tracing::info!(address = %ctx.csi.address(), "Waiting for the CSI driver to tell its name");
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let socket_path = Path::new(&cfg.plugin_registration_path).join(up::socket_file_name(&driver.name));
-    ctx.health.register(NAME, Arc::new(RegistrarHealth { socket: socket_path.clone(), driver: driver.name.clone(), timeout: cfg.timeout }));
+    ctx.health.register(NAME, Arc::new(RegistrarHealth::new(socket_path.clone(), driver.name.clone(), cfg.timeout)));
     let info = decide::plugin_info(&driver.name, &endpoint);
     let mut consecutive_failures = 0u32;
     loop {
         match serve_once(&socket_path, info.clone(), &ctx.shutdown).await? {
             Ended::Shutdown => return Ok(()),
-            Ended::Rejected => consecutive_failures += 1,
+            Ended::Rejected { after_accept } => {
+                consecutive_failures = if after_accept { 1 } else { consecutive_failures + 1 }
+            }
             Ended::ServerFailed(e) => {
                 consecutive_failures += 1;
                 tracing::error!(error = %e, "Registration server failed; restarting it");

@@ -40,7 +40,9 @@ pub fn state(path: &Path) -> SocketState {
 pub fn remove(path: &Path) -> Result<(), SocketError> {
     match state(path) {
         SocketState::Missing => Ok(()),
-        SocketState::Present => std::fs::remove_file(path).or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) }).map_err(|source| SocketError::Io { path: path.into(), source }),
+        SocketState::Present => std::fs::remove_file(path)
+            .or_else(|e| if e.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+            .map_err(|source| SocketError::Io { path: path.into(), source }),
         SocketState::NotASocket => Err(SocketError::NotASocket(path.into())),
         SocketState::StatError(e) => Err(SocketError::Io { path: path.into(), source: io::Error::other(e) }),
     }

@@ -1,0 +1,351 @@
+// Command csi-mock-driver serves Kubernetes' own e2e CSI mock driver
+// (k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/mock/service, the
+// successor of the csi-test mock driver) on a unix socket, so that the
+// csi-sidecar integration tests have a real CSI implementation to talk to.
+//
+// Flags:
+//
+//	--endpoint PATH|unix://PATH   socket to listen on (a stale socket is removed
+//	                              first; the socket is removed on SIGTERM/SIGINT)
+//	--name NAME                   driver name returned by GetPluginInfo
+//	                              (default io.kubernetes.storage.mock)
+//	--node-id ID                  node ID reported by NodeGetInfo and accepted by
+//	                              ControllerPublish/ControllerUnpublishVolume
+//	                              (default: the driver name, see below)
+//	--disable-attach              no PUBLISH_UNPUBLISH_VOLUME capability;
+//	                              ControllerPublish/Unpublish return Unimplemented
+//	--enable-topology             VOLUME_ACCESSIBILITY_CONSTRAINTS plugin capability
+//	--attach-limit N              NodeGetInfo.max_volumes_per_node and the number of
+//	                              volumes ControllerPublish accepts (0 = no limit)
+//	--verbose                     also log requests and responses as JSON
+//
+// Every call is logged as one line on stderr:
+//
+//	csi-mock-driver: /csi.v1.Controller/CreateVolume -> OK (12µs)
+//
+// Behaviour of the upstream mock service that callers must know:
+//
+//   - Node ID: the mock service has no node-ID setting; internally its node ID is
+//     always the driver name (service.New sets nodeID = Config.DriverName), so
+//     upstream NodeGetInfo reports the driver name and ControllerPublish only
+//     accepts the driver name. This program translates: NodeGetInfo reports
+//     --node-id, ControllerPublish/Unpublish accept only --node-id (any other
+//     node ID, the driver name included when it differs, gets NotFound "Not
+//     matching Node ID ..."), and published_node_ids in ListVolumes and
+//     ControllerGetVolume report --node-id. Without --node-id the node ID is the
+//     driver name, exactly as upstream.
+//   - ControllerUnpublishVolume with an empty node_id is treated as "this node"
+//     (the CSI spec says an empty node ID means all nodes; upstream rejects it).
+//   - published_node_ids: upstream lists every volume as published on its node
+//     whenever attach is enabled; this program reports the node only for volumes
+//     that are really ControllerPublished. The mock keeps its bookkeeping in the
+//     volume context ("<driver name>/dev", "<driver name>/<path>", "readonly");
+//     those keys are removed from CreateVolume, ListVolumes and
+//     ControllerGetVolume responses, so volume_context is {"name": <volume name>}.
+//   - MODIFY_VOLUME is advertised but ControllerModifyVolume is a no-op.
+//   - The service starts with three volumes ("Mock Volume 1..3", IDs 1-3,
+//     100 GiB) and three snapshots; created volumes get IDs 4, 5, ...
+//     CreateVolume without a capacity range gives 100 GiB; >= 1 TiB is OutOfRange.
+//   - With --enable-topology volumes and NodeGetInfo carry the segment
+//     io.kubernetes.storage.mock/node=some-mock-node (the key is derived from the
+//     constant name io.kubernetes.storage.mock, not from --name).
+//   - All state is in memory and lost on exit. Calls are served one at a time
+//     (the upstream service shares maps between its state and its responses,
+//     which would race under concurrent calls).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+
+	"k8s.io/kubernetes/test/e2e/storage/drivers/csi-test/mock/service"
+)
+
+const prog = "csi-mock-driver"
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, prog+": "+format+"\n", args...)
+}
+
+// socketPath turns "unix:///a/b", "unix:/a/b", "unix://a/b" or "/a/b" into a path.
+func socketPath(endpoint string) (string, error) {
+	p := endpoint
+	switch {
+	case strings.HasPrefix(p, "unix://"):
+		p = strings.TrimPrefix(p, "unix://")
+	case strings.HasPrefix(p, "unix:"):
+		p = strings.TrimPrefix(p, "unix:")
+	case strings.Contains(p, "://"):
+		return "", fmt.Errorf("unsupported endpoint %q: only unix sockets are supported", endpoint)
+	}
+	if p == "" {
+		return "", errors.New("empty --endpoint")
+	}
+	return p, nil
+}
+
+// translator maps between the node ID the mock service uses internally (its
+// driver name) and the node ID given with --node-id, and serializes calls.
+type translator struct {
+	mu       sync.Mutex
+	internal string // what the mock service uses: the driver name
+	external string // what callers see: --node-id
+	verbose  bool
+}
+
+func (t *translator) translateRequest(req any) error {
+	switch r := req.(type) {
+	case *csi.ControllerPublishVolumeRequest:
+		return t.mapNodeID(&r.NodeId, false)
+	case *csi.ControllerUnpublishVolumeRequest:
+		return t.mapNodeID(&r.NodeId, true)
+	}
+	return nil
+}
+
+func (t *translator) mapNodeID(id *string, emptyIsSelf bool) error {
+	switch {
+	case *id == "" && emptyIsSelf:
+		*id = t.internal
+	case *id == t.external:
+		*id = t.internal
+	case *id == "":
+		return status.Error(codes.InvalidArgument, "Node ID cannot be empty")
+	default:
+		return status.Errorf(codes.NotFound, "Not matching Node ID %s to Mock Node ID %s", *id, t.external)
+	}
+	return nil
+}
+
+// cleanVolume removes the mock's bookkeeping keys ("<internal node ID>/...",
+// "readonly") from a volume context in a response.
+func (t *translator) cleanVolume(v *csi.Volume) {
+	if v == nil {
+		return
+	}
+	for k := range v.VolumeContext {
+		if k == service.ReadOnlyKey || strings.HasPrefix(k, t.internal+"/") {
+			delete(v.VolumeContext, k)
+		}
+	}
+}
+
+func (t *translator) published(v *csi.Volume) []string {
+	if v != nil && v.GetVolumeContext()[path.Join(t.internal, "dev")] != "" {
+		return []string{t.external}
+	}
+	return nil
+}
+
+func (t *translator) translateResponse(resp any) {
+	switch r := resp.(type) {
+	case *csi.NodeGetInfoResponse:
+		if r.NodeId == t.internal {
+			r.NodeId = t.external
+		}
+	case *csi.CreateVolumeResponse:
+		t.cleanVolume(r.GetVolume())
+	case *csi.ListVolumesResponse:
+		for _, e := range r.GetEntries() {
+			if e.Status != nil && e.Status.PublishedNodeIds != nil {
+				e.Status.PublishedNodeIds = t.published(e.GetVolume())
+			}
+			t.cleanVolume(e.GetVolume())
+		}
+	case *csi.ControllerGetVolumeResponse:
+		if r.Status != nil && r.Status.PublishedNodeIds != nil {
+			r.Status.PublishedNodeIds = t.published(r.GetVolume())
+		}
+		t.cleanVolume(r.GetVolume())
+	}
+}
+
+// The CSI spec module used by k8s.io/kubernetes (v1.9.0) is generated with the
+// old github.com/golang/protobuf API (proto "v1" messages); adapt both kinds.
+func asV2(m any) (proto.Message, bool) {
+	switch x := m.(type) {
+	case proto.Message:
+		return x, x != nil
+	case protoadapt.MessageV1:
+		if x == nil {
+			return nil, false
+		}
+		return protoadapt.MessageV2Of(x), true
+	}
+	return nil, false
+}
+
+// deepCopy returns a deep copy of a protobuf message with the same Go type.
+func deepCopy(m any) any {
+	switch x := m.(type) {
+	case proto.Message:
+		return proto.Clone(x)
+	case protoadapt.MessageV1:
+		return protoadapt.MessageV1Of(proto.Clone(protoadapt.MessageV2Of(x)))
+	}
+	return m
+}
+
+func toJSON(m any) string {
+	if pm, ok := asV2(m); ok {
+		if b, err := protojson.Marshal(pm); err == nil {
+			return string(b)
+		}
+	}
+	return fmt.Sprintf("%v", m)
+}
+
+func (t *translator) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	var reqJSON string
+	if t.verbose {
+		reqJSON = toJSON(req) // before the node ID translation
+	}
+	resp, err := t.call(ctx, req, handler)
+	logf("%s -> %s (%s)", info.FullMethod, status.Code(err), time.Since(start).Round(time.Microsecond))
+	if err != nil {
+		logf("  error: %s", status.Convert(err).Message())
+	}
+	if t.verbose {
+		logf("  request: %s", reqJSON)
+		if err == nil {
+			logf("  response: %s", toJSON(resp))
+		}
+	}
+	return resp, err
+}
+
+func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.translateRequest(req); err != nil {
+		return nil, err
+	}
+	resp, err := handler(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	// Copy the response while holding the lock: the mock service returns
+	// pointers into its own state (maps included).
+	resp = deepCopy(resp)
+	t.translateResponse(resp)
+	return resp, nil
+}
+
+func main() {
+	var (
+		endpoint                = flag.String("endpoint", "unix:///tmp/csi-mock.sock", "CSI endpoint: a unix socket path or unix:// URL")
+		name                    = flag.String("name", service.Name, "CSI driver name")
+		nodeID                  = flag.String("node-id", "", "node ID reported by NodeGetInfo and accepted by ControllerPublish (default: the driver name)")
+		disableAttach           = flag.Bool("disable-attach", false, "disable ControllerPublish/Unpublish (no PUBLISH_UNPUBLISH_VOLUME capability)")
+		enableTopology          = flag.Bool("enable-topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS")
+		attachLimit             = flag.Int64("attach-limit", 0, "max volumes per node (0 = unlimited)")
+		nodeExpansionRequired   = flag.Bool("node-expand-required", false, "advertise the node EXPAND_VOLUME capability")
+		disableCtrlExpansion    = flag.Bool("disable-controller-expansion", false, "do not advertise the controller EXPAND_VOLUME capability")
+		disableOnlineExpansion  = flag.Bool("disable-online-expansion", false, "advertise OFFLINE instead of ONLINE volume expansion")
+		permissiveTargetPath    = flag.Bool("permissive-target-path", false, "NodePublishVolume: accept an existing target path")
+		nodeVolumeConditionReqd = flag.Bool("node-volume-condition", false, "advertise the node VOLUME_CONDITION capability")
+		verbose                 = flag.Bool("verbose", false, "log requests and responses as JSON")
+	)
+	flag.Parse()
+	if flag.NArg() > 0 {
+		logf("unexpected arguments: %v", flag.Args())
+		os.Exit(2)
+	}
+
+	sock, err := socketPath(*endpoint)
+	if err != nil {
+		logf("%v", err)
+		os.Exit(2)
+	}
+	if *nodeID == "" {
+		*nodeID = *name
+	}
+
+	svc := service.New(service.Config{
+		DriverName:                  *name,
+		DisableAttach:               *disableAttach,
+		EnableTopology:              *enableTopology,
+		AttachLimit:                 *attachLimit,
+		NodeExpansionRequired:       *nodeExpansionRequired,
+		DisableControllerExpansion:  *disableCtrlExpansion,
+		DisableOnlineExpansion:      *disableOnlineExpansion,
+		PermissiveTargetPath:        *permissiveTargetPath,
+		NodeVolumeConditionRequired: *nodeVolumeConditionReqd,
+	})
+
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		logf("creating socket directory: %v", err)
+		os.Exit(1)
+	}
+	if fi, err := os.Lstat(sock); err == nil {
+		if fi.IsDir() {
+			logf("endpoint %s is a directory", sock)
+			os.Exit(1)
+		}
+		if err := os.Remove(sock); err != nil {
+			logf("removing stale socket: %v", err)
+			os.Exit(1)
+		}
+	}
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		logf("listen: %v", err)
+		os.Exit(1)
+	}
+	// We remove the socket ourselves on shutdown.
+	if ul, ok := lis.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+
+	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(tr.intercept))
+	csi.RegisterIdentityServer(srv, svc)
+	csi.RegisterControllerServer(srv, svc)
+	csi.RegisterNodeServer(srv, svc)
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	done := make(chan struct{})
+	go func() {
+		s := <-sigs
+		logf("received %s, shutting down", s)
+		_ = os.Remove(sock)
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(2 * time.Second):
+			srv.Stop()
+		}
+		close(done)
+	}()
+
+	logf("serving driver %q (node ID %q, attach=%t, topology=%t, attach-limit=%d) on %s",
+		*name, *nodeID, !*disableAttach, *enableTopology, *attachLimit, sock)
+	if err := srv.Serve(lis); err != nil {
+		_ = os.Remove(sock)
+		logf("serve: %v", err)
+		os.Exit(1)
+	}
+	<-done
+}

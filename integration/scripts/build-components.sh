@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# Builds the Go programs the csi-sidecar integration tests run, from the wrapper
+# modules in integration/go/ (see integration/go/README.md), into a binary cache
+# outside the source tree:
+#
+#   ${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}/bin/<component>-<key>/<component>
+#
+# <key> = <version>-<go version>-<hash>, where <hash> covers the wrapper's go.mod
+# and go.sum, the sources of our own programs, and the build flags. A component
+# whose binary is already there is not rebuilt ("cached: ...").
+#
+# Usage:
+#   build-components.sh [COMPONENT...]         build (default: all components)
+#   build-components.sh --print-path COMPONENT print the binary's path (building it
+#                                              first if missing); the path is the
+#                                              only thing written to stdout
+#   build-components.sh --list                 list the components
+#
+# Components: etcd kube-apiserver kube-controller-manager csi-mock-driver
+#             kubelet-plugin-harness
+#
+# Environment:
+#   CSI_SIDECAR_CACHE        cache root (default $HOME/.cache/csi-sidecar)
+#   CSI_SIDECAR_BUILD_NICE   niceness of the go build (default 10; 0 disables)
+#   GOMODCACHE, GOCACHE, GOPROXY are honoured as usual. GOTOOLCHAIN=local,
+#   GOWORK=off, CGO_ENABLED=0 and GOFLAGS=-mod=readonly are always set: the
+#   committed go.sum files must be complete.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
+CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
+NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
+ALL_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
+
+export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
+
+log() { printf 'build-components: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+usage() {
+	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
+}
+
+# module_of COMPONENT -> wrapper module directory name under integration/go
+module_of() {
+	case $1 in
+	etcd) echo etcd ;;
+	kube-apiserver | kube-controller-manager | csi-mock-driver | kubelet-plugin-harness) echo kube ;;
+	*) return 1 ;;
+	esac
+}
+
+# package_of COMPONENT -> import path (or relative package) to build
+package_of() {
+	case $1 in
+	etcd) echo . ;;
+	kube-apiserver | kube-controller-manager) echo "k8s.io/kubernetes/cmd/$1" ;;
+	csi-mock-driver | kubelet-plugin-harness) echo "./cmd/$1" ;;
+	esac
+}
+
+# own_sources COMPONENT -> our own source files that go into the binary
+own_sources() {
+	case $1 in
+	etcd) echo "$GO_DIR/etcd/main.go" ;;
+	csi-mock-driver | kubelet-plugin-harness)
+		find "$GO_DIR/kube/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
+		;;
+	esac
+}
+
+# modver GO_MOD MODULE_PATH -> the required version of MODULE_PATH in GO_MOD
+modver() {
+	awk -v m="$2" '
+		$1 == "require" && $2 == m { print $3; exit }
+		$1 == m && $2 ~ /^v/ { print $2; exit }
+	' "$1"
+}
+
+# Per-module build recipe: sets VERSION, TAGS and LDFLAGS.
+recipe() {
+	local mod=$1 gomod="$GO_DIR/$1/go.mod"
+	case $mod in
+	etcd)
+		VERSION=$(modver "$gomod" go.etcd.io/etcd/server/v3)
+		[[ -n $VERSION ]] || die "no go.etcd.io/etcd/server/v3 requirement in $gomod"
+		TAGS=""
+		LDFLAGS="-s -w"
+		;;
+	kube)
+		VERSION=$(modver "$gomod" k8s.io/kubernetes)
+		[[ $VERSION =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "cannot parse the k8s.io/kubernetes version in $gomod"
+		local major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]} p
+		# Same tags and version stamping as upstream release builds
+		# (hack/lib/golang.sh, hack/lib/version.sh).
+		TAGS="selinux,notest,grpcnotrace"
+		LDFLAGS="-s -w"
+		for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			LDFLAGS+=" -X $p.gitVersion=$VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+		done
+		;;
+	*) die "unknown module $mod" ;;
+	esac
+}
+
+# key_of COMPONENT -> cache key (needs recipe to have run for its module)
+key_of() {
+	local comp=$1 mod f hash files
+	mod=$(module_of "$comp")
+	mapfile -t files < <(own_sources "$comp")
+	hash=$(
+		{
+			printf 'component %s\npackage %s\ngo %s\nplatform %s\ntags %s\nldflags %s\nflags -trimpath -buildvcs=false\n' \
+				"$comp" "$(package_of "$comp")" "$GO_VERSION" "$GO_PLATFORM" "$TAGS" "$LDFLAGS"
+			for f in "$GO_DIR/$mod/go.mod" "$GO_DIR/$mod/go.sum" "${files[@]}"; do
+				printf 'file %s\n' "${f#"$GO_DIR"/}"
+				cat -- "$f"
+			done
+		} | sha256sum | cut -c1-12
+	)
+	printf '%s-%s-%s\n' "$VERSION" "$GO_VERSION" "$hash"
+}
+
+bin_path() {
+	local comp=$1
+	printf '%s/bin/%s-%s/%s\n' "$CACHE_ROOT" "$comp" "$(key_of "$comp")" "$comp"
+}
+
+# build_module MODULE COMPONENT... : one go build for all missing components of
+# a module, so that shared packages are compiled once.
+build_module() {
+	local mod=$1
+	shift
+	recipe "$mod"
+	local comp dest missing=() pkgs=()
+	for comp in "$@"; do
+		dest=$(bin_path "$comp")
+		if [[ -x $dest ]]; then
+			echo "cached: $dest"
+		else
+			missing+=("$comp")
+		fi
+	done
+	((${#missing[@]})) || return 0
+
+	mkdir -p "$CACHE_ROOT/bin"
+	# Serialize builds of the same module (e.g. parallel test processes).
+	local lock_fd
+	exec {lock_fd}>"$CACHE_ROOT/bin/.lock-$mod"
+	if command -v flock >/dev/null; then
+		flock "$lock_fd"
+	fi
+	# Someone else may have built them while we waited.
+	local todo=()
+	for comp in "${missing[@]}"; do
+		dest=$(bin_path "$comp")
+		if [[ -x $dest ]]; then
+			echo "cached: $dest"
+		else
+			todo+=("$comp")
+			pkgs+=("$(package_of "$comp")")
+		fi
+	done
+	if ((${#todo[@]})); then
+		local tmp start nice_cmd=()
+		tmp=$(mktemp -d "$CACHE_ROOT/bin/.tmp-$mod.XXXXXX")
+		TMP_DIRS+=("$tmp")
+		((NICENESS == 0)) || nice_cmd=(nice -n "$NICENESS")
+		log "building ${todo[*]} ($mod module, $VERSION, $GO_VERSION) ..."
+		start=$SECONDS
+		local build=(go build -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/")
+		[[ -z $TAGS ]] || build+=(-tags="$TAGS")
+		(cd "$GO_DIR/$mod" && "${nice_cmd[@]}" "${build[@]}" "${pkgs[@]}") >&2 ||
+			die "go build failed for ${todo[*]} (module integration/go/$mod)"
+		log "built ${todo[*]} in $((SECONDS - start))s"
+		for comp in "${todo[@]}"; do
+			dest=$(bin_path "$comp")
+			[[ -f $tmp/$comp ]] || die "go build did not produce $comp"
+			mkdir -p "$(dirname "$dest")"
+			mv -f "$tmp/$comp" "$dest"
+			echo "built: $dest"
+		done
+		rm -rf "$tmp"
+	fi
+	exec {lock_fd}>&-
+}
+
+TMP_DIRS=()
+cleanup() {
+	local d
+	for d in "${TMP_DIRS[@]}"; do
+		rm -rf "$d"
+	done
+}
+trap cleanup EXIT
+
+print_path=""
+components=()
+while (($#)); do
+	case $1 in
+	-h | --help)
+		usage
+		exit 0
+		;;
+	--list)
+		printf '%s\n' "${ALL_COMPONENTS[@]}"
+		exit 0
+		;;
+	--print-path)
+		[[ $# -ge 2 ]] || die "--print-path needs a component"
+		print_path=$2
+		shift 2
+		;;
+	--print-path=*)
+		print_path=${1#--print-path=}
+		shift
+		;;
+	-*) die "unknown option $1 (see --help)" ;;
+	*)
+		components+=("$1")
+		shift
+		;;
+	esac
+done
+
+if [[ -n $print_path ]]; then
+	((${#components[@]} == 0)) || die "--print-path takes exactly one component"
+	components=("$print_path")
+	# Keep stdout for the path alone.
+	exec 3>&1 1>&2
+fi
+((${#components[@]})) || components=("${ALL_COMPONENTS[@]}")
+for comp in "${components[@]}"; do
+	module_of "$comp" >/dev/null || die "unknown component '$comp' (known: ${ALL_COMPONENTS[*]})"
+done
+
+command -v go >/dev/null || die "go is not on PATH (Go >= 1.26 is needed)"
+GO_VERSION=$(go env GOVERSION)
+GO_PLATFORM=$(go env GOOS)/$(go env GOARCH)
+
+for mod in etcd kube; do
+	wanted=()
+	for comp in "${components[@]}"; do
+		if [[ $(module_of "$comp") == "$mod" ]]; then
+			wanted+=("$comp")
+		fi
+	done
+	((${#wanted[@]} == 0)) || build_module "$mod" "${wanted[@]}"
+done
+
+if [[ -n $print_path ]]; then
+	recipe "$(module_of "$print_path")"
+	bin_path "$print_path" >&3
+fi

@@ -1,0 +1,160 @@
+//! Benchmark of the node-side modules: `registrar` + `prober` in one
+//! csi-sidecar process against the real CSI driver.
+//!
+//! Reports /healthz throughput and latency percentiles at N concurrent
+//! keep-alive clients, the sidecar's RSS over the run (peak and drift), and
+//! the binary's size. Run with a release build:
+//!
+//! ```text
+//! cargo build --release --workspace && \
+//!   target/release/bench-node --requests 100000 --concurrency 16
+//! ```
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use argh::FromArgs;
+use csi_sidecar_integration::{component_bin, free_port, http, process::Proc, sidecar_bin, wait_until};
+
+/// registrar + prober /healthz benchmark.
+#[derive(FromArgs)]
+struct Args {
+    /// total /healthz requests (default 100000)
+    #[argh(option, default = "100_000")]
+    requests: u64,
+    /// concurrent keep-alive clients (default 16)
+    #[argh(option, default = "16")]
+    concurrency: u64,
+    /// path prefix of /healthz to hit: "/healthz" (all modules) or "/healthz/prober"
+    #[argh(option, default = "String::from(\"/healthz\")")]
+    path: String,
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Args = argh::from_env();
+    let dir = tempfile::tempdir()?;
+    let csi = dir.path().join("csi.sock");
+    let registry = dir.path().join("registry");
+    std::fs::create_dir(&registry)?;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let driver_args = vec![format!("--endpoint=unix://{}", csi.display()), "--name=bench.csi.example.com".to_string()];
+    let _driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
+    let bin: PathBuf = sidecar_bin();
+    let sidecar_args = vec![
+        format!("--csi-address={}", csi.display()),
+        format!("--http-endpoint={addr}"),
+        "registrar".into(),
+        "--kubelet-registration-path=/var/lib/kubelet/plugins/bench/csi.sock".into(),
+        format!("--plugin-registration-path={}", registry.display()),
+        "prober".into(),
+    ];
+    let sidecar = Proc::spawn("csi-sidecar", &bin, &sidecar_args, dir.path());
+    let pid = sidecar.pid();
+    wait_until("sidecar healthy", Duration::from_secs(30), async || {
+        let r = http::get(&addr, "/healthz").await;
+        (matches!(&r, Ok(r) if r.status == 200), r)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let idle_rss = status_kib(pid, "VmRSS:");
+
+    let done = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
+    let per_client = args.requests / args.concurrency;
+    let start = Instant::now();
+    let sampler = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                let n = done.load(Ordering::Relaxed);
+                samples.push((n, status_kib(pid, "VmRSS:")));
+                if n >= per_client * args.concurrency {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mut clients = Vec::new();
+    for _ in 0..args.concurrency {
+        let (addr, path, done, failures) = (addr.clone(), args.path.clone(), done.clone(), failures.clone());
+        clients.push(tokio::spawn(async move {
+            let mut conn = http::KeepAlive::connect(&addr).await.expect("connect");
+            let mut lat = Vec::with_capacity(per_client as usize);
+            for _ in 0..per_client {
+                let t = Instant::now();
+                match conn.get(&path).await {
+                    Ok(r) if r.status == 200 => {}
+                    _ => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                lat.push(t.elapsed());
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            lat
+        }));
+    }
+    let mut latencies = Vec::new();
+    for c in clients {
+        latencies.extend(c.await?);
+    }
+    let elapsed = start.elapsed();
+    let samples = sampler.await?;
+    latencies.sort();
+    let total = latencies.len() as f64;
+    let peak = status_kib(pid, "VmHWM:");
+    let at = |frac: f64| samples.iter().find(|(n, _)| *n as f64 >= total * frac).map(|(_, r)| *r).unwrap_or(0);
+    let size = std::fs::metadata(&bin)?.len();
+    println!(
+        "csi-sidecar registrar+prober, {} requests to {}, {} keep-alive clients",
+        total, args.path, args.concurrency
+    );
+    println!("  failures:        {}", failures.load(Ordering::Relaxed));
+    println!("  throughput:      {:.0} req/s ({:.2} s)", total / elapsed.as_secs_f64(), elapsed.as_secs_f64());
+    println!(
+        "  latency:         p50 {:?}  p90 {:?}  p99 {:?}  max {:?}",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.9),
+        percentile(&latencies, 0.99),
+        percentile(&latencies, 1.0)
+    );
+    println!("  RSS idle:        {:.1} MiB", idle_rss as f64 / 1024.0);
+    println!(
+        "  RSS at 10%/50%/100% of the run: {:.1} / {:.1} / {:.1} MiB",
+        at(0.1) as f64 / 1024.0,
+        at(0.5) as f64 / 1024.0,
+        at(1.0) as f64 / 1024.0
+    );
+    println!("  RSS peak (VmHWM): {:.1} MiB", peak as f64 / 1024.0);
+    println!("  binary size:     {:.1} MB ({})", size as f64 / 1e6, bin.display());
+    if failures.load(Ordering::Relaxed) > 0 {
+        anyhow::bail!("some requests failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! The built binary under each upstream name: dispatch, flags, exit codes.
+
+use std::time::Duration;
+
+use csi_sidecar_integration::{process::run_to_end, sidecar_bin, symlinked_bin};
+
+const T: Duration = Duration::from_secs(10);
+
+#[test]
+fn every_upstream_name_dispatches_to_its_module() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, module, own_flag) in [
+        ("livenessprobe", "prober", "--probe-timeout"),
+        ("prober", "prober", "--probe-timeout"),
+        ("csi-node-driver-registrar", "registrar", "--kubelet-registration-path"),
+        ("registrar", "registrar", "--kubelet-registration-path"),
+    ] {
+        let bin = symlinked_bin(dir.path(), name);
+        let (code, out, err) = run_to_end(&bin, &["--help"], T);
+        assert_eq!(code, Some(0), "{name}: {err}");
+        assert!(
+            out.contains(&format!("Usage: {name}")) && out.contains(module) && out.contains(own_flag),
+            "{name}:\n{out}"
+        );
+        let (code, out, _) = run_to_end(&bin, &["--version"], T);
+        assert_eq!(code, Some(0));
+        assert!(out.starts_with(&format!("{name} ")), "{out}");
+    }
+}
+
+#[test]
+fn unbuilt_modules_are_listed_and_refuse_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, out, _) = run_to_end(&sidecar_bin(), &["--list"], T);
+    assert_eq!(code, Some(0));
+    for line in ["provisioner", "attacher", "registrar", "prober"] {
+        assert!(out.lines().any(|l| l.starts_with(line)), "{line} not listed:\n{out}");
+    }
+    for name in ["csi-provisioner", "csi-attacher"] {
+        let (code, _, err) = run_to_end(&symlinked_bin(dir.path(), name), &["--csi-address=/csi/csi.sock"], T);
+        assert_eq!(code, Some(1), "{name}");
+        assert!(err.contains("not built"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_flag_value_and_module() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lp = symlinked_bin(dir.path(), "livenessprobe");
+    let (code, _, err) = run_to_end(&lp, &["--no-such-flag=1"], T);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("prober") && err.contains("no-such-flag"), "{err}");
+    let (code, _, err) = run_to_end(&lp, &["--probe-timeout", "fast"], T);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("probe-timeout") && err.contains("fast") && err.contains("prober"), "{err}");
+    let (code, _, err) =
+        run_to_end(&sidecar_bin(), &["registrar", "--csi-address=/a", "prober", "--csi-address=/b"], T);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("conflicting"), "{err}");
+}
+
+#[test]
+fn conflicting_http_flags_exit_1_like_upstream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lp = symlinked_bin(dir.path(), "livenessprobe");
+    let (code, _, err) = run_to_end(&lp, &["--http-endpoint=127.0.0.1:0", "--metrics-address=127.0.0.1:0"], T);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--metrics-address") && err.contains("--http-endpoint"), "{err}");
+}
+
+#[test]
+fn json_logging() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = symlinked_bin(dir.path(), "csi-node-driver-registrar");
+    let (code, _, err) = run_to_end(&reg, &["--logging-format=json"], T);
+    assert_eq!(code, Some(1));
+    let line = err
+        .lines()
+        .find(|l| l.contains("kubelet-registration-path"))
+        .unwrap_or_else(|| panic!("no error line:\n{err}"));
+    assert!(line.starts_with('{') && line.contains("\"level\":\"ERROR\""), "not JSON: {line}");
+}
