@@ -47,7 +47,12 @@ impl Env {
 
 /// The kubelet's JSON event lines.
 fn events(kubelet: &Proc) -> Vec<serde_json::Value> {
-    kubelet.logs().lines().filter(|l| l.starts_with("{\"event\"")).filter_map(|l| serde_json::from_str(l).ok()).collect()
+    kubelet
+        .logs()
+        .lines()
+        .filter(|l| l.starts_with("{\"event\""))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 fn count(kubelet: &Proc, event: &str) -> usize {
