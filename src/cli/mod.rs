@@ -319,5 +319,36 @@ fn module_help(title: &str, desc: &ModuleDesc) -> String {
     out
 }
 
+/// The README's flag reference: each built module's own flags, then every
+/// shared flag with the modules that accept it, as Markdown. A test keeps
+/// README.md equal to this.
+pub fn flag_reference_markdown() -> String {
+    let built: Vec<_> = modules::MODULES.iter().filter_map(|m| m.flags.as_ref().map(|f| (m, f))).collect();
+    let cell = |t: &str| t.replace('|', "\\|");
+    let flag = |name: &str, kind: &FlagKind| format!("`--{name}{}`", if *kind == FlagKind::Value { "=…" } else { "" });
+    let mut out = String::new();
+    for (desc, spec) in &built {
+        out.push_str(&format!(
+            "#### {} (`{}`, replaces {})\n\n| Flag | Meaning |\n|---|---|\n",
+            desc.name,
+            desc.binary_names.join("`, `"),
+            desc.replaces
+        ));
+        for (name, (kind, text)) in &FlagTable::from_info((spec.info)(), |_| true).0 {
+            out.push_str(&format!("| {} | {} |\n", flag(name, kind), cell(text)));
+        }
+        out.push('\n');
+    }
+    out.push_str("#### Shared flags\n\n| Flag | Meaning | Accepted by |\n|---|---|---|\n");
+    for (name, (kind, text)) in &shared_table(|_| true).0 {
+        let users: Vec<&str> =
+            built.iter().filter(|(_, spec)| module_accepts_shared(spec, name)).map(|(d, _)| d.name).collect();
+        if !users.is_empty() {
+            out.push_str(&format!("| {} | {} | {} |\n", flag(name, kind), cell(text), users.join(", ")));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

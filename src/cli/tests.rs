@@ -189,3 +189,13 @@ fn unknown_module_and_duplicates() {
     let (code, _) = exit("csi-sidecar --csi-address=/x");
     assert_eq!(code, 2);
 }
+
+#[test]
+fn readme_flag_reference_matches_the_code() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let reference = flag_reference_markdown();
+    assert!(
+        readme.contains(&reference),
+        "README.md's flag reference is out of date; replace it with:\n\n{reference}\nEND"
+    );
+}
