@@ -7,6 +7,7 @@ pub mod compat;
 pub mod csi;
 pub mod host;
 pub mod http;
+pub mod kube;
 pub mod logging;
 pub mod metrics;
 pub mod modules;

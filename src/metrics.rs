@@ -32,6 +32,16 @@ impl Metrics {
                 compat::metrics::OPERATIONS_SECONDS_BUCKETS,
             )
             .map_err(|e| MetricsError(e.to_string()))?
+            .set_buckets_for_metric(
+                Matcher::Full(crate::kube::queue::names::QUEUE_DURATION.to_string()),
+                crate::kube::queue::names::DURATION_BUCKETS,
+            )
+            .map_err(|e| MetricsError(e.to_string()))?
+            .set_buckets_for_metric(
+                Matcher::Full(crate::kube::queue::names::WORK_DURATION.to_string()),
+                crate::kube::queue::names::DURATION_BUCKETS,
+            )
+            .map_err(|e| MetricsError(e.to_string()))?
             .install_recorder()
             .map_err(|e| MetricsError(e.to_string()))?;
         metrics::describe_histogram!(
