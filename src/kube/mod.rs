@@ -2,4 +2,5 @@
 //! request budget), one informer cache, work queues, events, leader election.
 //! Controller modules use these; none of them opens its own watch.
 
+pub mod client;
 pub mod queue;
