@@ -3,4 +3,5 @@
 //! Controller modules use these; none of them opens its own watch.
 
 pub mod client;
+pub mod informers;
 pub mod queue;

@@ -1,0 +1,242 @@
+//! The one informer cache of the process (invariant: only this module opens
+//! watches). A module asks for the kinds it reads, before [`Informers::start`];
+//! each kind is listed and watched once however many modules read it, every
+//! module reads the same [`Store`], and change handlers fan events out to the
+//! modules' work queues.
+//!
+//! Stored objects are trimmed to what modules read: `managedFields` and the
+//! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped,
+//! and kinds only needed for names, labels or annotations are watched as
+//! metadata ([`Informers::metadata`]).
+
+use std::{
+    any::{Any, TypeId},
+    collections::HashMap,
+    fmt::Debug,
+    sync::{Arc, Mutex, RwLock},
+};
+
+use ::kube::{
+    Api, Client, Resource,
+    core::PartialObjectMeta,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher::{self, Event},
+    },
+};
+use futures::{StreamExt, future::BoxFuture};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The annotation kubectl keeps a whole copy of the object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A change seen by the watch.
+pub enum Change<'a, K> {
+    /// Created or updated (also every object of the initial list).
+    Applied(&'a K),
+    /// Deleted.
+    Deleted(&'a K),
+}
+
+type Handler<K> = Arc<dyn Fn(&Change<'_, K>) + Send + Sync>;
+
+struct Shared<K: Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store: Store<K>,
+    writer: Mutex<Option<reflector::store::Writer<K>>>,
+    handlers: RwLock<Vec<Handler<K>>>,
+    synced: watch::Sender<bool>,
+}
+
+/// One kind's shared cache.
+pub struct Informer<K: Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    shared: Arc<Shared<K>>,
+}
+
+impl<K: Resource + Clone + 'static> Clone for Informer<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    fn clone(&self) -> Self {
+        Informer { shared: self.shared.clone() }
+    }
+}
+
+impl<K: Resource + Clone + 'static> Informer<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    /// The shared read-only store.
+    pub fn store(&self) -> Store<K> {
+        self.shared.store.clone()
+    }
+
+    /// Calls `handler` for every change, in the watch task: keep it cheap
+    /// (enqueue a key).
+    pub fn on_change(&self, handler: impl Fn(&Change<'_, K>) + Send + Sync + 'static) {
+        self.shared.handlers.write().unwrap_or_else(|e| e.into_inner()).push(Arc::new(handler));
+    }
+
+    /// Waits until the initial list is in the store.
+    pub async fn synced(&self) {
+        let mut rx = self.shared.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Drops what no module reads.
+fn trim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+type Starter = Box<dyn FnOnce(Client, CancellationToken) -> BoxFuture<'static, ()> + Send>;
+
+struct Entry {
+    informer: Arc<dyn Any + Send + Sync>,
+    kind: String,
+    starter: Option<Starter>,
+}
+
+/// The registry of shared informers.
+#[derive(Clone)]
+pub struct Informers {
+    client: Client,
+    entries: Arc<Mutex<HashMap<TypeId, Entry>>>,
+}
+
+impl Informers {
+    /// No kinds yet.
+    pub fn new(client: Client) -> Self {
+        Informers { client, entries: Arc::default() }
+    }
+
+    /// The shared informer of full `K` objects (cluster-wide).
+    pub fn get<K>(&self) -> Informer<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = entries.get(&TypeId::of::<K>()) {
+            if let Ok(shared) = e.informer.clone().downcast::<Shared<K>>() {
+                return Informer { shared };
+            }
+        }
+        let (store, writer) = reflector::store::<K>();
+        let (synced, _) = watch::channel(false);
+        let shared = Arc::new(Shared { store, writer: Mutex::new(Some(writer)), handlers: RwLock::default(), synced });
+        let for_task = shared.clone();
+        let starter: Starter = Box::new(move |client, shutdown| Box::pin(run_watch::<K>(client, for_task, shutdown)));
+        let kind = format!("{}/{}", K::api_version(&()), K::kind(&()));
+        entries.insert(TypeId::of::<K>(), Entry { informer: shared.clone(), kind, starter: Some(starter) });
+        Informer { shared }
+    }
+
+    /// The shared informer of `K`'s metadata only (names, labels, annotations).
+    pub fn metadata<K>(&self) -> Informer<PartialObjectMeta<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.get::<PartialObjectMeta<K>>()
+    }
+
+    /// The kinds watched, for tests and logs (`v1/PersistentVolume`, ...).
+    pub fn kinds(&self) -> Vec<String> {
+        let mut k: Vec<_> = self.entries.lock().unwrap_or_else(|e| e.into_inner()).values().map(|e| e.kind.clone()).collect();
+        k.sort();
+        k
+    }
+
+    /// Starts one watch per kind requested so far; they run until `shutdown`.
+    /// Kinds requested later are started by a later call.
+    pub fn start(&self, shutdown: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .values_mut()
+            .filter_map(|e| {
+                let starter = e.starter.take()?;
+                tracing::info!(kind = %e.kind, "Starting watch");
+                Some(tokio::spawn(starter(self.client.clone(), shutdown.clone())))
+            })
+            .collect()
+    }
+}
+
+async fn run_watch<K>(client: Client, shared: Arc<Shared<K>>, shutdown: CancellationToken)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let Some(writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    let api: Api<K> = Api::all(client);
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).reflect(writer);
+    let mut stream = std::pin::pin!(stream);
+    let kind = K::kind(&());
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            n = stream.next() => n,
+        };
+        let Some(event) = next else { return };
+        let change = match &event {
+            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => Some(Change::Applied(o)),
+            Ok(Event::Delete(o)) => Some(Change::Deleted(o)),
+            Ok(Event::InitDone) => {
+                shared.synced.send_replace(true);
+                tracing::info!(kind = %kind, objects = shared.store.state().len(), "Watch synced");
+                None
+            }
+            Ok(Event::Init) => None,
+            Err(e) => {
+                tracing::warn!(kind = %kind, error = %e, "Watch failed; retrying with backoff");
+                None
+            }
+        };
+        if let Some(change) = change {
+            let handlers = shared.handlers.read().unwrap_or_else(|e| e.into_inner()).clone();
+            for h in handlers {
+                h(&change);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::PersistentVolumeClaim,
+        apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta},
+    };
+
+    use super::*;
+
+    #[test]
+    fn trim_drops_managed_fields_and_last_applied() {
+        let mut pvc = PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                annotations: Some(
+                    [(LAST_APPLIED.to_string(), "{...}".to_string()), ("keep".to_string(), "me".to_string())].into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        trim(&mut pvc);
+        assert_eq!(pvc.metadata.managed_fields, None);
+        let ann = pvc.metadata.annotations.expect("annotations");
+        assert_eq!(ann.len(), 1);
+        assert_eq!(ann["keep"], "me");
+    }
+}
