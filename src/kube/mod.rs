@@ -3,5 +3,7 @@
 //! Controller modules use these; none of them opens its own watch.
 
 pub mod client;
+pub mod events;
 pub mod informers;
+pub mod leader;
 pub mod queue;
