@@ -120,6 +120,57 @@ pub const DEPRECATED_FLAGS: &[(&str, &str)] = &[
     ("mode", "ignored except kubelet-registration-probe, which exits 0"),
 ];
 
+/// Leader election (csi-lib-utils `leaderelection` on client-go's
+/// `tools/leaderelection`).
+pub mod leader_election {
+    use super::Duration;
+    /// `--leader-election-lease-duration` default.
+    pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+    /// `--leader-election-renew-deadline` default.
+    pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+    /// `--leader-election-retry-period` default.
+    pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(5);
+    /// client-go's jitter factor of acquisition retries: a candidate retries
+    /// after `retry_period * (1 + 1.2 * rand[0,1))`, and the renew deadline must
+    /// exceed `retry_period * 1.2`.
+    pub const JITTER_FACTOR: f64 = 1.2;
+    /// How long past the lease duration a leader may go without renewing
+    /// before `/healthz/leader-election` fails (csi-lib-utils
+    /// `DefaultHealthCheckTimeout`).
+    pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(20);
+    /// Name of the health check, served at `/healthz/leader-election`.
+    pub const HEALTH_CHECK_NAME: &str = "leader-election";
+    /// client-go's error text of the check.
+    pub fn error_renew_failed(lease: &str) -> String {
+        format!("failed election to renew leadership on lease {lease}")
+    }
+    /// The 500 body: csi-lib-utils' handler prefixes the error.
+    pub fn body_renew_failed(lease: &str) -> String {
+        format!("internal server error: {}", error_renew_failed(lease))
+    }
+    /// Environment variable naming the namespace when the flag is not set.
+    pub const NAMESPACE_ENV: &str = "POD_NAMESPACE";
+    /// The service account's namespace file, read when the variable is unset.
+    pub const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+    /// The namespace when nothing else says.
+    pub const DEFAULT_NAMESPACE: &str = "default";
+    /// `leaseDurationSeconds` written when releasing a lease (client-go `ReleaseOnCancel`).
+    pub const RELEASED_LEASE_DURATION_SECONDS: i32 = 1;
+    /// Gauge: 1 while this process holds the lease, else 0.
+    pub const METRIC_MASTER_STATUS: &str = "leader_election_master_status";
+    /// HELP of [`METRIC_MASTER_STATUS`].
+    pub const METRIC_MASTER_STATUS_HELP: &str = "[ALPHA] Gauge of if the reporting system is master of the relevant \
+        lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make \
+        sure to group by name.";
+    /// Counter: renewals that could not update the cached lease and had to read it first.
+    pub const METRIC_SLOWPATH_TOTAL: &str = "leader_election_slowpath_total";
+    /// HELP of [`METRIC_SLOWPATH_TOTAL`].
+    pub const METRIC_SLOWPATH_TOTAL_HELP: &str = "[ALPHA] Total number of slow path exercised in renewing leader \
+        leases. 'name' is the string used to identify the lease. Please make sure to group by name.";
+    /// Label of both metrics: the lease name.
+    pub const LABEL_NAME: &str = "name";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,4 +192,46 @@ mod tests {
     fn registration_socket_name_is_driver_name_verbatim() {
         assert_eq!(registrar::socket_file_name("hostpath.csi.k8s.io"), "hostpath.csi.k8s.io-reg.sock");
     }
+}
+
+/// external-provisioner and sig-storage-lib-external-provisioner.
+pub mod provisioner {
+    /// PVC: the provisioner the PV binder chose (the driver name).
+    pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+    /// PVC: the same, beta spelling.
+    pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+    /// PVC/PV: CSI migration target.
+    pub const ANN_MIGRATED_TO: &str = "pv.kubernetes.io/migrated-to";
+    /// PVC: the node the scheduler picked (WaitForFirstConsumer).
+    pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+    /// PV: who provisioned it.
+    pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+    /// PV: the provisioner secret to use for DeleteVolume.
+    pub const ANN_DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
+    /// See [`ANN_DELETION_SECRET_NAME`].
+    pub const ANN_DELETION_SECRET_NAMESPACE: &str = "volume.kubernetes.io/provisioner-deletion-secret-namespace";
+    /// PV: the secret for ControllerModifyVolume (resizer).
+    pub const ANN_MODIFY_SECRET_NAME: &str = "volume.kubernetes.io/controller-modify-secret-name";
+    /// See [`ANN_MODIFY_SECRET_NAME`].
+    pub const ANN_MODIFY_SECRET_NAMESPACE: &str = "volume.kubernetes.io/controller-modify-secret-namespace";
+    /// PV finalizer that protects the backend volume.
+    pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+    /// `spec.csi.volumeAttributes` key with the provisioner identity.
+    pub const IDENTITY_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
+    /// Event source component.
+    pub const EVENT_COMPONENT: &str = "external-provisioner";
+    /// Event reasons.
+    pub const REASON_PROVISIONING: &str = "Provisioning";
+    /// See [`REASON_PROVISIONING`].
+    pub const REASON_PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+    /// See [`REASON_PROVISIONING`].
+    pub const REASON_PROVISIONING_FAILED: &str = "ProvisioningFailed";
+    /// See [`REASON_PROVISIONING`].
+    pub const REASON_PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
+    /// See [`REASON_PROVISIONING`].
+    pub const REASON_VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+    /// Work queue names (metrics label).
+    pub const QUEUE_CLAIMS: &str = "claims";
+    /// See [`QUEUE_CLAIMS`].
+    pub const QUEUE_VOLUMES: &str = "volumes";
 }

@@ -6,4 +6,5 @@ pub mod client;
 pub mod events;
 pub mod informers;
 pub mod leader;
+pub mod quantity;
 pub mod queue;

@@ -2,6 +2,7 @@
 //! them. argv[0] and the subcommand both resolve through [`MODULES`].
 
 pub mod prober;
+pub mod provisioner;
 pub mod registrar;
 
 use argh::{ArgsInfo, FromArgs};

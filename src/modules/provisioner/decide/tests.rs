@@ -1,0 +1,280 @@
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, PersistentVolumeStatus, VolumeResourceRequirements};
+
+use super::*;
+use crate::csi::proto::csi::v1::{
+    ControllerServiceCapability, PluginCapability, controller_service_capability, plugin_capability,
+};
+
+const DRIVER: &str = "mock.csi.example.com";
+
+fn settings() -> Settings {
+    Settings {
+        volume_name_prefix: "pvc".into(),
+        volume_name_uuid_length: -1,
+        default_fstype: String::new(),
+        extra_create_metadata: false,
+        controller_publish_readonly: false,
+    }
+}
+
+fn driver(ctrl: &[Rpc]) -> DriverInfo {
+    DriverInfo {
+        name: DRIVER.into(),
+        vendor_version: "1".into(),
+        plugin_capabilities: vec![PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: Svc::ControllerService as i32 })),
+        }],
+        controller_capabilities: ctrl
+            .iter()
+            .map(|r| ControllerServiceCapability {
+                r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: *r as i32 })),
+            })
+            .collect(),
+    }
+}
+
+fn pvc(ann: &[(&str, &str)], modes: &[&str], size: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("0b5c7e7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b".into()),
+            annotations: Some(ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".to_string(), Quantity(size.into()))])),
+                ..Default::default()
+            }),
+            storage_class_name: Some("fast".into()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn sc(params: &[(&str, &str)], binding: &str) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta { name: Some("fast".into()), ..Default::default() },
+        provisioner: DRIVER.into(),
+        parameters: Some(params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        volume_binding_mode: Some(binding.into()),
+        reclaim_policy: Some("Delete".into()),
+        mount_options: Some(vec!["noatime".into()]),
+        ..Default::default()
+    }
+}
+
+const OURS: (&str, &str) = (up::ANN_STORAGE_PROVISIONER, DRIVER);
+
+#[test]
+fn volume_names() {
+    let uid = "0b5c7e7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b";
+    assert_eq!(volume_name("pvc", uid, -1).unwrap(), format!("pvc-{uid}"));
+    assert_eq!(volume_name("pvc", uid, 8).unwrap(), "pvc-0b5c7e7a");
+    assert_eq!(volume_name("vol", uid, 100).unwrap(), "vol-0b5c7e7a1c2d4e5f8a9b0c1d2e3f4a5b");
+    assert!(volume_name("", uid, -1).is_err());
+    assert!(volume_name("pvc", "", -1).is_err());
+}
+
+#[test]
+fn which_claims_are_provisioned() {
+    let imm = sc(&[], "Immediate");
+    let wffc = sc(&[], "WaitForFirstConsumer");
+    let table: Vec<(PersistentVolumeClaim, &StorageClass, bool, ClaimDecision)> = vec![
+        (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
+        (pvc(&[(up::ANN_BETA_STORAGE_PROVISIONER, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
+        (pvc(&[(up::ANN_MIGRATED_TO, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
+        (pvc(&[(up::ANN_STORAGE_PROVISIONER, "other")], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Ignore("not for this driver")),
+        (pvc(&[], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Ignore("not for this driver")),
+        (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, true, ClaimDecision::Ignore("volume already provisioned")),
+        (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &wffc, false, ClaimDecision::WaitForScheduler),
+        (pvc(&[OURS, (up::ANN_SELECTED_NODE, "node-1")], &["ReadWriteOnce"], "1Gi"), &wffc, false, ClaimDecision::Provision),
+    ];
+    for (claim, class, exists, want) in table {
+        assert_eq!(decide_claim(&claim, Some(class), DRIVER, exists), want, "{:?}", claim.metadata.annotations);
+    }
+    let mut bound = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
+    bound.spec.as_mut().unwrap().volume_name = Some("pv-x".into());
+    assert_eq!(decide_claim(&bound, Some(&imm), DRIVER, false), ClaimDecision::Ignore("already bound to a volume"));
+}
+
+#[test]
+fn access_modes_follow_csi_lib_utils() {
+    use volume_capability::access_mode::Mode;
+    let table = [
+        ("ReadWriteOnce", false, Mode::SingleNodeWriter),
+        ("ReadWriteOnce", true, Mode::SingleNodeMultiWriter),
+        ("ReadWriteOncePod", false, Mode::SingleNodeWriter),
+        ("ReadWriteOncePod", true, Mode::SingleNodeSingleWriter),
+        ("ReadOnlyMany", false, Mode::MultiNodeReaderOnly),
+        ("ReadWriteMany", true, Mode::MultiNodeMultiWriter),
+    ];
+    for (m, snmw, want) in table {
+        assert_eq!(csi_access_mode(m, snmw), Ok(want), "{m} {snmw}");
+    }
+    assert!(csi_access_mode("Sometimes", false).is_err());
+}
+
+#[test]
+fn plan_builds_the_create_request() {
+    let class = sc(
+        &[
+            ("type", "fast"),
+            ("csi.storage.k8s.io/fstype", "xfs"),
+            ("csi.storage.k8s.io/provisioner-secret-name", "prov-${pvc.name}"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.namespace}"),
+            ("csi.storage.k8s.io/node-stage-secret-name", "stage"),
+            ("csi.storage.k8s.io/node-stage-secret-namespace", "ops"),
+        ],
+        "Immediate",
+    );
+    let claim = pvc(&[OURS], &["ReadWriteOnce", "ReadOnlyMany"], "1Gi");
+    let mut s = settings();
+    s.extra_create_metadata = true;
+    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s).unwrap();
+    assert_eq!(p.pv_name, "pvc-0b5c7e7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b");
+    assert_eq!(p.request.name, p.pv_name);
+    assert_eq!(p.request.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
+    assert_eq!(p.request.volume_capabilities.len(), 2, "one capability per access mode");
+    let Some(volume_capability::AccessType::Mount(m)) = &p.request.volume_capabilities[0].access_type else { panic!() };
+    assert_eq!((m.fs_type.as_str(), m.mount_flags.clone()), ("xfs", vec!["noatime".to_string()]));
+    assert_eq!(p.request.parameters.get("type").map(String::as_str), Some("fast"));
+    assert!(!p.request.parameters.contains_key("csi.storage.k8s.io/fstype"));
+    assert_eq!(p.request.parameters.get(params::PVC_NAME).map(String::as_str), Some("data"));
+    assert_eq!(p.request.parameters.get(params::PVC_NAMESPACE).map(String::as_str), Some("team-a"));
+    assert_eq!(p.request.parameters.get(params::PV_NAME), Some(&p.pv_name));
+    assert_eq!(p.provisioner_secret, Some(SecretRef { name: "prov-data".into(), namespace: "team-a".into() }));
+    assert_eq!(p.pv_secrets.get("nodeStageSecretRef"), Some(&SecretRef { name: "stage".into(), namespace: "ops".into() }));
+    assert!(p.request.secrets.is_empty(), "secrets are fetched by the executor");
+}
+
+#[test]
+fn plan_refusals() {
+    let claim = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
+    let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
+    let err = plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings()).unwrap_err();
+    assert!(err.to_string().contains("does not support dynamic provisioning"), "{err}");
+    let err = plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings()).unwrap_err();
+    assert!(err.to_string().contains("found unknown parameter key \"csi.storage.k8s.io/bogus\""), "{err}");
+    let mut sel = claim.clone();
+    sel.spec.as_mut().unwrap().selector = Some(Default::default());
+    assert_eq!(plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err().to_string(), "claim Selector is not supported");
+    let mut populated = claim.clone();
+    populated.spec.as_mut().unwrap().data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+        api_group: Some("example.com".into()),
+        kind: "Backup".into(),
+        name: "b".into(),
+    });
+    assert_eq!(
+        plan(&populated, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err(),
+        PlanError::ExternalPopulator("Backup".into())
+    );
+}
+
+fn response(id: &str, cap: i64) -> csi::CreateVolumeResponse {
+    csi::CreateVolumeResponse {
+        volume: Some(csi::Volume {
+            volume_id: id.into(),
+            capacity_bytes: cap,
+            volume_context: [("ctx".to_string(), "v".to_string())].into(),
+            accessible_topology: vec![csi::Topology { segments: [("zone".to_string(), "a".to_string())].into() }],
+            ..Default::default()
+        }),
+    }
+}
+
+#[test]
+fn pv_from_the_answer() {
+    let class = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s"), ("csi.storage.k8s.io/provisioner-secret-namespace", "ns")], "Immediate");
+    let claim = pvc(&[OURS], &["ReadOnlyMany"], "1Gi");
+    let mut s = settings();
+    s.controller_publish_readonly = true;
+    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s).unwrap();
+    let pv = build_pv(&p, &response("vol-1", 0), &claim, &class, DRIVER, "123-4-mock", &s).unwrap();
+    let spec = pv.spec.as_ref().unwrap();
+    let csi = spec.csi.as_ref().unwrap();
+    assert_eq!(pv.metadata.name.as_deref(), Some(p.pv_name.as_str()));
+    assert_eq!(csi.volume_handle, "vol-1");
+    assert_eq!(csi.read_only, Some(true), "ROX only + --controller-publish-readonly");
+    assert_eq!(csi.volume_attributes.as_ref().unwrap()[up::IDENTITY_KEY], "123-4-mock");
+    assert_eq!(csi.volume_attributes.as_ref().unwrap()["ctx"], "v");
+    assert_eq!(spec.capacity.as_ref().unwrap()["storage"].0, "1Gi", "capacity 0 means the requested size");
+    assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
+    assert_eq!(spec.claim_ref.as_ref().unwrap().uid, claim.metadata.uid);
+    let ann = pv.metadata.annotations.as_ref().unwrap();
+    assert_eq!(ann[up::ANN_PROVISIONED_BY], DRIVER);
+    assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("s", "ns"));
+    assert_eq!(pv.metadata.finalizers, Some(vec![up::PV_FINALIZER.to_string()]));
+    let terms = &spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms;
+    assert_eq!(terms[0].match_expressions.as_ref().unwrap()[0].key, "zone");
+
+    let err = build_pv(&p, &response("vol-1", 1000), &claim, &class, DRIVER, "id", &s).unwrap_err();
+    assert_eq!(err, ResponseError::TooSmall { got: 1000, want: 1 << 30 });
+    assert_eq!(build_pv(&p, &response("", 0), &claim, &class, DRIVER, "id", &s).unwrap_err(), ResponseError::NoVolumeId);
+
+    // Without a provisioner secret the deletion annotations are empty strings.
+    let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings()).unwrap();
+    let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings()).unwrap();
+    let ann = pv.metadata.annotations.unwrap();
+    assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("", ""));
+}
+
+#[test]
+fn create_errors() {
+    use tonic::Code;
+    let table = [
+        (Code::DeadlineExceeded, false, CreateFailure::InBackground),
+        (Code::Unavailable, false, CreateFailure::InBackground),
+        (Code::Aborted, true, CreateFailure::InBackground),
+        (Code::Cancelled, false, CreateFailure::InBackground),
+        (Code::ResourceExhausted, true, CreateFailure::Reschedule),
+        (Code::ResourceExhausted, false, CreateFailure::Final),
+        (Code::InvalidArgument, false, CreateFailure::Final),
+        (Code::Internal, true, CreateFailure::Final),
+    ];
+    for (code, resched, want) in table {
+        assert_eq!(classify_create_error(code, resched), want, "{code:?}");
+    }
+}
+
+fn pv(reclaim: &str, phase: &str, finalizer: bool, deleting: bool, by: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("pv".into()),
+            annotations: Some(BTreeMap::from([(up::ANN_PROVISIONED_BY.to_string(), by.to_string())])),
+            finalizers: finalizer.then(|| vec![up::PV_FINALIZER.to_string()]),
+            deletion_timestamp: deleting.then(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some(reclaim.into()),
+            csi: Some(CSIPersistentVolumeSource { driver: DRIVER.into(), volume_handle: "v".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),
+    }
+}
+
+#[test]
+fn volume_decisions() {
+    use VolumeDecision::*;
+    let table = [
+        (pv("Delete", "Bound", true, false, DRIVER), Ignore),
+        (pv("Delete", "Bound", false, false, DRIVER), AddFinalizer),
+        (pv("Delete", "Released", true, false, DRIVER), Delete),
+        (pv("Delete", "Released", false, false, DRIVER), Delete),
+        (pv("Delete", "Released", true, true, DRIVER), Delete),
+        (pv("Retain", "Bound", true, false, DRIVER), RemoveFinalizer),
+        (pv("Retain", "Released", false, false, DRIVER), Ignore),
+        (pv("Delete", "Released", true, false, "someone-else"), Ignore),
+        (pv("Delete", "Bound", false, true, DRIVER), Ignore),
+    ];
+    for (v, want) in table {
+        assert_eq!(decide_volume(&v, DRIVER), want, "{:?} {:?}", v.spec.as_ref().unwrap().persistent_volume_reclaim_policy, v.status);
+    }
+}

@@ -1,0 +1,3 @@
+//! provisioner: external-provisioner parity.
+pub mod decide;
+pub mod params;
