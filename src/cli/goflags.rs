@@ -10,10 +10,21 @@ use std::{fmt, time::Duration};
 /// Whether a flag takes a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlagKind {
-    /// Go `bool`: `--x`, `--x=true`, `--x=false`.
+    /// Go `bool` that defaults to false (an argh switch): `--x`, `--x=true`, `--x=false`.
     Bool,
+    /// Go `bool` that defaults to true (an argh option whose `arg_name` is
+    /// [`BOOL_ARG`]): the same spellings, passed to argh as `--x true|false`.
+    BoolValue,
     /// Every other flag: `--x=v` or `--x v`.
     Value,
+}
+
+/// The argh `arg_name` that marks an option as a Go boolean.
+pub const BOOL_ARG: &str = "bool";
+
+/// argh parser for [`FlagKind::BoolValue`] options.
+pub fn go_bool_value(s: &str) -> Result<bool, String> {
+    parse_go_bool(s)
 }
 
 /// One flag as written on the command line, after normalisation.
@@ -82,8 +93,8 @@ pub fn tokenize(args: &[String], kind_of: impl Fn(&str) -> Option<FlagKind>) -> 
         };
         let kind = kind_of(name).ok_or_else(|| FlagError::Unknown(name.to_string()))?;
         let value = match (kind, inline) {
-            (FlagKind::Bool, None) => "true".to_string(),
-            (FlagKind::Bool, Some(v)) => parse_go_bool(v)
+            (FlagKind::Bool | FlagKind::BoolValue, None) => "true".to_string(),
+            (FlagKind::Bool | FlagKind::BoolValue, Some(v)) => parse_go_bool(v)
                 .map_err(|reason| FlagError::BadValue { flag: name.into(), value: v.into(), reason })?
                 .to_string(),
             (FlagKind::Value, Some(v)) => v.to_string(),
@@ -119,6 +130,10 @@ pub fn to_argh_args(flags: &[GivenFlag], kind_of: impl Fn(&str) -> Option<FlagKi
         match kind_of(&f.name) {
             Some(FlagKind::Bool) if f.value == "true" => out.push(format!("--{}", f.name)),
             Some(FlagKind::Bool) => {}
+            Some(FlagKind::BoolValue) => {
+                out.push(format!("--{}", f.name));
+                out.push(f.value.clone());
+            }
             _ => {
                 out.push(format!("--{}", f.name));
                 out.push(f.value.clone());
@@ -230,6 +245,7 @@ mod tests {
         match name {
             "csi-address" | "v" | "probe-timeout" => Some(FlagKind::Value),
             "leader-election" | "enable-pprof" => Some(FlagKind::Bool),
+            "immediate-topology" => Some(FlagKind::BoolValue),
             _ => None,
         }
     }

@@ -65,6 +65,7 @@ impl FlagTable {
             }
             let kind = match f.kind {
                 argh::FlagInfoKind::Switch => FlagKind::Bool,
+                argh::FlagInfoKind::Option { arg_name } if arg_name == goflags::BOOL_ARG => FlagKind::BoolValue,
                 argh::FlagInfoKind::Option { .. } => FlagKind::Value,
             };
             map.insert(name, (kind, f.description));
