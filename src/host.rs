@@ -11,6 +11,7 @@ use crate::{
     cli::Invocation,
     csi::Connection,
     http::{self, HealthRegistry},
+    kube::KubeContext,
     metrics::Metrics,
     modules::{ModuleConfig, ModuleContext},
 };
@@ -98,7 +99,16 @@ pub async fn run(inv: Invocation) -> ExitCode {
         });
     }
 
-    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone() };
+    let kube = if inv.modules.iter().any(ModuleConfig::needs_kube) {
+        let master = inv.modules.iter().find_map(ModuleConfig::master);
+        match KubeContext::connect(&inv.shared, master).await {
+            Ok(k) => Some(k),
+            Err(e) => return fail(e),
+        }
+    } else {
+        None
+    };
+    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), kube };
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();

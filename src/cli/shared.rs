@@ -34,6 +34,30 @@ pub struct SharedFlags {
     /// path to a kubeconfig; empty means in-cluster configuration
     #[argh(option)]
     pub kubeconfig: Option<String>,
+    /// client-side budget of API requests per second; <= 0 disables it (default 5)
+    #[argh(option)]
+    pub kube_api_qps: Option<f64>,
+    /// burst of the API request budget (default 10)
+    #[argh(option)]
+    pub kube_api_burst: Option<u32>,
+    /// enable leader election (one Lease per module, upstream names)
+    #[argh(switch)]
+    pub leader_election: bool,
+    /// namespace of the Lease; default $POD_NAMESPACE, the service account's namespace, else "default"
+    #[argh(option)]
+    pub leader_election_namespace: Option<String>,
+    /// leader election lease duration (default 15s)
+    #[argh(option, from_str_fn(duration))]
+    pub leader_election_lease_duration: Option<Duration>,
+    /// leader election renew deadline (default 10s)
+    #[argh(option, from_str_fn(duration))]
+    pub leader_election_renew_deadline: Option<Duration>,
+    /// leader election retry period (default 5s)
+    #[argh(option, from_str_fn(duration))]
+    pub leader_election_retry_period: Option<Duration>,
+    /// labels added to the Lease while leading, as k1:v1,k2:v2
+    #[argh(option)]
+    pub leader_election_labels: Option<String>,
     /// log verbosity (klog levels: 0-1 info, 2-4 debug, 5+ trace with CSI requests)
     #[argh(option, long = "v")]
     pub v: Option<u32>,
@@ -94,6 +118,16 @@ impl SharedFlags {
         non_empty(&self.metrics_path).unwrap_or(crate::compat::DEFAULT_METRICS_PATH)
     }
 
+    /// `--kube-api-qps` with the upstream default.
+    pub fn kube_api_qps(&self) -> f64 {
+        self.kube_api_qps.unwrap_or(5.0)
+    }
+
+    /// `--kube-api-burst` with the upstream default.
+    pub fn kube_api_burst(&self) -> u32 {
+        self.kube_api_burst.unwrap_or(10)
+    }
+
     /// The verbosity, 0 by default.
     pub fn verbosity(&self) -> u32 {
         self.v.unwrap_or(0)
@@ -103,4 +137,32 @@ impl SharedFlags {
 /// An empty string means "not set", as in Go.
 pub fn non_empty(v: &Option<String>) -> Option<&str> {
     v.as_deref().filter(|s| !s.is_empty())
+}
+
+/// Shared flags of the controller sidecars (csi-lib-utils `standardflags`).
+pub const CONTROLLER: &[&str] = &[
+    "csi-address",
+    "kubeconfig",
+    "http-endpoint",
+    "metrics-address",
+    "metrics-path",
+    "kube-api-qps",
+    "kube-api-burst",
+    "leader-election",
+    "leader-election-namespace",
+    "leader-election-lease-duration",
+    "leader-election-renew-deadline",
+    "leader-election-retry-period",
+    "leader-election-labels",
+];
+
+/// `k1:v1,k2:v2` (upstream's syntax for `--leader-election-labels`).
+pub fn parse_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| match p.split_once(':') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+            _ => Err(format!("invalid label {p:?}: expected key:value")),
+        })
+        .collect()
 }

@@ -171,9 +171,9 @@ fn list_help_version() {
 
 #[test]
 fn unbuilt_modules_refuse_to_start() {
-    let (code, text) = exit("csi-provisioner --csi-address=/x");
+    let (code, text) = exit("csi-attacher --csi-address=/x");
     assert_eq!(code, 1);
-    assert!(text.contains("provisioner") && text.contains("not built"), "{text}");
+    assert!(text.contains("attacher") && text.contains("not built"), "{text}");
     let (code, _) = exit("csi-sidecar attacher");
     assert_eq!(code, 1);
 }
@@ -198,4 +198,24 @@ fn readme_flag_reference_matches_the_code() {
         readme.contains(&reference),
         "README.md's flag reference is out of date; replace it with:\n\n{reference}\nEND"
     );
+}
+
+#[test]
+fn provisioner_flags_and_defaults() {
+    let inv = run(
+        "csi-provisioner --csi-address=/csi/csi.sock --leader-election --kube-api-qps=20 -v=5 --timeout=30s --immediate-topology=false --feature-gates=Topology=true",
+    );
+    let ModuleConfig::Provisioner(p) = &inv.modules[0] else { panic!("provisioner expected") };
+    assert_eq!(p.timeout, Duration::from_secs(30));
+    assert!(!p.immediate_topology);
+    assert_eq!(p.volume_name_prefix, "pvc");
+    assert_eq!(p.volume_name_uuid_length, -1);
+    assert_eq!(p.worker_threads, 100);
+    assert_eq!(p.retry_interval_max, Duration::from_secs(300));
+    assert!(inv.shared.leader_election);
+    assert_eq!(inv.shared.kube_api_qps(), 20.0);
+    assert_eq!(inv.shared.kube_api_burst(), 10);
+    let inv = run("csi-provisioner --immediate-topology");
+    let ModuleConfig::Provisioner(p) = &inv.modules[0] else { panic!() };
+    assert!(p.immediate_topology, "a bare default-true boolean stays true");
 }

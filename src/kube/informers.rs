@@ -128,10 +128,10 @@ impl Informers {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = entries.get(&TypeId::of::<K>()) {
-            if let Ok(shared) = e.informer.clone().downcast::<Shared<K>>() {
-                return Informer { shared };
-            }
+        if let Some(e) = entries.get(&TypeId::of::<K>())
+            && let Ok(shared) = e.informer.clone().downcast::<Shared<K>>()
+        {
+            return Informer { shared };
         }
         let (store, writer) = reflector::store::<K>();
         let (synced, _) = watch::channel(false);
@@ -153,7 +153,8 @@ impl Informers {
 
     /// The kinds watched, for tests and logs (`v1/PersistentVolume`, ...).
     pub fn kinds(&self) -> Vec<String> {
-        let mut k: Vec<_> = self.entries.lock().unwrap_or_else(|e| e.into_inner()).values().map(|e| e.kind.clone()).collect();
+        let mut k: Vec<_> =
+            self.entries.lock().unwrap_or_else(|e| e.into_inner()).values().map(|e| e.kind.clone()).collect();
         k.sort();
         k
     }

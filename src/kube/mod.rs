@@ -8,3 +8,94 @@ pub mod informers;
 pub mod leader;
 pub mod quantity;
 pub mod queue;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use crate::cli::SharedFlags;
+
+/// Leader election settings from the shared flags.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaderSettings {
+    /// `--leader-election`.
+    pub enabled: bool,
+    /// `--leader-election-namespace`.
+    pub namespace: Option<String>,
+    /// `--leader-election-lease-duration`.
+    pub lease_duration: Option<Duration>,
+    /// `--leader-election-renew-deadline`.
+    pub renew_deadline: Option<Duration>,
+    /// `--leader-election-retry-period`.
+    pub retry_period: Option<Duration>,
+    /// `--leader-election-labels`.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The Kubernetes side of the host, built once when a module needs it.
+#[derive(Clone)]
+pub struct KubeContext {
+    /// Client with the `--kube-api-qps`/`--kube-api-burst` budget.
+    pub client: ::kube::Client,
+    /// Client for leader election, with its own budget.
+    pub leader_client: ::kube::Client,
+    /// The shared informer cache.
+    pub informers: informers::Informers,
+    /// Leader election settings.
+    pub leader: LeaderSettings,
+}
+
+/// The Kubernetes context could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeContextError {
+    /// Client configuration.
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+    /// A bad flag value.
+    #[error("{0}")]
+    Flag(String),
+}
+
+impl KubeContext {
+    /// Builds the clients from the shared flags (`master` overrides the server URL).
+    pub async fn connect(shared: &SharedFlags, master: Option<&str>) -> Result<Self, KubeContextError> {
+        let mut config = client::load_config(shared.kubeconfig.as_deref()).await?;
+        if let Some(m) = master.filter(|m| !m.is_empty()) {
+            config.cluster_url =
+                m.parse().map_err(|e| KubeContextError::Flag(format!("invalid --master {m:?}: {e}")))?;
+        }
+        let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
+        let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
+        let labels = match shared.leader_election_labels.as_deref() {
+            Some(l) => crate::cli::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
+            None => BTreeMap::new(),
+        };
+        let leader = LeaderSettings {
+            enabled: shared.leader_election,
+            namespace: shared.leader_election_namespace.clone().filter(|n| !n.is_empty()),
+            lease_duration: shared.leader_election_lease_duration,
+            renew_deadline: shared.leader_election_renew_deadline,
+            retry_period: shared.leader_election_retry_period,
+            labels,
+        };
+        Ok(KubeContext { informers: informers::Informers::new(client.clone()), client, leader_client, leader })
+    }
+
+    /// An elector for `lock_name` when `--leader-election` is on.
+    pub fn elector(&self, lock_name: &str) -> Result<Option<leader::LeaderElector>, leader::LeaderError> {
+        if !self.leader.enabled {
+            return Ok(None);
+        }
+        let mut cfg = leader::LeaderElectionConfig::resolve(lock_name, self.leader.namespace.as_deref())?;
+        if let Some(d) = self.leader.lease_duration {
+            cfg.lease_duration = d;
+        }
+        if let Some(d) = self.leader.renew_deadline {
+            cfg.renew_deadline = d;
+        }
+        if let Some(d) = self.leader.retry_period {
+            cfg.retry_period = d;
+        }
+        cfg.labels = self.leader.labels.clone();
+        cfg.validate()?;
+        Ok(Some(leader::LeaderElector::new(self.leader_client.clone(), cfg)))
+    }
+}

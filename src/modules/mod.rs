@@ -14,6 +14,8 @@ pub enum ModuleConfig {
     Prober(prober::config::ProberFlags),
     /// node-driver-registrar.
     Registrar(registrar::config::RegistrarFlags),
+    /// external-provisioner.
+    Provisioner(Box<provisioner::config::ProvisionerFlags>),
 }
 
 /// How a module's own flags are parsed.
@@ -47,7 +49,14 @@ pub static MODULES: &[ModuleDesc] = &[
         binary_names: &["csi-provisioner"],
         replaces: "external-provisioner",
         summary: "dynamic provisioning and deletion of volumes",
-        flags: None,
+        flags: Some(FlagSpec {
+            info: provisioner::config::ProvisionerFlags::get_args_info,
+            parse: |cmd, args| {
+                provisioner::config::ProvisionerFlags::from_args(&[cmd], args)
+                    .map(|f| ModuleConfig::Provisioner(Box::new(f)))
+            },
+            shared: provisioner::config::SHARED_FLAGS,
+        }),
     },
     ModuleDesc {
         name: "attacher",
@@ -105,6 +114,7 @@ impl ModuleConfig {
         match self {
             ModuleConfig::Prober(_) => "prober",
             ModuleConfig::Registrar(_) => "registrar",
+            ModuleConfig::Provisioner(_) => "provisioner",
         }
     }
 }
@@ -118,6 +128,8 @@ pub struct ModuleContext {
     pub health: crate::http::HealthRegistry,
     /// The process shutdown token.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The Kubernetes client and informer cache, when a module needs them.
+    pub kube: Option<crate::kube::KubeContext>,
 }
 
 /// Why a module stopped before shutdown.
@@ -148,6 +160,9 @@ impl ModuleConfig {
         match self {
             ModuleConfig::Prober(_) => Ok(()),
             ModuleConfig::Registrar(r) => registrar::validate(r),
+            ModuleConfig::Provisioner(p) => {
+                p.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "provisioner", message })
+            }
         }
     }
 
@@ -156,7 +171,7 @@ impl ModuleConfig {
     pub fn early_exit(&self) -> Option<u8> {
         match self {
             ModuleConfig::Registrar(r) => registrar::early_exit(r),
-            ModuleConfig::Prober(_) => None,
+            ModuleConfig::Prober(_) | ModuleConfig::Provisioner(_) => None,
         }
     }
 
@@ -165,6 +180,20 @@ impl ModuleConfig {
         match self {
             ModuleConfig::Prober(p) => p.probe_timeout,
             ModuleConfig::Registrar(r) => r.timeout,
+            ModuleConfig::Provisioner(p) => p.timeout,
+        }
+    }
+
+    /// Whether the module needs the Kubernetes client and informer cache.
+    pub fn needs_kube(&self) -> bool {
+        matches!(self, ModuleConfig::Provisioner(_))
+    }
+
+    /// `--master`, where the module has it.
+    pub fn master(&self) -> Option<&str> {
+        match self {
+            ModuleConfig::Provisioner(p) => p.master.as_deref(),
+            _ => None,
         }
     }
 
@@ -173,6 +202,7 @@ impl ModuleConfig {
         match self {
             ModuleConfig::Prober(c) => prober::run(c, ctx).await,
             ModuleConfig::Registrar(c) => registrar::run(c, ctx).await,
+            ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
         }
     }
 }

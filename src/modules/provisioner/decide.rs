@@ -20,8 +20,9 @@ use crate::{
     csi::{
         DriverInfo,
         proto::csi::v1::{
-            self as csi, CapacityRange, CreateVolumeRequest, VolumeCapability, controller_service_capability::rpc::Type as Rpc,
-            plugin_capability::service::Type as Svc, volume_capability,
+            self as csi, CapacityRange, CreateVolumeRequest, VolumeCapability,
+            controller_service_capability::rpc::Type as Rpc, plugin_capability::service::Type as Svc,
+            volume_capability,
         },
     },
     kube::quantity,
@@ -83,7 +84,12 @@ pub enum ClaimDecision {
 
 /// Whether a PVC needs a volume from this driver now. `pv_exists`: the PV
 /// that provisioning would create is already in the cache.
-pub fn decide_claim(pvc: &PersistentVolumeClaim, sc: Option<&StorageClass>, driver: &str, pv_exists: bool) -> ClaimDecision {
+pub fn decide_claim(
+    pvc: &PersistentVolumeClaim,
+    sc: Option<&StorageClass>,
+    driver: &str,
+    pv_exists: bool,
+) -> ClaimDecision {
     let spec = pvc.spec.as_ref();
     if spec.and_then(|s| s.volume_name.as_deref()).is_some_and(|v| !v.is_empty()) {
         return ClaimDecision::Ignore("already bound to a volume");
@@ -98,7 +104,8 @@ pub fn decide_claim(pvc: &PersistentVolumeClaim, sc: Option<&StorageClass>, driv
         return ClaimDecision::Ignore("volume already provisioned");
     }
     let wffc = sc.and_then(|s| s.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
-    let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some_and(|n| !n.is_empty());
+    let selected =
+        pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some_and(|n| !n.is_empty());
     if wffc && !selected {
         return ClaimDecision::WaitForScheduler;
     }
@@ -147,7 +154,10 @@ pub struct Plan {
 }
 
 /// Maps one PVC access mode to a CSI access mode (csi-lib-utils `accessmodes`).
-pub fn csi_access_mode(mode: &str, single_node_multi_writer: bool) -> Result<volume_capability::access_mode::Mode, String> {
+pub fn csi_access_mode(
+    mode: &str,
+    single_node_multi_writer: bool,
+) -> Result<volume_capability::access_mode::Mode, String> {
     use volume_capability::access_mode::Mode;
     Ok(match (mode, single_node_multi_writer) {
         ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
@@ -162,7 +172,12 @@ pub fn csi_access_mode(mode: &str, single_node_multi_writer: bool) -> Result<vol
 
 /// Checks and prepares a provisioning (upstream `prepareProvision`), for the
 /// parts that need no API reads besides the PVC and its StorageClass.
-pub fn plan(pvc: &PersistentVolumeClaim, sc: &StorageClass, driver: &DriverInfo, s: &Settings) -> Result<Plan, PlanError> {
+pub fn plan(
+    pvc: &PersistentVolumeClaim,
+    sc: &StorageClass,
+    driver: &DriverInfo,
+    s: &Settings,
+) -> Result<Plan, PlanError> {
     let spec = pvc.spec.clone().unwrap_or_default();
     if let Some(ds) = spec.data_source.as_ref().or(None) {
         match ds.kind.as_str() {
@@ -177,7 +192,8 @@ pub fn plan(pvc: &PersistentVolumeClaim, sc: &StorageClass, driver: &DriverInfo,
     }
     if !driver.has_plugin_service(Svc::ControllerService) {
         return Err(PlanError::Capability(
-            "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported".into(),
+            "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported"
+                .into(),
         ));
     }
     if !driver.has_controller_capability(Rpc::CreateDeleteVolume) {
@@ -318,7 +334,8 @@ pub fn build_pv(
         c if c < plan.requested_bytes => return Err(ResponseError::TooSmall { got: c, want: plan.requested_bytes }),
         c => c,
     };
-    let mut attributes: BTreeMap<String, String> = BTreeMap::from([(up::IDENTITY_KEY.to_string(), identity.to_string())]);
+    let mut attributes: BTreeMap<String, String> =
+        BTreeMap::from([(up::IDENTITY_KEY.to_string(), identity.to_string())]);
     attributes.extend(vol.volume_context.iter().map(|(k, v)| (k.clone(), v.clone())));
     let only_rox = plan.request.volume_capabilities.len() == 1
         && plan.request.volume_capabilities[0].access_mode.as_ref().map(|m| m.mode)

@@ -1,3 +1,583 @@
 //! provisioner: external-provisioner parity.
+//!
+//! PVCs whose provisioner annotation names the driver get a volume from
+//! `CreateVolume` and a PV; Released PVs with reclaim `Delete` get
+//! `DeleteVolume` and are removed. Decisions are in [`decide`] and
+//! [`params`]; this file does the I/O: informers from the shared cache, two
+//! work queues (`claims`, `volumes`), CSI calls through the shared
+//! connection, events, and the optional Lease.
+
+pub mod config;
 pub mod decide;
 pub mod params;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use ::kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::reflector::{ObjectRef, Store},
+};
+use k8s_openapi::api::{
+    core::v1::{PersistentVolume, PersistentVolumeClaim, Secret},
+    storage::v1::{StorageClass, VolumeAttachment},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    compat::{self, provisioner as up},
+    csi::{
+        Connection, DriverInfo,
+        proto::csi::v1::{
+            self as csi, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
+            plugin_capability::service::Type as Svc,
+        },
+    },
+    kube::{
+        KubeContext,
+        events::{EventType, Recorder, reference},
+        informers::Change,
+        queue::{Backoff, Outcome, WorkQueue},
+    },
+    modules::{ModuleContext, ModuleError},
+};
+use config::ProvisionerFlags;
+use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};
+use params::SecretRef;
+
+const NAME: &str = "provisioner";
+/// DeleteVolume attempts when cleaning up a volume that cannot be used.
+const CLEANUP_ATTEMPTS: usize = 5;
+
+/// A CreateVolume that may still be running in the driver: retried to a
+/// final answer even if its PVC is deleted meanwhile (no leaked volume).
+#[derive(Clone)]
+struct InFlight {
+    plan: Plan,
+    pvc: PersistentVolumeClaim,
+    sc: StorageClass,
+}
+
+struct Provisioner {
+    cfg: ProvisionerFlags,
+    settings: Settings,
+    driver: Arc<DriverInfo>,
+    identity: String,
+    csi: Connection,
+    client: Client,
+    events: Recorder,
+    pvcs: Store<PersistentVolumeClaim>,
+    pvs: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
+    attachments: Option<Store<VolumeAttachment>>,
+    in_flight: Mutex<HashMap<String, InFlight>>,
+}
+
+fn claim_key(pvc: &PersistentVolumeClaim) -> String {
+    format!(
+        "{}/{}",
+        pvc.metadata.namespace.as_deref().unwrap_or_default(),
+        pvc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// `<unix millis>-<0..9999>-<driver>`, upstream's provisioner identity.
+fn identity(driver: &str) -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("{}-{}-{driver}", now.as_millis(), now.subsec_nanos() % 10_000)
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    compat::grpc_error_text(s)
+}
+
+impl Provisioner {
+    fn claim(&self, key: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        let (ns, name) = key.split_once('/')?;
+        self.pvcs.get(&ObjectRef::new(name).within(ns))
+    }
+
+    fn event_pvc(&self, pvc: &PersistentVolumeClaim, kind: EventType, reason: &str, message: &str) {
+        self.events.publish(reference(pvc), kind, reason, message);
+    }
+
+    async fn secret(&self, r: &SecretRef) -> Result<std::collections::HashMap<String, String>, String> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &r.namespace);
+        let secret = api
+            .get(&r.name)
+            .await
+            .map_err(|e| format!("error getting secret {} in namespace {}: {e}", r.name, r.namespace))?;
+        Ok(secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    async fn create_volume(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, tonic::Status> {
+        self.csi
+            .call("/csi.v1.Controller/CreateVolume", self.cfg.timeout, req, |ch, r| async move {
+                ControllerClient::new(ch).create_volume(r).await
+            })
+            .await
+    }
+
+    async fn delete_volume(&self, volume_id: &str, secrets: HashMap<String, String>) -> Result<(), tonic::Status> {
+        let req = csi::DeleteVolumeRequest { volume_id: volume_id.to_string(), secrets };
+        self.csi
+            .call("/csi.v1.Controller/DeleteVolume", self.cfg.timeout, req, |ch, r| async move {
+                ControllerClient::new(ch).delete_volume(r).await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Handles one PVC key.
+    async fn sync_claim(&self, key: String) -> Outcome {
+        let pvc = self.claim(&key);
+        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        let gone = pvc.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        if let (true, Some(f)) = (gone, &in_flight) {
+            return self.finish_orphaned(&key, f).await;
+        }
+        let Some(pvc) = pvc else { return Outcome::Done };
+        let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
+        let sc = self.classes.get(&ObjectRef::new(&class_name));
+        let pv_name = decide::volume_name(
+            &self.cfg.volume_name_prefix,
+            pvc.metadata.uid.as_deref().unwrap_or_default(),
+            self.cfg.volume_name_uuid_length,
+        )
+        .unwrap_or_default();
+        let pv_exists = self.pvs.get(&ObjectRef::new(&pv_name)).is_some();
+        match decide::decide_claim(&pvc, sc.as_deref(), &self.driver.name, pv_exists) {
+            ClaimDecision::Ignore(why) => {
+                tracing::trace!(claim = %key, why, "Nothing to do");
+                Outcome::Done
+            }
+            ClaimDecision::WaitForScheduler => {
+                tracing::debug!(claim = %key, "Waiting for the scheduler to select a node");
+                Outcome::Done
+            }
+            ClaimDecision::Provision => match sc {
+                Some(sc) => self.provision(&key, &pvc, &sc, in_flight.map(|f| f.plan)).await,
+                None => {
+                    let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
+                    self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
+                    Outcome::Retry
+                }
+            },
+        }
+    }
+
+    async fn provision(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
+        saved: Option<Plan>,
+    ) -> Outcome {
+        let class = sc.metadata.name.clone().unwrap_or_default();
+        self.event_pvc(
+            pvc,
+            EventType::Normal,
+            up::REASON_PROVISIONING,
+            &format!("External provisioner is provisioning volume for claim \"{key}\""),
+        );
+        let failed = |msg: String| {
+            self.event_pvc(
+                pvc,
+                EventType::Warning,
+                up::REASON_PROVISIONING_FAILED,
+                &format!("failed to provision volume with StorageClass \"{class}\": {msg}"),
+            );
+        };
+        let plan = match saved.map(Ok).unwrap_or_else(|| decide::plan(pvc, sc, &self.driver, &self.settings)) {
+            Ok(p) => p,
+            Err(PlanError::ExternalPopulator(kind)) => {
+                tracing::info!(claim = %key, kind, "Data source left to an external populator");
+                self.event_pvc(
+                    pvc,
+                    EventType::Normal,
+                    up::REASON_PROVISIONING,
+                    "Assuming an external populator will provision the volume",
+                );
+                return Outcome::Done;
+            }
+            Err(e) => {
+                failed(e.to_string());
+                return Outcome::Retry;
+            }
+        };
+        let mut request = plan.request.clone();
+        if let Some(r) = &plan.provisioner_secret {
+            match self.secret(r).await {
+                Ok(s) => request.secrets = s,
+                Err(e) => {
+                    failed(e);
+                    return Outcome::Retry;
+                }
+            }
+        }
+        // From here on the driver may create a volume: remember it until the
+        // PV exists or the driver gave a final answer.
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), InFlight { plan: plan.clone(), pvc: pvc.clone(), sc: sc.clone() });
+        let resp = match self.create_volume(request.clone()).await {
+            Ok(r) => r,
+            Err(status) => return self.create_failed(key, pvc, &status, &failed),
+        };
+        let pv = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
+            Ok(pv) => pv,
+            Err(e) => {
+                // Unusable volume: delete it, then try again from scratch.
+                let mut msg = e.to_string();
+                if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
+                    && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
+                {
+                    msg = format!("{msg}. Cleanup of volume {} failed, volume is orphaned: {ce}", plan.pv_name);
+                    self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_CLEANUP_FAILED, &msg);
+                    return Outcome::Retry;
+                }
+                self.forget_in_flight(key);
+                failed(msg);
+                return Outcome::Retry;
+            }
+        };
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), &pv).await {
+            Ok(_) => {}
+            Err(::kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(claim = %key, pv = %plan.pv_name, "PV already exists")
+            }
+            Err(e) => {
+                // The volume exists; keep it in flight so the next attempt
+                // (CreateVolume is idempotent by name) saves the PV.
+                failed(format!("error saving PersistentVolume {}: {e}", plan.pv_name));
+                return Outcome::Retry;
+            }
+        }
+        self.forget_in_flight(key);
+        tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
+        self.event_pvc(
+            pvc,
+            EventType::Normal,
+            up::REASON_PROVISIONING_SUCCEEDED,
+            &format!("Successfully provisioned volume {}", plan.pv_name),
+        );
+        Outcome::Done
+    }
+
+    fn create_failed(
+        &self,
+        key: &str,
+        pvc: &PersistentVolumeClaim,
+        status: &tonic::Status,
+        failed: &dyn Fn(String),
+    ) -> Outcome {
+        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some();
+        let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
+        let class = decide::classify_create_error(status.code(), topology && selected);
+        tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
+        failed(status_text(status));
+        match class {
+            CreateFailure::InBackground => Outcome::Retry,
+            CreateFailure::Final | CreateFailure::Reschedule => {
+                self.forget_in_flight(key);
+                if class == CreateFailure::Reschedule {
+                    let (client, pvc) = (self.client.clone(), pvc.clone());
+                    tokio::spawn(async move { unselect_node(client, &pvc).await });
+                    return Outcome::Done;
+                }
+                if status.code() == tonic::Code::InvalidArgument {
+                    // Infeasible: slow retry (upstream's "slow set").
+                    Outcome::RetryAfter(self.cfg.retry_interval_max)
+                } else {
+                    Outcome::Retry
+                }
+            }
+        }
+    }
+
+    fn forget_in_flight(&self, key: &str) {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+
+    /// The PVC went away while its CreateVolume was undecided: get a final
+    /// answer, and delete what it created.
+    async fn finish_orphaned(&self, key: &str, f: &InFlight) -> Outcome {
+        let mut request = f.plan.request.clone();
+        if let Some(r) = &f.plan.provisioner_secret {
+            request.secrets = self.secret(r).await.unwrap_or_default();
+        }
+        match self.create_volume(request.clone()).await {
+            Ok(resp) => {
+                let Some(v) = resp.volume.filter(|v| !v.volume_id.is_empty()) else {
+                    self.forget_in_flight(key);
+                    return Outcome::Done;
+                };
+                match self.cleanup(&v.volume_id, &request.secrets).await {
+                    Ok(()) => {
+                        tracing::info!(claim = %key, volume = %v.volume_id, "Deleted the volume of a PVC deleted during provisioning");
+                        self.forget_in_flight(key);
+                        Outcome::Done
+                    }
+                    Err(e) => {
+                        tracing::warn!(claim = %key, error = %e, "Cleanup of an orphaned volume failed; retrying");
+                        Outcome::Retry
+                    }
+                }
+            }
+            Err(s) if decide::classify_create_error(s.code(), false) == CreateFailure::InBackground => Outcome::Retry,
+            Err(s) => {
+                tracing::info!(claim = %key, error = %status_text(&s), "CreateVolume of a deleted PVC ended in a final error");
+                let _ = &f.pvc;
+                let _ = &f.sc;
+                self.forget_in_flight(key);
+                Outcome::Done
+            }
+        }
+    }
+
+    async fn cleanup(&self, volume_id: &str, secrets: &HashMap<String, String>) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..CLEANUP_ATTEMPTS {
+            match self.delete_volume(volume_id, secrets.clone()).await {
+                Ok(()) => return Ok(()),
+                Err(s) => last = status_text(&s),
+            }
+        }
+        Err(last)
+    }
+
+    /// Handles one PV name.
+    async fn sync_volume(&self, name: String) -> Outcome {
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)) else { return Outcome::Done };
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match decide::decide_volume(&pv, &self.driver.name) {
+            VolumeDecision::Ignore => Outcome::Done,
+            VolumeDecision::AddFinalizer => patch_finalizers(&api, &pv, true).await,
+            VolumeDecision::RemoveFinalizer => patch_finalizers(&api, &pv, false).await,
+            VolumeDecision::Delete => self.delete(&api, &pv).await,
+        }
+    }
+
+    async fn delete(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Outcome {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let failed =
+            |msg: &str| self.events.publish(reference(pv), EventType::Warning, up::REASON_VOLUME_FAILED_DELETE, msg);
+        if let Some(vas) = &self.attachments
+            && let Some(va) =
+                vas.state().into_iter().find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(&name))
+        {
+            failed(&format!("persistentvolume {name} is still attached to node {}", va.spec.node_name));
+            return Outcome::Retry;
+        }
+        if !self.driver.has_plugin_service(Svc::ControllerService)
+            || !self.driver.has_controller_capability(Rpc::CreateDeleteVolume)
+        {
+            failed(
+                "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
+            );
+            return Outcome::Retry;
+        }
+        let secrets = self.deletion_secrets(pv).await;
+        let handle = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).unwrap_or_default();
+        if let Err(s) = self.delete_volume(&handle, secrets).await {
+            failed(&status_text(&s));
+            return Outcome::Retry;
+        }
+        tracing::info!(pv = %name, volume = %handle, "Deleted volume");
+        if pv.metadata.deletion_timestamp.is_none() {
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
+                Err(e) => {
+                    failed(&format!("error deleting PersistentVolume {name}: {e}"));
+                    return Outcome::Retry;
+                }
+            }
+        }
+        patch_finalizers(api, pv, false).await
+    }
+
+    /// The provisioner secret for DeleteVolume: from the PV's annotations,
+    /// else resolved from the StorageClass; a missing secret is logged and
+    /// the deletion goes on without it, as upstream.
+    async fn deletion_secrets(&self, pv: &PersistentVolume) -> HashMap<String, String> {
+        let ann = pv.metadata.annotations.clone().unwrap_or_default();
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        let r = match (ann.get(up::ANN_DELETION_SECRET_NAME), ann.get(up::ANN_DELETION_SECRET_NAMESPACE)) {
+            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => {
+                Some(SecretRef { name: n.clone(), namespace: ns.clone() })
+            }
+            (Some(_), Some(_)) => None,
+            _ => {
+                let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
+                let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.clone());
+                self.classes.get(&ObjectRef::new(&class)).and_then(|sc| {
+                    let params = sc.parameters.clone().unwrap_or_default();
+                    let ctx = params::TemplateContext {
+                        pv_name: &pv_name,
+                        pvc_name: claim.as_ref().and_then(|c| c.name.as_deref()),
+                        pvc_namespace: claim.as_ref().and_then(|c| c.namespace.as_deref()),
+                        pvc_annotations: None,
+                    };
+                    params::secret_ref(params::SecretKind::Provisioner, &params, &ctx).ok().flatten()
+                })
+            }
+        };
+        match r {
+            None => HashMap::new(),
+            Some(r) => self.secret(&r).await.unwrap_or_else(|e| {
+                tracing::error!(pv = %pv_name, error = %e, "Failed to get deletion credentials; deleting without them");
+                HashMap::new()
+            }),
+        }
+    }
+}
+
+async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, add: bool) -> Outcome {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let mut finalizers: Vec<String> = pv.metadata.finalizers.clone().unwrap_or_default();
+    let has = finalizers.iter().any(|f| f == up::PV_FINALIZER);
+    if add == has {
+        return Outcome::Done;
+    }
+    if add {
+        finalizers.push(up::PV_FINALIZER.to_string());
+    } else {
+        finalizers.retain(|f| f != up::PV_FINALIZER);
+    }
+    let patch = serde_json::json!({
+        "metadata": {"finalizers": finalizers, "resourceVersion": pv.metadata.resource_version}
+    });
+    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Outcome::Done,
+        Err(::kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
+        Err(e) => {
+            tracing::warn!(pv = %name, error = %e, "Updating the PV finalizer failed");
+            Outcome::Retry
+        }
+    }
+}
+
+/// Asks the scheduler for another node: removes `selected-node`.
+async fn unselect_node(client: Client, pvc: &PersistentVolumeClaim) {
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(client, pvc.metadata.namespace.as_deref().unwrap_or_default());
+    let patch = serde_json::json!({"metadata": {"annotations": {up::ANN_SELECTED_NODE: null}}});
+    if let Err(e) = api
+        .patch(pvc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(error = %e, "Removing the selected-node annotation failed");
+    }
+}
+
+/// Runs the provisioner until shutdown (or until its Lease is lost).
+pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
+    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
+    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    for note in cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })? {
+        tracing::warn!("{note}");
+    }
+    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    tracing::info!(driver = %driver.name, "Provisioner starting");
+    let informers = &kube.informers;
+    let pvc_inf = informers.get::<PersistentVolumeClaim>();
+    let pv_inf = informers.get::<PersistentVolume>();
+    let sc_inf = informers.get::<StorageClass>();
+    let va_inf =
+        driver.has_controller_capability(Rpc::PublishUnpublishVolume).then(|| informers.get::<VolumeAttachment>());
+    informers.start(&ctx.shutdown);
+
+    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
+    let claims: WorkQueue<String> = WorkQueue::new(up::QUEUE_CLAIMS, backoff);
+    let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
+    {
+        let (claims, name) = (claims.clone(), driver.name.clone());
+        pvc_inf.on_change(move |c| {
+            let pvc = match c {
+                Change::Applied(p) | Change::Deleted(p) => p,
+            };
+            if decide::is_for_driver(pvc, &name) {
+                claims.add(claim_key(pvc));
+            }
+        });
+    }
+    {
+        let (volumes, name) = (volumes.clone(), driver.name.clone());
+        pv_inf.on_change(move |c| {
+            if let Change::Applied(pv) = c
+                && pv.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_PROVISIONED_BY))
+                    == Some(&name.to_string())
+            {
+                volumes.add(pv.metadata.name.clone().unwrap_or_default());
+            }
+        });
+    }
+    let settings = Settings {
+        volume_name_prefix: cfg.volume_name_prefix.clone(),
+        volume_name_uuid_length: cfg.volume_name_uuid_length,
+        default_fstype: cfg.default_fstype.clone(),
+        extra_create_metadata: cfg.extra_create_metadata,
+        controller_publish_readonly: cfg.controller_publish_readonly,
+    };
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
+    let p = Arc::new(Provisioner {
+        settings,
+        identity: identity(&driver.name),
+        csi: ctx.csi.clone(),
+        client: kube.client.clone(),
+        events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, &host),
+        pvcs: pvc_inf.store(),
+        pvs: pv_inf.store(),
+        classes: sc_inf.store(),
+        attachments: va_inf.as_ref().map(|i| i.store()),
+        in_flight: Mutex::default(),
+        driver: driver.clone(),
+        cfg,
+    });
+    let work = {
+        let (p, claims, volumes) = (p.clone(), claims.clone(), volumes.clone());
+        let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
+        move |token: CancellationToken| async move {
+            tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced());
+            tracing::info!("Caches synced; provisioning");
+            let workers = p.cfg.worker_threads;
+            let (pc, pv) = (p.clone(), p.clone());
+            tokio::join!(
+                claims.run(workers, token.clone(), move |key| {
+                    let p = pc.clone();
+                    let span = tracing::info_span!("claim", key = %key);
+                    async move { p.sync_claim(key).await }.instrument(span)
+                }),
+                volumes.run(workers, token.clone(), move |name| {
+                    let p = pv.clone();
+                    let span = tracing::info_span!("volume", pv = %name);
+                    async move { p.sync_volume(name).await }.instrument(span)
+                }),
+            );
+        }
+    };
+    // Lease name: the driver name with '/' replaced, sanitised (upstream).
+    match kube.elector(&driver.name.replace('/', "-")).map_err(|e| fatal(e.to_string()))? {
+        Some(elector) => {
+            ctx.health.register("leader-election", elector.health_check());
+            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
+        }
+        None => {
+            work(ctx.shutdown.clone()).await;
+            Ok(())
+        }
+    }
+}

@@ -168,8 +168,11 @@ pub fn strip_reserved(params: &BTreeMap<String, String>) -> Result<HashMap<Strin
 /// The filesystem type: `csi.storage.k8s.io/fstype` (or the deprecated
 /// `fstype`, any case), else `--default-fstype`, else empty.
 pub fn fs_type(params: &BTreeMap<String, String>, default_fstype: &str) -> Result<String, ParamError> {
-    let found: Vec<&String> =
-        params.iter().filter(|(k, _)| k.as_str() == FSTYPE || k.eq_ignore_ascii_case("fstype")).map(|(_, v)| v).collect();
+    let found: Vec<&String> = params
+        .iter()
+        .filter(|(k, _)| k.as_str() == FSTYPE || k.eq_ignore_ascii_case("fstype"))
+        .map(|(_, v)| v)
+        .collect();
     match found.as_slice() {
         [] => Ok(default_fstype.to_string()),
         [one] if one.is_empty() => Ok(default_fstype.to_string()),
@@ -304,8 +307,8 @@ pub fn secret_ref(
             ctx.pvc_annotations?.get(key).cloned()
         }
     };
-    let name =
-        expand(&name_t, name_lookup).map_err(|tokens| ParamError::InvalidTokens { template: name_t.clone(), tokens })?;
+    let name = expand(&name_t, name_lookup)
+        .map_err(|tokens| ParamError::InvalidTokens { template: name_t.clone(), tokens })?;
     if !is_dns1123_subdomain(&name) {
         return Err(ParamError::BadName(if name == name_t {
             format!("{name_t:?} is not a valid secret name")
@@ -338,7 +341,10 @@ mod tests {
         assert_eq!(out["type"], "fast");
         assert_eq!(out["csiNodeStageSecretName"], "legacy", "deprecated keys pass through");
         let err = strip_reserved(&p(&[("csi.storage.k8s.io/foo", "x")])).unwrap_err();
-        assert_eq!(err.to_string(), "found unknown parameter key \"csi.storage.k8s.io/foo\" with reserved namespace csi.storage.k8s.io/");
+        assert_eq!(
+            err.to_string(),
+            "found unknown parameter key \"csi.storage.k8s.io/foo\" with reserved namespace csi.storage.k8s.io/"
+        );
     }
 
     #[test]
@@ -366,10 +372,14 @@ mod tests {
         let r = |params: &[(&str, &str)], kind| secret_ref(kind, &p(params), &c);
         let ok = |name: &str, ns: &str| Ok(Some(SecretRef { name: name.into(), namespace: ns.into() }));
         use SecretKind::*;
-        let table: Vec<(Vec<(&str, &str)>, SecretKind, Result<Option<SecretRef>, ParamError>)> = vec![
+        type Row<'a> = (Vec<(&'a str, &'a str)>, SecretKind, Result<Option<SecretRef>, ParamError>);
+        let table: Vec<Row> = vec![
             (vec![], Provisioner, Ok(None)),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", "s"), ("csi.storage.k8s.io/provisioner-secret-namespace", "ns")],
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
+                ],
                 Provisioner,
                 ok("s", "ns"),
             ),
@@ -394,37 +404,66 @@ mod tests {
                 NodePublish,
                 ok("from-annotation", "fixed"),
             ),
-            (vec![("csiProvisionerSecretName", "old"), ("csiProvisionerSecretNamespace", "oldns")], Provisioner, ok("old", "oldns")),
             (
-                vec![("csiProvisionerSecretName", "old"), ("csi.storage.k8s.io/provisioner-secret-name", "new"), ("csi.storage.k8s.io/provisioner-secret-namespace", "n")],
+                vec![("csiProvisionerSecretName", "old"), ("csiProvisionerSecretNamespace", "oldns")],
+                Provisioner,
+                ok("old", "oldns"),
+            ),
+            (
+                vec![
+                    ("csiProvisionerSecretName", "old"),
+                    ("csi.storage.k8s.io/provisioner-secret-name", "new"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
+                ],
                 Provisioner,
                 Err(ParamError::SecretTwice("Provisioner")),
             ),
-            (vec![("csi.storage.k8s.io/provisioner-secret-name", "only")], Provisioner, Err(ParamError::SecretHalf("Provisioner"))),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", ""), ("csi.storage.k8s.io/provisioner-secret-namespace", "n")],
+                vec![("csi.storage.k8s.io/provisioner-secret-name", "only")],
+                Provisioner,
+                Err(ParamError::SecretHalf("Provisioner")),
+            ),
+            (
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", ""),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
+                ],
                 Provisioner,
                 Err(ParamError::SecretEmpty("Provisioner")),
             ),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", "s"), ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.name}")],
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.name}"),
+                ],
                 Provisioner,
                 Err(ParamError::InvalidTokens { template: "${pvc.name}".into(), tokens: vec!["pvc.name".into()] }),
             ),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", "${nope}"), ("csi.storage.k8s.io/provisioner-secret-namespace", "n")],
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", "${nope}"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
+                ],
                 Provisioner,
                 Err(ParamError::InvalidTokens { template: "${nope}".into(), tokens: vec!["nope".into()] }),
             ),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", "Bad_Name"), ("csi.storage.k8s.io/provisioner-secret-namespace", "n")],
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", "Bad_Name"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
+                ],
                 Provisioner,
                 Err(ParamError::BadName("\"Bad_Name\" is not a valid secret name".into())),
             ),
             (
-                vec![("csi.storage.k8s.io/provisioner-secret-name", "s"), ("csi.storage.k8s.io/provisioner-secret-namespace", "${pv.name}.x")],
+                vec![
+                    ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "${pv.name}.x"),
+                ],
                 Provisioner,
-                Err(ParamError::BadNamespace("\"${pv.name}.x\" resolved to \"pvc-123.x\" which is not a valid namespace name".into())),
+                Err(ParamError::BadNamespace(
+                    "\"${pv.name}.x\" resolved to \"pvc-123.x\" which is not a valid namespace name".into(),
+                )),
             ),
         ];
         for (params, kind, want) in table {

@@ -22,12 +22,16 @@ fn driver(ctrl: &[Rpc]) -> DriverInfo {
         name: DRIVER.into(),
         vendor_version: "1".into(),
         plugin_capabilities: vec![PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: Svc::ControllerService as i32 })),
+            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                r#type: Svc::ControllerService as i32,
+            })),
         }],
         controller_capabilities: ctrl
             .iter()
             .map(|r| ControllerServiceCapability {
-                r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: *r as i32 })),
+                r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc {
+                    r#type: *r as i32,
+                })),
             })
             .collect(),
     }
@@ -85,13 +89,28 @@ fn which_claims_are_provisioned() {
     let wffc = sc(&[], "WaitForFirstConsumer");
     let table: Vec<(PersistentVolumeClaim, &StorageClass, bool, ClaimDecision)> = vec![
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
-        (pvc(&[(up::ANN_BETA_STORAGE_PROVISIONER, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
+        (
+            pvc(&[(up::ANN_BETA_STORAGE_PROVISIONER, DRIVER)], &["ReadWriteOnce"], "1Gi"),
+            &imm,
+            false,
+            ClaimDecision::Provision,
+        ),
         (pvc(&[(up::ANN_MIGRATED_TO, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
-        (pvc(&[(up::ANN_STORAGE_PROVISIONER, "other")], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Ignore("not for this driver")),
+        (
+            pvc(&[(up::ANN_STORAGE_PROVISIONER, "other")], &["ReadWriteOnce"], "1Gi"),
+            &imm,
+            false,
+            ClaimDecision::Ignore("not for this driver"),
+        ),
         (pvc(&[], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Ignore("not for this driver")),
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, true, ClaimDecision::Ignore("volume already provisioned")),
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &wffc, false, ClaimDecision::WaitForScheduler),
-        (pvc(&[OURS, (up::ANN_SELECTED_NODE, "node-1")], &["ReadWriteOnce"], "1Gi"), &wffc, false, ClaimDecision::Provision),
+        (
+            pvc(&[OURS, (up::ANN_SELECTED_NODE, "node-1")], &["ReadWriteOnce"], "1Gi"),
+            &wffc,
+            false,
+            ClaimDecision::Provision,
+        ),
     ];
     for (claim, class, exists, want) in table {
         assert_eq!(decide_claim(&claim, Some(class), DRIVER, exists), want, "{:?}", claim.metadata.annotations);
@@ -147,7 +166,10 @@ fn plan_builds_the_create_request() {
     assert_eq!(p.request.parameters.get(params::PVC_NAMESPACE).map(String::as_str), Some("team-a"));
     assert_eq!(p.request.parameters.get(params::PV_NAME), Some(&p.pv_name));
     assert_eq!(p.provisioner_secret, Some(SecretRef { name: "prov-data".into(), namespace: "team-a".into() }));
-    assert_eq!(p.pv_secrets.get("nodeStageSecretRef"), Some(&SecretRef { name: "stage".into(), namespace: "ops".into() }));
+    assert_eq!(
+        p.pv_secrets.get("nodeStageSecretRef"),
+        Some(&SecretRef { name: "stage".into(), namespace: "ops".into() })
+    );
     assert!(p.request.secrets.is_empty(), "secrets are fetched by the executor");
 }
 
@@ -157,11 +179,15 @@ fn plan_refusals() {
     let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
     let err = plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings()).unwrap_err();
     assert!(err.to_string().contains("does not support dynamic provisioning"), "{err}");
-    let err = plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings()).unwrap_err();
+    let err =
+        plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings()).unwrap_err();
     assert!(err.to_string().contains("found unknown parameter key \"csi.storage.k8s.io/bogus\""), "{err}");
     let mut sel = claim.clone();
     sel.spec.as_mut().unwrap().selector = Some(Default::default());
-    assert_eq!(plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err().to_string(), "claim Selector is not supported");
+    assert_eq!(
+        plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err().to_string(),
+        "claim Selector is not supported"
+    );
     let mut populated = claim.clone();
     populated.spec.as_mut().unwrap().data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
         api_group: Some("example.com".into()),
@@ -188,7 +214,13 @@ fn response(id: &str, cap: i64) -> csi::CreateVolumeResponse {
 
 #[test]
 fn pv_from_the_answer() {
-    let class = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s"), ("csi.storage.k8s.io/provisioner-secret-namespace", "ns")], "Immediate");
+    let class = sc(
+        &[
+            ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
+        ],
+        "Immediate",
+    );
     let claim = pvc(&[OURS], &["ReadOnlyMany"], "1Gi");
     let mut s = settings();
     s.controller_publish_readonly = true;
@@ -208,14 +240,20 @@ fn pv_from_the_answer() {
     assert_eq!(spec.claim_ref.as_ref().unwrap().uid, claim.metadata.uid);
     let ann = pv.metadata.annotations.as_ref().unwrap();
     assert_eq!(ann[up::ANN_PROVISIONED_BY], DRIVER);
-    assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("s", "ns"));
+    assert_eq!(
+        (ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()),
+        ("s", "ns")
+    );
     assert_eq!(pv.metadata.finalizers, Some(vec![up::PV_FINALIZER.to_string()]));
     let terms = &spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms;
     assert_eq!(terms[0].match_expressions.as_ref().unwrap()[0].key, "zone");
 
     let err = build_pv(&p, &response("vol-1", 1000), &claim, &class, DRIVER, "id", &s).unwrap_err();
     assert_eq!(err, ResponseError::TooSmall { got: 1000, want: 1 << 30 });
-    assert_eq!(build_pv(&p, &response("", 0), &claim, &class, DRIVER, "id", &s).unwrap_err(), ResponseError::NoVolumeId);
+    assert_eq!(
+        build_pv(&p, &response("", 0), &claim, &class, DRIVER, "id", &s).unwrap_err(),
+        ResponseError::NoVolumeId
+    );
 
     // Without a provisioner secret the deletion annotations are empty strings.
     let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings()).unwrap();
@@ -248,12 +286,17 @@ fn pv(reclaim: &str, phase: &str, finalizer: bool, deleting: bool, by: &str) -> 
             name: Some("pv".into()),
             annotations: Some(BTreeMap::from([(up::ANN_PROVISIONED_BY.to_string(), by.to_string())])),
             finalizers: finalizer.then(|| vec![up::PV_FINALIZER.to_string()]),
-            deletion_timestamp: deleting.then(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())),
+            deletion_timestamp: deleting
+                .then(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
         },
         spec: Some(PersistentVolumeSpec {
             persistent_volume_reclaim_policy: Some(reclaim.into()),
-            csi: Some(CSIPersistentVolumeSource { driver: DRIVER.into(), volume_handle: "v".into(), ..Default::default() }),
+            csi: Some(CSIPersistentVolumeSource {
+                driver: DRIVER.into(),
+                volume_handle: "v".into(),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: Some(PersistentVolumeStatus { phase: Some(phase.into()), ..Default::default() }),
@@ -275,6 +318,12 @@ fn volume_decisions() {
         (pv("Delete", "Bound", false, true, DRIVER), Ignore),
     ];
     for (v, want) in table {
-        assert_eq!(decide_volume(&v, DRIVER), want, "{:?} {:?}", v.spec.as_ref().unwrap().persistent_volume_reclaim_policy, v.status);
+        assert_eq!(
+            decide_volume(&v, DRIVER),
+            want,
+            "{:?} {:?}",
+            v.spec.as_ref().unwrap().persistent_volume_reclaim_policy,
+            v.status
+        );
     }
 }

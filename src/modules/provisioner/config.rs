@@ -1,0 +1,183 @@
+//! external-provisioner flags: every upstream flag, under its upstream name
+//! and default. Flags of features csi-sidecar does not implement yet are
+//! accepted and reported at start-up.
+
+use std::time::Duration;
+
+use argh::{ArgsInfo, FromArgs};
+
+use crate::cli::goflags::{go_bool_value, parse_go_duration};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s)
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+fn yes() -> bool {
+    true
+}
+
+/// provisioner: dynamic provisioning and deletion of volumes (external-provisioner).
+#[derive(FromArgs, ArgsInfo, Debug, Clone, PartialEq)]
+pub struct ProvisionerFlags {
+    /// API server URL, overriding the kubeconfig's (out of cluster)
+    #[argh(option)]
+    pub master: Option<String>,
+    /// prefix of PV and CSI volume names (default "pvc")
+    #[argh(option, default = "String::from(\"pvc\")")]
+    pub volume_name_prefix: String,
+    /// -1: <prefix>-<PVC UID>; N: UID without dashes cut to N characters (default -1)
+    #[argh(option, default = "-1")]
+    pub volume_name_uuid_length: i64,
+    /// first retry delay of a failed PVC or PV (default 1s)
+    #[argh(option, default = "secs(1)", from_str_fn(duration))]
+    pub retry_interval_start: Duration,
+    /// maximum retry delay; also the delay after InvalidArgument (default 5m)
+    #[argh(option, default = "secs(300)", from_str_fn(duration))]
+    pub retry_interval_max: Duration,
+    /// PVC workers, and as many PV workers (default 100)
+    #[argh(option, default = "100")]
+    pub worker_threads: usize,
+    /// clone protection workers (accepted; cloning is not implemented yet) (default 1)
+    #[argh(option, default = "1")]
+    pub cloning_protection_threads: usize,
+    /// snapshot finalizer sweep interval (accepted; snapshots are not implemented yet) (default 5m)
+    #[argh(option, default = "secs(300)", from_str_fn(duration))]
+    pub snapshot_orphan_sweep_interval: Duration,
+    /// capacity workers (accepted; capacity tracking is not implemented yet) (default 1)
+    #[argh(option, default = "1")]
+    pub capacity_threads: usize,
+    /// timeout of each CSI call (default 10s)
+    #[argh(option, default = "secs(10)", from_str_fn(duration))]
+    pub timeout: Duration,
+    /// late binding: the selected node's topology only (default false)
+    #[argh(switch)]
+    pub strict_topology: bool,
+    /// immediate binding: the cluster's aggregated topology (default true)
+    #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
+    pub immediate_topology: bool,
+    /// add PVC name and namespace and PV name to CreateVolume parameters (default false)
+    #[argh(switch)]
+    pub extra_create_metadata: bool,
+    /// fsType when the StorageClass sets none (default "")
+    #[argh(option, default = "String::new()")]
+    pub default_fstype: String,
+    /// API budget of the capacity client (accepted; capacity tracking is not implemented yet) (default 1)
+    #[argh(option, default = "1.0")]
+    pub kube_api_capacity_qps: f64,
+    /// burst of the capacity client (accepted) (default 5)
+    #[argh(option, default = "5")]
+    pub kube_api_capacity_burst: u32,
+    /// produce CSIStorageCapacity objects (not implemented yet: refused) (default false)
+    #[argh(switch)]
+    pub enable_capacity: bool,
+    /// capacity also for Immediate StorageClasses (accepted) (default false)
+    #[argh(switch)]
+    pub capacity_for_immediate_binding: bool,
+    /// capacity poll interval (accepted) (default 1m)
+    #[argh(option, default = "secs(60)", from_str_fn(duration))]
+    pub capacity_poll_interval: Duration,
+    /// capacity owner reference level (accepted) (default 1)
+    #[argh(option, default = "1")]
+    pub capacity_ownerref_level: i64,
+    /// per-node deployment (not implemented yet: refused) (default false)
+    #[argh(switch)]
+    pub node_deployment: bool,
+    /// node deployment: compete for Immediate PVCs (accepted) (default true)
+    #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
+    pub node_deployment_immediate_binding: bool,
+    /// node deployment base delay (accepted) (default 20s)
+    #[argh(option, default = "secs(20)", from_str_fn(duration))]
+    pub node_deployment_base_delay: Duration,
+    /// node deployment maximum delay (accepted) (default 1m)
+    #[argh(option, default = "secs(60)", from_str_fn(duration))]
+    pub node_deployment_max_delay: Duration,
+    /// PV spec.csi.readOnly when the PVC's only access mode is ReadOnlyMany (default false)
+    #[argh(switch)]
+    pub controller_publish_readonly: bool,
+    /// block snapshot restores that change volumeMode (accepted) (default true)
+    #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
+    pub prevent_volume_mode_conversion: bool,
+    /// feature gates k=v,k2=v2: Topology, CrossNamespaceVolumeDataSource, VolumeAttributesClass, ReleaseLeaderElectionOnExit
+    #[argh(option, default = "String::new()")]
+    pub feature_gates: String,
+}
+
+/// Shared flags upstream external-provisioner accepts, besides logging.
+pub const SHARED_FLAGS: &[&str] = &[
+    "csi-address",
+    "kubeconfig",
+    "http-endpoint",
+    "metrics-address",
+    "metrics-path",
+    "kube-api-qps",
+    "kube-api-burst",
+    "leader-election",
+    "leader-election-namespace",
+    "leader-election-lease-duration",
+    "leader-election-renew-deadline",
+    "leader-election-retry-period",
+    "leader-election-labels",
+    "enable-pprof",
+];
+
+/// Feature gates external-provisioner knows.
+pub const FEATURE_GATES: &[&str] =
+    &["Topology", "CrossNamespaceVolumeDataSource", "VolumeAttributesClass", "ReleaseLeaderElectionOnExit"];
+
+/// Checks `--feature-gates` (component-base syntax: `Name=true|false`, comma separated).
+pub fn parse_feature_gates(s: &str) -> Result<Vec<(String, bool)>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').ok_or_else(|| format!("missing bool value for {p}"))?;
+            if !FEATURE_GATES.contains(&k.trim()) {
+                return Err(format!("unrecognized feature gate: {}", k.trim()));
+            }
+            let v = crate::cli::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {k}={v}"))?;
+            Ok((k.trim().to_string(), v))
+        })
+        .collect()
+}
+
+impl ProvisionerFlags {
+    /// Start-up checks (upstream exits 1 for these).
+    pub fn validate(&self) -> Result<Vec<String>, String> {
+        if self.volume_name_prefix.is_empty() {
+            return Err("volume name prefix cannot be of length 0".into());
+        }
+        if self.worker_threads == 0 {
+            return Err("--worker-threads must be greater than 0".into());
+        }
+        if self.enable_capacity {
+            return Err("--enable-capacity is not implemented by csi-sidecar yet".into());
+        }
+        if self.node_deployment {
+            return Err("--node-deployment is not implemented by csi-sidecar yet".into());
+        }
+        let gates = parse_feature_gates(&self.feature_gates)?;
+        let mut notes = Vec::new();
+        for (gate, on) in gates {
+            if gate == "CrossNamespaceVolumeDataSource" && on {
+                notes.push("feature gate CrossNamespaceVolumeDataSource is accepted but has no effect yet".to_string());
+            }
+        }
+        Ok(notes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feature_gates() {
+        assert_eq!(parse_feature_gates("Topology=true, VolumeAttributesClass=false").unwrap().len(), 2);
+        assert_eq!(parse_feature_gates("").unwrap(), vec![]);
+        assert!(parse_feature_gates("Nope=true").unwrap_err().contains("unrecognized feature gate: Nope"));
+        assert!(parse_feature_gates("Topology").is_err());
+        assert!(parse_feature_gates("Topology=maybe").is_err());
+    }
+}
