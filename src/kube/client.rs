@@ -194,7 +194,8 @@ mod tests {
         }
         // 1 burst token, then 5 more at 50/s: at least 100 ms.
         assert!(start.elapsed() >= Duration::from_millis(95), "{:?}", start.elapsed());
-        let mut unlimited = RateLimitLayer::new(-1.0, 1).layer(tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) }));
+        let mut unlimited = RateLimitLayer::new(-1.0, 1)
+            .layer(tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) }));
         let start = Instant::now();
         for _ in 0..100 {
             tower::ServiceExt::ready(&mut unlimited).await.expect("ready");

@@ -111,7 +111,13 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
             seq: 0,
         };
         WorkQueue {
-            inner: Arc::new(Inner { name, backoff, state: Mutex::new(state), ready: Notify::new(), timer: Notify::new() }),
+            inner: Arc::new(Inner {
+                name,
+                backoff,
+                state: Mutex::new(state),
+                ready: Notify::new(),
+                timer: Notify::new(),
+            }),
         }
     }
 
