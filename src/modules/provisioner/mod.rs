@@ -396,9 +396,12 @@ impl Provisioner {
             return Outcome::Retry;
         }
         tracing::info!(pv = %name, volume = %handle, "Deleted volume");
+        let mut current = pv.clone();
         if pv.metadata.deletion_timestamp.is_none() {
             match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
+                // Still there because of finalizers: drop ours from this version.
+                Ok(either::Either::Left(deleting)) => current = deleting,
+                Ok(either::Either::Right(_)) => return Outcome::Done,
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
                     failed(&format!("error deleting PersistentVolume {name}: {e}"));
@@ -406,7 +409,7 @@ impl Provisioner {
                 }
             }
         }
-        patch_finalizers(api, pv, false).await
+        patch_finalizers(api, &current, false).await
     }
 
     /// The provisioner secret for DeleteVolume: from the PV's annotations,
