@@ -1,11 +1,14 @@
 //! Test support for csi-sidecar: the built binary under its upstream names,
 //! the real CSI driver (built from the Go module proxy), an in-process
-//! fault-injecting CSI driver, and small HTTP/gRPC helpers.
+//! fault-injecting CSI driver, a real Kubernetes control plane ([`cluster`])
+//! with Kubernetes test helpers ([`kube_support`]), and small HTTP/gRPC helpers.
 //!
 //! Everything listens on 127.0.0.1 or on unix sockets in temporary dirs.
 
+pub mod cluster;
 pub mod fault_driver;
 pub mod http;
+pub mod kube_support;
 pub mod process;
 
 use std::{
@@ -54,12 +57,26 @@ pub fn component_bin(component: &str) -> PathBuf {
         return PathBuf::from(p);
     }
     let script = workspace_root().join("integration/scripts/build-components.sh");
-    let out = std::process::Command::new("bash")
+    let mut child = std::process::Command::new("bash")
         .arg(&script)
         .args(["--print-path", component])
-        .stderr(std::process::Stdio::inherit())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run build-components.sh");
+    // Pass the build's progress through, but not the "cached: <path>" line of
+    // every call.
+    let stderr = child.stderr.take().expect("stderr pipe");
+    let forward = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !line.starts_with("cached: ") {
+                eprintln!("{line}");
+            }
+        }
+    });
+    let out = child.wait_with_output().expect("run build-components.sh");
+    let _ = forward.join();
     assert!(out.status.success(), "building {component} failed");
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert!(path.exists(), "{component}: {} does not exist", path.display());

@@ -1,0 +1,275 @@
+//! The real control plane of `csi_sidecar_integration::cluster`: the PV binder
+//! and protection controllers, the attach-detach controller, minted credentials
+//! under RBAC, and teardown without leftovers.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use csi_sidecar_integration::{
+    cluster::{ClusterInfo, ControlPlane, Identity},
+    kube_support::{
+        TestNamespace, create, csi_node, csi_pv, is_status, node, pod, pvc, storage_class, wait_deleted, wait_for,
+    },
+};
+use k8s_openapi::api::{
+    core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
+    storage::v1::{CSINode, StorageClass, VolumeAttachment},
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+};
+
+const T: Duration = Duration::from_secs(30);
+const DRIVER: &str = "fake.csi.example.com";
+
+fn alive(pid: u32) -> bool {
+    // Zombies count as gone: they hold no resources but the PID.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
+        Err(_) => false,
+    }
+}
+
+fn assert_all_gone(info: &ClusterInfo, within: Duration) {
+    let start = Instant::now();
+    let pids = info.pids.components();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(start.elapsed() < within, "still alive after {within:?}: {:?}", info.pids);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn pv_binder_binds_and_protection_finalizers_are_released() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "binder").await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+
+    // A class that nothing provisions: binding to the pre-created PV only.
+    let class = ns.scoped("class");
+    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&class, DRIVER)).await;
+    let pv_name = ns.scoped("pv");
+    let mut pv = csi_pv(&pv_name, DRIVER, &format!("handle-{pv_name}"), "1Mi");
+    pv.spec.as_mut().unwrap().storage_class_name = Some(class.clone());
+    create(&pvs, &pv).await;
+    let claim = create(&pvcs, &pvc("claim", Some(&class), "1Mi")).await;
+
+    let bound = wait_for(&pvcs, "claim", T, |c| {
+        c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(pv_name.as_str())
+    })
+    .await;
+    let pv = wait_for(&pvs, &pv_name, T, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            && p.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.uid.as_deref())
+                == claim.metadata.uid.as_deref()
+    })
+    .await;
+    let finalizers = |f: &Option<Vec<String>>| f.clone().unwrap_or_default();
+    assert!(
+        finalizers(&bound.metadata.finalizers).contains(&"kubernetes.io/pvc-protection".to_string()),
+        "{:?}",
+        bound.metadata
+    );
+    assert!(
+        finalizers(&pv.metadata.finalizers).contains(&"kubernetes.io/pv-protection".to_string()),
+        "{:?}",
+        pv.metadata
+    );
+
+    // Deletion completes only if the real protection controllers release the finalizers.
+    pvcs.delete("claim", &DeleteParams::default()).await.unwrap();
+    wait_deleted(&pvcs, "claim", T).await;
+    wait_for(&pvs, &pv_name, T, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released")).await;
+    pvs.delete(&pv_name, &DeleteParams::default()).await.unwrap();
+    wait_deleted(&pvs, &pv_name, T).await;
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn attach_detach_controller_creates_and_deletes_volume_attachments() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "adc").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let pods: Api<Pod> = ns.api();
+
+    // Node first: the ADC skips pods on nodes it does not manage yet.
+    let node_name = ns.scoped("node");
+    create(&nodes, &node(&node_name, &[("topology.example.com/node", &node_name)])).await;
+    create(
+        &Api::<CSINode>::all(client.clone()),
+        &csi_node(&node_name, DRIVER, &format!("id-{node_name}"), &["topology.example.com/node"]),
+    )
+    .await;
+    // Pre-bound pair: PVC with volumeName, storage class "".
+    let pv_name = ns.scoped("pv");
+    let handle = format!("handle-{pv_name}");
+    create(&pvs, &csi_pv(&pv_name, DRIVER, &handle, "1Mi")).await;
+    let mut claim = pvc("claim", None, "1Mi");
+    claim.spec.as_mut().unwrap().volume_name = Some(pv_name.clone());
+    create(&pvcs, &claim).await;
+    wait_for(&pvcs, "claim", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+
+    create(&pods, &pod("consumer", &node_name, "claim")).await;
+    let ours = |va: &VolumeAttachment| {
+        va.spec.node_name == node_name && va.spec.source.persistent_volume_name.as_deref() == Some(pv_name.as_str())
+    };
+    let start = Instant::now();
+    let va = loop {
+        let list = vas.list(&ListParams::default()).await.unwrap();
+        if let Some(va) = list.items.into_iter().find(|v| ours(v)) {
+            break va;
+        }
+        assert!(start.elapsed() < T, "no VolumeAttachment for {pv_name} on {node_name} after {T:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let va_name = va.metadata.name.clone().unwrap();
+    assert!(va_name.starts_with("csi-"), "{va_name}");
+    assert_eq!(va.spec.attacher, DRIVER);
+
+    // Play the external attacher: report it attached; the ADC records it on the Node.
+    let status = serde_json::json!({"status": {"attached": true}});
+    vas.patch_status(&va_name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    let unique = format!("kubernetes.io/csi/{DRIVER}^{handle}");
+    wait_for(&nodes, &node_name, T, |n| {
+        n.status.as_ref().and_then(|s| s.volumes_attached.as_ref()).is_some_and(|v| v.iter().any(|a| a.name == unique))
+    })
+    .await;
+
+    // Force-delete the pod (no kubelet would ever finish a graceful delete): detach.
+    pods.delete("consumer", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    wait_deleted(&vas, &va_name, T).await;
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn minted_credentials_obey_rbac() {
+    let cp = ControlPlane::shared();
+    let admin = cp.client().await;
+    let ns = TestNamespace::new(&admin, "rbac").await;
+    let sa = Identity::service_account(ns.name(), "reader");
+    let group = ns.scoped("readers");
+    let user = Identity::user(&ns.scoped("alice"), &[&group]);
+
+    for who in [&sa, &user] {
+        let client = cp.client_as(who).await;
+        let err = Api::<PersistentVolume>::all(client).list(&ListParams::default()).await.unwrap_err();
+        assert!(is_status(&err, 403), "{who:?} without bindings: {err}");
+    }
+
+    let role = ns.scoped("pv-lister");
+    let cr = ClusterRole {
+        metadata: kube::api::ObjectMeta { name: Some(role.clone()), ..Default::default() },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["persistentvolumes".to_string()]),
+            verbs: vec!["list".to_string()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    create(&Api::<ClusterRole>::all(admin.clone()), &cr).await;
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta { name: Some(role.clone()), ..Default::default() },
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "ClusterRole".into(), name: role },
+        subjects: Some(vec![
+            Subject {
+                kind: "ServiceAccount".into(),
+                name: "reader".into(),
+                namespace: Some(ns.name().to_string()),
+                ..Default::default()
+            },
+            Subject {
+                kind: "Group".into(),
+                name: group,
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Default::default()
+            },
+        ]),
+    };
+    create(&Api::<ClusterRoleBinding>::all(admin.clone()), &binding).await;
+
+    for who in [&sa, &user] {
+        let pvs = Api::<PersistentVolume>::all(cp.client_as(who).await);
+        // The RBAC authorizer learns about the binding through its informer: poll.
+        let start = Instant::now();
+        loop {
+            match pvs.list(&ListParams::default()).await {
+                Ok(_) => break,
+                Err(e) if is_status(&e, 403) && start.elapsed() < T => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("{who:?} with a binding: {e}"),
+            }
+        }
+        // Only what was granted.
+        let err = pvs.get("anything").await.unwrap_err();
+        assert!(is_status(&err, 403), "{who:?} get: {err}");
+    }
+    ns.delete().await;
+}
+
+#[test]
+fn stopping_a_control_plane_leaves_no_process_or_run_dir() {
+    let cp = ControlPlane::start();
+    let info = cp.info().clone();
+    assert!(info.pids.components().iter().all(|&p| p > 0 && alive(p)), "{:?}", info.pids);
+    assert!(info.kubeconfig.is_file() && info.log_dir.join("kube-apiserver.log").is_file());
+    assert!(info.startup_ms.kcm > 0, "{:?}", info.startup_ms);
+    let launcher = cp.launcher_pid().unwrap();
+
+    // Closing stdin (what dropping does) stops the cluster.
+    let start = Instant::now();
+    let status = cp.stop().expect("the launcher exits by itself");
+    assert!(status.success(), "launcher exit status {status}");
+    assert!(!alive(launcher));
+    assert_all_gone(&info, Duration::from_secs(5));
+    eprintln!("stopped in {:?}", start.elapsed());
+    if std::env::var_os(csi_sidecar_integration::cluster::KEEP_ENV).is_none() {
+        // (Kept only if marked failed, e.g. by a concurrent test's panic.)
+        let marked = info.run_dir.join(csi_sidecar_integration::cluster::FAILED_MARKER).exists();
+        assert!(!info.run_dir.exists() || marked, "a clean run's dir is deleted: {}", info.run_dir.display());
+    }
+}
+
+#[test]
+fn killing_the_parent_tears_the_cluster_down() {
+    // The launcher's parent is a bash holding the write end of its stdin (a
+    // coproc, as documented for shell use); SIGKILL the bash.
+    let script = r#"coproc CLUSTER { "$0" serve --quiet; }
+read -r line <&"${CLUSTER[0]}" || exit 1
+printf '%s\n' "$line"
+read -r _"#;
+    let mut bash = Command::new("bash")
+        .args(["-c", script])
+        .arg(csi_sidecar_integration::cluster::launcher_bin())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(bash.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let info: ClusterInfo = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert!(info.pids.components().iter().all(|&p| alive(p)));
+
+    bash.kill().unwrap();
+    bash.wait().unwrap();
+    // The launcher is reparented; it notices EOF and stops everything in order.
+    let start = Instant::now();
+    while alive(info.pids.launcher) {
+        assert!(start.elapsed() < Duration::from_secs(30), "launcher still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_all_gone(&info, Duration::from_secs(5));
+}
