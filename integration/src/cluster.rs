@@ -650,7 +650,7 @@ async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
     Ok(client.request_text(req).await?)
 }
 
-/// Polls `probe` every 100 ms until it returns `Ok(true)`; fails early when the
+/// Polls `probe` every 50 ms until it returns `Ok(true)`; fails early when the
 /// component exits, and after `timeout` with the last error.
 async fn wait_ready(
     comp: &mut Component,
@@ -681,7 +681,7 @@ async fn wait_ready(
                 comp.log_tail(30)
             );
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -747,6 +747,9 @@ async fn start_components(run_dir: &Path, log: &Log, running: &mut Running, t0: 
         format!("--initial-advertise-peer-urls={peer_url}"),
         format!("--initial-cluster=itest={peer_url}"),
         "--unsafe-no-fsync".into(),
+        // One member on loopback: elect it quickly.
+        "--heartbeat-interval=20".into(),
+        "--election-timeout=200".into(),
         "--log-level=warn".into(),
     ];
     running.comps.push(Component::spawn("etcd", &etcd_bin, &args, &log_dir)?);
@@ -1124,14 +1127,19 @@ impl ControlPlane {
     /// With `$CSI_SIDECAR_CLUSTER_INFO` pointing at the `cluster.json` of a running
     /// cluster, that one is used instead (and left running).
     pub fn shared() -> &'static ControlPlane {
-        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
-        SHARED.get_or_init(|| match std::env::var_os(ATTACH_ENV) {
-            Some(path) if !path.is_empty() => {
-                let info = ClusterInfo::read(Path::new(&path)).unwrap_or_else(|e| panic!("{ATTACH_ENV}: {e:#}"));
-                ControlPlane { info, launcher: Mutex::new(None) }
-            }
-            _ => ControlPlane::start(),
-        })
+        // A failed start is remembered: the other tests fail fast with the same reason.
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| match std::env::var_os(ATTACH_ENV) {
+            Some(path) if !path.is_empty() => match ClusterInfo::read(Path::new(&path)) {
+                Ok(info) => Ok(ControlPlane { info, launcher: Mutex::new(None) }),
+                Err(e) => Err(format!("{ATTACH_ENV}: {e:#}")),
+            },
+            _ => ControlPlane::try_start().map_err(|e| format!("{e:#}")),
+        });
+        match shared {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the shared control plane failed: {e}"),
+        }
     }
 
     /// What the launcher reported.
