@@ -9,19 +9,22 @@ use std::{
 };
 
 use csi_sidecar_integration::{
-    cluster::{ClusterInfo, ControlPlane, Identity},
+    cluster::{ClusterInfo, ControlPlane, Identity, launcher_bin},
     kube_support::{
-        TestNamespace, create, csi_node, csi_pv, is_status, node, pod, pvc, storage_class, wait_deleted, wait_for,
+        TestNamespace, client_from_kubeconfig, create, csi_node, csi_pv, is_status, node, pod, pvc, storage_class,
+        wait_deleted, wait_for,
     },
+    process::run_to_end,
 };
 use k8s_openapi::api::{
+    authentication::v1::SelfSubjectReview,
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod},
     rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
     storage::v1::{CSINode, StorageClass, VolumeAttachment},
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -160,10 +163,23 @@ async fn minted_credentials_obey_rbac() {
     let ns = TestNamespace::new(&admin, "rbac").await;
     let sa = Identity::service_account(ns.name(), "reader");
     let group = ns.scoped("readers");
-    let user = Identity::user(&ns.scoped("alice"), &[&group]);
+    let user = Identity::user(&ns.scoped("alice"), &[&group, "another-group"]);
 
     for who in [&sa, &user] {
         let client = cp.client_as(who).await;
+        // The apiserver sees exactly the minted user and groups.
+        let review = Api::<SelfSubjectReview>::all(client.clone())
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+            .unwrap();
+        let seen = review.status.and_then(|s| s.user_info).unwrap();
+        assert_eq!(seen.username.as_deref(), Some(who.username().as_str()));
+        let mut groups = who.groups();
+        if !groups.iter().any(|g| g == "system:authenticated") {
+            groups.push("system:authenticated".to_string());
+        }
+        assert_eq!(seen.groups.unwrap_or_default(), groups, "{who:?}");
+
         let err = Api::<PersistentVolume>::all(client).list(&ListParams::default()).await.unwrap_err();
         assert!(is_status(&err, 403), "{who:?} without bindings: {err}");
     }
@@ -220,6 +236,52 @@ async fn minted_credentials_obey_rbac() {
     ns.delete().await;
 }
 
+#[tokio::test]
+async fn cluster_mint_writes_a_kubeconfig_for_the_identity() {
+    let cp = ControlPlane::shared();
+    let run_dir = cp.info().run_dir.display().to_string();
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("bob.kubeconfig");
+    let (code, stdout, stderr) = run_to_end(
+        &launcher_bin(),
+        &[
+            "mint",
+            "--run-dir",
+            &run_dir,
+            "--user",
+            "bob",
+            "--group",
+            "g1",
+            "--group",
+            "g2",
+            "--out",
+            path.to_str().unwrap(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), path.to_str().unwrap());
+    let client = client_from_kubeconfig(&path).await;
+    let review = Api::<SelfSubjectReview>::all(client)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    let seen = review.status.and_then(|s| s.user_info).unwrap();
+    assert_eq!(seen.username.as_deref(), Some("bob"));
+    assert_eq!(seen.groups.unwrap_or_default(), ["g1", "g2", "system:authenticated"]);
+
+    let (code, stdout, stderr) = run_to_end(
+        &launcher_bin(),
+        &["mint", "--run-dir", &run_dir, "--service-account", "ns1/sa1"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.trim().ends_with("users/sa-ns1-sa1.kubeconfig"), "{stdout}");
+    let (code, _, stderr) = run_to_end(&launcher_bin(), &["mint", "--run-dir", &run_dir], Duration::from_secs(10));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("exactly one of --user and --service-account"), "{stderr}");
+}
+
 #[test]
 fn stopping_a_control_plane_leaves_no_process_or_run_dir() {
     let cp = ControlPlane::start();
@@ -253,7 +315,7 @@ printf '%s\n' "$line"
 read -r _"#;
     let mut bash = Command::new("bash")
         .args(["-c", script])
-        .arg(csi_sidecar_integration::cluster::launcher_bin())
+        .arg(launcher_bin())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
