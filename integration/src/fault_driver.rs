@@ -14,9 +14,12 @@ use std::{
     time::Duration,
 };
 
+use std::collections::BTreeMap;
+
 use csi_sidecar::csi::proto::csi::v1::{
-    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
-    ProbeRequest, ProbeResponse,
+    self as csi, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, ProbeRequest, ProbeResponse,
+    controller_server::{Controller, ControllerServer},
     identity_server::{Identity, IdentityServer},
 };
 use tokio::{io::AsyncWriteExt, net::UnixListener};
@@ -48,6 +51,14 @@ pub struct Script {
     pub probe_delay: Duration,
     /// `GetPluginInfo` fails with this while set.
     pub plugin_info_error: Option<(Code, String)>,
+    /// Advertise the controller service with CREATE_DELETE_VOLUME.
+    pub controller: bool,
+    /// Delay before `CreateVolume` creates the volume and answers (the
+    /// volume is created even if the caller gave up meanwhile, like a real
+    /// backend).
+    pub create_delay: Duration,
+    /// `CreateVolume` fails with this (before creating anything) while set.
+    pub create_error: Option<(Code, String)>,
 }
 
 impl Default for Script {
@@ -57,6 +68,9 @@ impl Default for Script {
             probe: ProbeAnswer::Ready,
             probe_delay: Duration::ZERO,
             plugin_info_error: None,
+            controller: false,
+            create_delay: Duration::ZERO,
+            create_error: None,
         }
     }
 }
@@ -81,12 +95,20 @@ pub struct Counters {
     pub probes: AtomicU64,
     /// `GetPluginInfo` calls.
     pub plugin_infos: AtomicU64,
+    /// `CreateVolume` calls.
+    pub creates: AtomicU64,
+    /// `DeleteVolume` calls.
+    pub deletes: AtomicU64,
 }
+
+/// The backend: volumes by name (`CreateVolume` is idempotent by name).
+pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
 
 #[derive(Clone)]
 struct Service {
     script: Arc<Mutex<Script>>,
     counters: Arc<Counters>,
+    volumes: Volumes,
 }
 
 impl Service {
@@ -117,7 +139,15 @@ impl Identity for Service {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities: vec![] }))
+        use csi::plugin_capability::{Service as Svc, Type, service::Type as SvcType};
+        let capabilities = if self.script().controller {
+            vec![csi::PluginCapability {
+                r#type: Some(Type::Service(Svc { r#type: SvcType::ControllerService as i32 })),
+            }]
+        } else {
+            vec![]
+        };
+        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities }))
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
@@ -133,24 +163,83 @@ impl Identity for Service {
     }
 }
 
+#[tonic::async_trait]
+impl Controller for Service {
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        use csi::controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: vec![csi::ControllerServiceCapability {
+                r#type: Some(Type::Rpc(Rpc { r#type: RpcType::CreateDeleteVolume as i32 })),
+            }],
+        }))
+    }
+
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        self.counters.creates.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
+        let s = self.script();
+        if let Some((code, msg)) = s.create_error {
+            return Err(Status::new(code, msg));
+        }
+        // The backend finishes the operation even if the caller gives up
+        // (tonic drops this handler when the client cancels).
+        let (volumes, name, delay) = (self.volumes.clone(), req.name.clone(), s.create_delay);
+        let id = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let id = format!("fault-{name}");
+            volumes.lock().expect("volumes").entry(name).or_insert(id).clone()
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        let bytes = req.capacity_range.map_or(0, |c| c.required_bytes);
+        Ok(Response::new(csi::CreateVolumeResponse {
+            volume: Some(csi::Volume { volume_id: id, capacity_bytes: bytes, ..Default::default() }),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        self.counters.deletes.fetch_add(1, Ordering::SeqCst);
+        let id = req.into_inner().volume_id;
+        self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+}
+
 /// A running fault driver; stopped (and its socket removed) on drop.
 pub struct FaultDriver {
     socket: PathBuf,
     script: Arc<Mutex<Script>>,
     /// Counters.
     pub counters: Arc<Counters>,
+    /// The volumes that exist in the backend.
+    pub volumes: Volumes,
     stop: CancellationToken,
 }
 
 impl FaultDriver {
     /// Listens on `socket` (replacing a stale one).
     pub fn start(socket: &Path, transport: Transport, script: Script) -> FaultDriver {
+        Self::start_with(socket, transport, script, Arc::default())
+    }
+
+    /// Like [`FaultDriver::start`], over an existing backend: a driver
+    /// process restart that keeps its storage.
+    pub fn start_with(socket: &Path, transport: Transport, script: Script, volumes: Volumes) -> FaultDriver {
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket).expect("bind fault driver socket");
         let script = Arc::new(Mutex::new(script));
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
-        let svc = Service { script: script.clone(), counters: counters.clone() };
+        let svc = Service { script: script.clone(), counters: counters.clone(), volumes: volumes.clone() };
         let (stop2, counters2) = (stop.clone(), counters.clone());
         tokio::spawn(async move {
             let mut held = Vec::new();
@@ -161,7 +250,8 @@ impl FaultDriver {
             match transport {
                 Transport::Grpc => {
                     let _ = tonic::transport::Server::builder()
-                        .add_service(IdentityServer::new(svc))
+                        .add_service(IdentityServer::new(svc.clone()))
+                        .add_service(ControllerServer::new(svc))
                         .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
                         .await;
                 }
@@ -183,7 +273,7 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, stop }
+        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, stop }
     }
 
     /// Changes the script.
@@ -194,6 +284,16 @@ impl FaultDriver {
     /// `Probe` calls so far.
     pub fn probes(&self) -> u64 {
         self.counters.probes.load(Ordering::SeqCst)
+    }
+
+    /// Names of the volumes that exist in the backend.
+    pub fn volume_names(&self) -> Vec<String> {
+        self.volumes.lock().expect("volumes").keys().cloned().collect()
+    }
+
+    /// `CreateVolume` calls so far.
+    pub fn creates(&self) -> u64 {
+        self.counters.creates.load(Ordering::SeqCst)
     }
 
     /// Connections accepted so far.

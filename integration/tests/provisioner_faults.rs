@@ -1,0 +1,184 @@
+//! provisioner failures a real driver cannot be made to show, with the
+//! fault-injecting driver, against the real control plane.
+
+use std::{sync::Arc, time::Duration};
+
+use csi_sidecar_integration::{
+    cluster::ControlPlane,
+    fault_driver::{FaultDriver, Script, Transport},
+    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_for},
+    process::Proc,
+    symlinked_bin, wait_until,
+};
+use k8s_openapi::api::{
+    core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
+    storage::v1::StorageClass,
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams},
+};
+use tonic::Code;
+
+const T: Duration = Duration::from_secs(60);
+
+struct Env {
+    dir: tempfile::TempDir,
+    driver_name: String,
+    ns: TestNamespace,
+    sc: String,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let cp = ControlPlane::shared();
+        let ns = TestNamespace::new(&cp.client().await, prefix).await;
+        let driver_name = format!("{}.fault.example.com", unique_name("f"));
+        let sc = ns.scoped("sc");
+        create(&Api::<StorageClass>::all(ns.client().clone()), &storage_class(&sc, &driver_name)).await;
+        Env { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns, sc }
+    }
+
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+
+    fn script(&self) -> Script {
+        Script { name: self.driver_name.clone(), controller: true, ..Script::default() }
+    }
+
+    fn provisioner(&self, name: &str, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            format!("--csi-address={}", self.socket().display()),
+            format!("--kubeconfig={}", ControlPlane::shared().kubeconfig().display()),
+            "-v=4".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Proc::spawn(name, &symlinked_bin(self.dir.path(), "csi-provisioner"), &args, self.dir.path())
+    }
+
+    async fn events(&self, reason: &str) -> Vec<String> {
+        let api: Api<Event> = self.ns.api();
+        api.list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.message.unwrap_or_default())
+            .collect()
+    }
+
+    async fn our_pvs(&self) -> Vec<PersistentVolume> {
+        Api::<PersistentVolume>::all(self.ns.client().clone())
+            .list(&ListParams::default())
+            .await
+            .expect("list PVs")
+            .items
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|c| c.driver == self.driver_name))
+            .collect()
+    }
+}
+
+/// external-provisioner#311: a CreateVolume that timed out may still create
+/// the volume; if the PVC is deleted meanwhile the volume must not leak.
+#[tokio::test]
+async fn a_timed_out_create_is_finished_and_cleaned_up_after_the_pvc_is_deleted() {
+    let env = Env::new("timeout").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { create_delay: Duration::from_secs(3), ..env.script() },
+    );
+    let _p =
+        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
+    create(&env.ns.api(), &pvc("slow", Some(&env.sc), "1Mi")).await;
+    wait_until("a DeadlineExceeded event", T, async || {
+        let e = env.events("ProvisioningFailed").await;
+        (e.iter().any(|m| m.contains("DeadlineExceeded")), e)
+    })
+    .await;
+    // The backend created the volume after the caller gave up.
+    wait_until("the volume to exist in the backend", T, async || {
+        let v = driver.volume_names();
+        (!v.is_empty(), v)
+    })
+    .await;
+    Api::<PersistentVolumeClaim>::namespaced(env.ns.client().clone(), env.ns.name())
+        .delete("slow", &DeleteParams::default())
+        .await
+        .expect("delete PVC");
+    driver.update(|s| s.create_delay = Duration::ZERO);
+    wait_until("the backend to be empty again", T, async || {
+        let v = driver.volume_names();
+        (v.is_empty(), (v, driver.counters.deletes.load(std::sync::atomic::Ordering::SeqCst)))
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty(), "no PV for a deleted PVC");
+}
+
+#[tokio::test]
+async fn invalid_argument_is_retried_only_after_the_maximum_interval() {
+    let env = Env::new("invalid").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { create_error: Some((Code::InvalidArgument, "bad size".into())), ..env.script() },
+    );
+    let _p = env.provisioner("provisioner", &["--retry-interval-start=100ms", "--retry-interval-max=4s"]);
+    create(&env.ns.api(), &pvc("infeasible", Some(&env.sc), "1Mi")).await;
+    wait_until("the first CreateVolume", T, async || (driver.creates() >= 1, driver.creates())).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(driver.creates(), 1, "InvalidArgument must wait --retry-interval-max, not the 100 ms backoff");
+    let msgs = env.events("ProvisioningFailed").await;
+    assert!(msgs.iter().any(|m| m.contains("rpc error: code = InvalidArgument desc = bad size")), "{msgs:?}");
+    driver.update(|s| s.create_error = None);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    wait_for(&pvcs, "infeasible", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+}
+
+/// A driver restart in the middle of a burst of 50 PVCs: every PVC ends
+/// Bound, with exactly one backend volume each.
+#[tokio::test]
+async fn driver_restart_mid_burst_binds_everything_once() {
+    let env = Env::new("burst").await;
+    let script = Script { create_delay: Duration::from_millis(20), ..env.script() };
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, script.clone());
+    let volumes = driver.volumes.clone();
+    let _p = env.provisioner(
+        "provisioner",
+        &["--retry-interval-start=200ms", "--retry-interval-max=2s", "--worker-threads=10"],
+    );
+    for i in 0..50 {
+        create(&env.ns.api(), &pvc(&format!("burst-{i}"), Some(&env.sc), "1Mi")).await;
+    }
+    wait_until("some volumes before the restart", T, async || {
+        let n = volumes.lock().expect("volumes").len();
+        (n >= 5, n)
+    })
+    .await;
+    drop(driver);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _driver = FaultDriver::start_with(&env.socket(), Transport::Grpc, script, Arc::clone(&volumes));
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    wait_until("all 50 PVCs Bound", Duration::from_secs(120), async || {
+        let bound = pvcs
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count()
+            })
+            .unwrap_or(0);
+        (bound == 50, bound)
+    })
+    .await;
+    let pvs = env.our_pvs().await;
+    assert_eq!(pvs.len(), 50);
+    let mut handles: Vec<String> =
+        pvs.iter().filter_map(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone())).collect();
+    handles.sort();
+    handles.dedup();
+    assert_eq!(handles.len(), 50, "every PV has its own backend volume");
+    assert_eq!(volumes.lock().expect("volumes").len(), 50, "no duplicate backend volumes");
+}
