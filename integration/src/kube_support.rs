@@ -54,10 +54,11 @@ pub fn unique_name(prefix: &str) -> String {
     name
 }
 
-/// A namespace created for one test. Delete it with [`TestNamespace::delete`]; a
-/// dropped one is deleted best-effort on a helper thread. (The control plane runs no
-/// namespace controller, so a deleted namespace stays `Terminating` with its
-/// contents; only its name is taken.)
+/// A namespace created for one test. Delete it with [`TestNamespace::delete`] at the
+/// end of the test; dropping it only queues the deletion on the current runtime
+/// (lost if that runtime ends first). The control plane runs no namespace
+/// controller, so a deleted namespace stays `Terminating` with its contents; the
+/// deletion only marks it.
 pub struct TestNamespace {
     client: Client,
     name: String,
@@ -111,20 +112,16 @@ impl Drop for TestNamespace {
         if self.deleted {
             return;
         }
-        // The test's runtime may be gone: delete from a thread with its own runtime
-        // (the client's connection pool belongs to the old one, so a fresh request
-        // path is needed; failures are ignored).
-        let client = self.client.clone();
-        let name = self.name.clone();
-        let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-            rt.block_on(async {
-                let api = Api::<Namespace>::all(client);
-                let dp = DeleteParams::default();
-                let _ = tokio::time::timeout(Duration::from_secs(5), api.delete(&name, &dp)).await;
+        // Best effort without blocking: the client's connections are driven by the
+        // test's runtime, so the request is queued there (it is lost if the runtime
+        // ends right after, e.g. at the end of the test: call `delete().await`).
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let api = Api::<Namespace>::all(self.client.clone());
+            let name = self.name.clone();
+            handle.spawn(async move {
+                let _ = api.delete(&name, &DeleteParams::default()).await;
             });
-        });
-        let _ = handle.join();
+        }
     }
 }
 
