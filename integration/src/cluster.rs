@@ -527,7 +527,9 @@ struct Log {
 impl Log {
     fn line(&self, important: bool, msg: &str) {
         if important || !self.quiet {
-            eprintln!("cluster: {msg}");
+            // Not eprintln!: a closed stderr (a reader that went away) must not
+            // panic the launcher in the middle of a teardown.
+            let _ = writeln!(std::io::stderr(), "cluster: {msg}");
         }
         if let Ok(mut guard) = self.file.lock()
             && let Some(f) = guard.as_mut()
@@ -994,7 +996,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     } else {
         drop(log);
         if let Err(e) = std::fs::remove_dir_all(&run_dir) {
-            eprintln!("cluster: could not delete {}: {e}", run_dir.display());
+            let _ = writeln!(std::io::stderr(), "cluster: could not delete {}: {e}", run_dir.display());
         }
     }
     Ok(if failed { 1 } else { 0 })
