@@ -7,9 +7,8 @@ cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-step "building the test components (cached after the first run)"
-CSI_SIDECAR_CSI_MOCK_DRIVER=$(bash integration/scripts/build-components.sh --print-path csi-mock-driver)
-export CSI_SIDECAR_CSI_MOCK_DRIVER
+step "building the real components from the Go module proxy (cached after the first run)"
+bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -21,4 +20,21 @@ step "cargo build"
 cargo build --workspace --bins
 
 step "cargo test"
-cargo test --workspace
+# Integration tests share one control plane per test binary. Keep its run
+# directories (component logs) so a failure can be diagnosed; print their log
+# tails on failure, remove them on success.
+export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR="$PWD/target/test-cluster-runs"
+rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
+if ! cargo test --workspace; then
+	for d in "$CSI_SIDECAR_CLUSTER_DIR"/*/; do
+		[[ -d "$d" ]] || continue
+		printf '\n----- control-plane run %s -----\n' "$d" >&2
+		for f in "$d"logs/*.log; do
+			[[ -f "$f" ]] || continue
+			printf -- '--- %s (last 30 lines)\n' "$f" >&2
+			tail -n 30 "$f" >&2
+		done
+	done
+	exit 1
+fi
+rm -rf "$CSI_SIDECAR_CLUSTER_DIR"

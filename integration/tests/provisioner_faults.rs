@@ -182,3 +182,65 @@ async fn driver_restart_mid_burst_binds_everything_once() {
     assert_eq!(handles.len(), 50, "every PV has its own backend volume");
     assert_eq!(volumes.lock().expect("volumes").len(), 50, "no duplicate backend volumes");
 }
+
+/// Two replicas with leader election; the leader is killed with SIGKILL in
+/// the middle of a burst: the other takes over within the lease duration and
+/// every PVC ends Bound with exactly one backend volume.
+#[tokio::test]
+async fn leader_killed_mid_burst_hands_over_without_duplicates() {
+    let env = Env::new("failover").await;
+    let script = Script { create_delay: Duration::from_millis(100), ..env.script() };
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, script);
+    let le = [
+        "--leader-election",
+        &format!("--leader-election-namespace={}", env.ns.name()),
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=3s",
+        "--leader-election-retry-period=1s",
+        "--worker-threads=4",
+        "--retry-interval-start=200ms",
+        "--retry-interval-max=2s",
+    ];
+    let mut a = env.provisioner("provisioner-a", &le);
+    let mut b = env.provisioner("provisioner-b", &le);
+    let leads = |p: &Proc| p.logs().contains("successfully acquired lease");
+    wait_until("one leader", T, async || (leads(&a) || leads(&b), ())).await;
+    assert!(!(leads(&a) && leads(&b)), "exactly one leader");
+    let lease_name = env.driver_name.replace('.', "-");
+    let lease: k8s_openapi::api::coordination::v1::Lease = Api::namespaced(env.ns.client().clone(), env.ns.name())
+        .get(&lease_name)
+        .await
+        .expect("Lease with upstream's name");
+    assert!(lease.spec.and_then(|s| s.holder_identity).is_some_and(|h| !h.is_empty()));
+
+    for i in 0..30 {
+        create(&env.ns.api(), &pvc(&format!("ha-{i}"), Some(&env.sc), "1Mi")).await;
+    }
+    wait_until("provisioning under way", T, async || {
+        let n = driver.volume_names().len();
+        (n >= 5, n)
+    })
+    .await;
+    let (leader, standby) = if leads(&a) { (&mut a, &b) } else { (&mut b, &a) };
+    leader.signal(nix::sys::signal::Signal::SIGKILL);
+    let killed_at = std::time::Instant::now();
+    wait_until("the standby to take over", T, async || (leads(standby), ())).await;
+    let handover = killed_at.elapsed();
+    assert!(handover < Duration::from_secs(10), "took over after {handover:?} (lease 4s, retry 1s)");
+
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    wait_until("all 30 PVCs Bound", Duration::from_secs(120), async || {
+        let bound = pvcs
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count()
+            })
+            .unwrap_or(0);
+        (bound == 30, bound)
+    })
+    .await;
+    let pvs = env.our_pvs().await;
+    assert_eq!(pvs.len(), 30);
+    assert_eq!(driver.volume_names().len(), 30, "exactly one backend volume per PVC");
+}

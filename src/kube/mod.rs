@@ -85,6 +85,11 @@ impl KubeContext {
             return Ok(None);
         }
         let mut cfg = leader::LeaderElectionConfig::resolve(lock_name, self.leader.namespace.as_deref())?;
+        // Upstream uses the bare host name, so two replicas sharing a host
+        // name (hostNetwork pods on one node, or processes on one machine)
+        // would both lead. A per-process suffix, as kube-controller-manager
+        // uses, keeps identities unique.
+        cfg.identity = leader::sanitize_lease_name(&format!("{}_{}", cfg.identity, instance_suffix()));
         if let Some(d) = self.leader.lease_duration {
             cfg.lease_duration = d;
         }
@@ -98,4 +103,13 @@ impl KubeContext {
         cfg.validate()?;
         Ok(Some(leader::LeaderElector::new(self.leader_client.clone(), cfg)))
     }
+}
+
+/// Eight hex digits that differ between processes (pid and start time).
+fn instance_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    format!("{:08x}", h.finish() as u32)
 }
