@@ -41,7 +41,7 @@ async fn healthz(p: &Prober) -> Reply {
 }
 
 async fn healthz_until(p: &Prober, want: (u16, &str)) -> Reply {
-    wait_until(&format!("/healthz {want:?}"), Duration::from_secs(15), async || {
+    wait_until(&format!("/healthz {want:?}"), Duration::from_secs(30), async || {
         let r = get(&p.addr, "/healthz").await;
         let ok = matches!(&r, Ok(r) if r.status == want.0 && r.body == want.1);
         (ok, r)
@@ -161,7 +161,7 @@ async fn real_driver_killed_and_restarted() {
     healthz_until(&p, (200, "ok")).await;
 
     driver.kill();
-    let r = wait_until("/healthz 500 after the driver died", Duration::from_secs(15), async || {
+    let r = wait_until("/healthz 500 after the driver died", Duration::from_secs(30), async || {
         let r = get(&p.addr, "/healthz").await;
         (matches!(&r, Ok(r) if r.status == 500), r)
     })
@@ -171,7 +171,7 @@ async fn real_driver_killed_and_restarted() {
 
     let _driver = Proc::spawn("csi-mock-driver-2", &driver_bin, &args, p.socket.parent().expect("dir"));
     healthz_until(&p, (200, "ok")).await;
-    wait_until("the real driver's name in the metrics", Duration::from_secs(15), async || {
+    wait_until("the real driver's name in the metrics", Duration::from_secs(30), async || {
         let m = get(&p.addr, "/metrics").await.map(|r| r.body).unwrap_or_default();
         (m.contains("driver_name=\"mock.csi.example.com\""), m)
     })

@@ -150,6 +150,8 @@ async fn provisions_binds_and_deletes_through_the_real_controllers() {
     let pvs: Api<PersistentVolume> = Api::all(ns.client().clone());
     wait_deleted(&pvs, pv.metadata.name.as_deref().unwrap_or_default(), T).await;
     wait_until("DeleteVolume", T, async || (s.calls_ok("DeleteVolume") >= 1, s.driver.logs())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(s.calls_ok("DeleteVolume"), 1, "exactly one DeleteVolume:\n{}", s.driver.logs());
     drop(s.dir);
     ns.delete().await;
 }

@@ -51,6 +51,9 @@ use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDeci
 use params::SecretRef;
 
 const NAME: &str = "provisioner";
+/// How long a deleted backend volume is remembered (stale cache events of
+/// its PV arrive within seconds).
+const DELETED_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
 /// DeleteVolume attempts when cleaning up a volume that cannot be used.
 const CLEANUP_ATTEMPTS: usize = 5;
 
@@ -76,6 +79,10 @@ struct Provisioner {
     classes: Store<StorageClass>,
     attachments: Option<Store<VolumeAttachment>>,
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// UIDs of PVs whose backend volume this process deleted: a later sync
+    /// of the same (deleting) PV only drops the finalizer.
+    /// Entries expire after [`DELETED_MEMORY`].
+    volume_deleted: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 fn claim_key(pvc: &PersistentVolumeClaim) -> String {
@@ -389,13 +396,21 @@ impl Provisioner {
             );
             return Outcome::Retry;
         }
-        let secrets = self.deletion_secrets(pv).await;
-        let handle = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).unwrap_or_default();
-        if let Err(s) = self.delete_volume(&handle, secrets).await {
-            failed(&status_text(&s));
-            return Outcome::Retry;
+        let uid = pv.metadata.uid.clone().unwrap_or_default();
+        let already = self.volume_deleted.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&uid);
+        if !already {
+            let secrets = self.deletion_secrets(pv).await;
+            let handle =
+                pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).unwrap_or_default();
+            if let Err(s) = self.delete_volume(&handle, secrets).await {
+                failed(&status_text(&s));
+                return Outcome::Retry;
+            }
+            tracing::info!(pv = %name, volume = %handle, "Deleted volume");
+            let mut deleted = self.volume_deleted.lock().unwrap_or_else(|e| e.into_inner());
+            deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            deleted.insert(uid.clone(), std::time::Instant::now());
         }
-        tracing::info!(pv = %name, volume = %handle, "Deleted volume");
         let mut current = pv.clone();
         if pv.metadata.deletion_timestamp.is_none() {
             match api.delete(&name, &DeleteParams::default()).await {
@@ -547,6 +562,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         classes: sc_inf.store(),
         attachments: va_inf.as_ref().map(|i| i.store()),
         in_flight: Mutex::default(),
+        volume_deleted: Mutex::default(),
         driver: driver.clone(),
         cfg,
     });
