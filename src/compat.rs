@@ -235,3 +235,23 @@ pub mod provisioner {
     /// See [`QUEUE_CLAIMS`].
     pub const QUEUE_VOLUMES: &str = "volumes";
 }
+
+/// external-attacher.
+pub mod attacher {
+    /// VolumeAttachment annotation with the node ID used for attach.
+    pub const ANN_NODE_ID: &str = "csi.alpha.kubernetes.io/node-id";
+    /// Finalizer on VolumeAttachments and PVs: `external-attacher/<sanitised driver>`.
+    pub fn finalizer(driver: &str) -> String {
+        format!("external-attacher/{}", crate::kube::leader::sanitize_lease_name(driver))
+    }
+    /// Lease name before sanitising.
+    pub fn lease_lock_name(driver: &str) -> String {
+        format!("external-attacher-leader-{driver}")
+    }
+    /// Work queue names: attaches keep upstream's name, detaches get their own.
+    pub const QUEUE_ATTACH: &str = "csi-attacher-va";
+    /// See [`QUEUE_ATTACH`].
+    pub const QUEUE_DETACH: &str = "csi-attacher-va-detach";
+    /// PV finalizer queue.
+    pub const QUEUE_PV: &str = "csi-attacher-pv";
+}

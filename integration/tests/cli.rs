@@ -36,7 +36,7 @@ fn unbuilt_modules_are_listed_and_refuse_to_start() {
     for line in ["provisioner", "attacher", "registrar", "prober"] {
         assert!(out.lines().any(|l| l.starts_with(line)), "{line} not listed:\n{out}");
     }
-    for name in ["csi-attacher", "csi-resizer"] {
+    for name in ["csi-resizer", "csi-snapshotter"] {
         let (code, _, err) = run_to_end(&symlinked_bin(dir.path(), name), &["--csi-address=/csi/csi.sock"], T);
         assert_eq!(code, Some(1), "{name}");
         assert!(err.contains("not built"), "{name}: {err}");

@@ -171,10 +171,10 @@ fn list_help_version() {
 
 #[test]
 fn unbuilt_modules_refuse_to_start() {
-    let (code, text) = exit("csi-attacher --csi-address=/x");
+    let (code, text) = exit("csi-resizer --csi-address=/x");
     assert_eq!(code, 1);
-    assert!(text.contains("attacher") && text.contains("not built"), "{text}");
-    let (code, _) = exit("csi-sidecar attacher");
+    assert!(text.contains("resizer") && text.contains("not built"), "{text}");
+    let (code, _) = exit("csi-sidecar snapshotter");
     assert_eq!(code, 1);
 }
 

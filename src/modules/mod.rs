@@ -1,6 +1,7 @@
 //! The modules, one per upstream sidecar, and the static table that names
 //! them. argv[0] and the subcommand both resolve through [`MODULES`].
 
+pub mod attacher;
 pub mod prober;
 pub mod provisioner;
 pub mod registrar;
@@ -16,6 +17,8 @@ pub enum ModuleConfig {
     Registrar(registrar::config::RegistrarFlags),
     /// external-provisioner.
     Provisioner(Box<provisioner::config::ProvisionerFlags>),
+    /// external-attacher.
+    Attacher(Box<attacher::config::AttacherFlags>),
 }
 
 /// How a module's own flags are parsed.
@@ -63,7 +66,13 @@ pub static MODULES: &[ModuleDesc] = &[
         binary_names: &["csi-attacher"],
         replaces: "external-attacher",
         summary: "ControllerPublish/Unpublish for VolumeAttachments",
-        flags: None,
+        flags: Some(FlagSpec {
+            info: attacher::config::AttacherFlags::get_args_info,
+            parse: |cmd, args| {
+                attacher::config::AttacherFlags::from_args(&[cmd], args).map(|f| ModuleConfig::Attacher(Box::new(f)))
+            },
+            shared: attacher::config::SHARED_FLAGS,
+        }),
     },
     ModuleDesc {
         name: "registrar",
@@ -115,6 +124,7 @@ impl ModuleConfig {
             ModuleConfig::Prober(_) => "prober",
             ModuleConfig::Registrar(_) => "registrar",
             ModuleConfig::Provisioner(_) => "provisioner",
+            ModuleConfig::Attacher(_) => "attacher",
         }
     }
 }
@@ -163,6 +173,9 @@ impl ModuleConfig {
             ModuleConfig::Provisioner(p) => {
                 p.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "provisioner", message })
             }
+            ModuleConfig::Attacher(a) => {
+                a.validate().map_err(|message| ModuleError::Config { module: "attacher", message })
+            }
         }
     }
 
@@ -171,7 +184,7 @@ impl ModuleConfig {
     pub fn early_exit(&self) -> Option<u8> {
         match self {
             ModuleConfig::Registrar(r) => registrar::early_exit(r),
-            ModuleConfig::Prober(_) | ModuleConfig::Provisioner(_) => None,
+            ModuleConfig::Prober(_) | ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_) => None,
         }
     }
 
@@ -181,12 +194,13 @@ impl ModuleConfig {
             ModuleConfig::Prober(p) => p.probe_timeout,
             ModuleConfig::Registrar(r) => r.timeout,
             ModuleConfig::Provisioner(p) => p.timeout,
+            ModuleConfig::Attacher(a) => a.timeout,
         }
     }
 
     /// Whether the module needs the Kubernetes client and informer cache.
     pub fn needs_kube(&self) -> bool {
-        matches!(self, ModuleConfig::Provisioner(_))
+        matches!(self, ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_))
     }
 
     /// `--master`, where the module has it.
@@ -203,6 +217,7 @@ impl ModuleConfig {
             ModuleConfig::Prober(c) => prober::run(c, ctx).await,
             ModuleConfig::Registrar(c) => registrar::run(c, ctx).await,
             ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
+            ModuleConfig::Attacher(c) => attacher::run(*c, ctx).await,
         }
     }
 }

@@ -1,0 +1,347 @@
+//! Attacher decisions: pure, table-tested.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::{
+    core::v1::PersistentVolume,
+    storage::v1::{CSINode, VolumeAttachment},
+};
+
+use crate::{
+    compat::attacher as up,
+    csi::{
+        DriverInfo,
+        proto::csi::v1::{
+            ControllerPublishVolumeRequest, VolumeCapability, controller_service_capability::rpc::Type as Rpc,
+            plugin_capability::service::Type as Svc, volume_capability,
+        },
+    },
+};
+
+/// Which handler the driver's capabilities call for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    /// No controller service or no PUBLISH_UNPUBLISH_VOLUME: mark attached.
+    Trivial,
+    /// ControllerPublish/Unpublish.
+    Csi,
+}
+
+/// Upstream's handler choice.
+pub fn handler(driver: &DriverInfo) -> Handler {
+    if driver.has_plugin_service(Svc::ControllerService)
+        && driver.has_controller_capability(Rpc::PublishUnpublishVolume)
+    {
+        Handler::Csi
+    } else {
+        Handler::Trivial
+    }
+}
+
+/// What to do with a VolumeAttachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VaAction {
+    /// Not ours, or nothing to do.
+    Ignore,
+    /// ControllerPublish (or, trivial handler, just mark attached).
+    Attach,
+    /// ControllerUnpublish, then drop the finalizer.
+    Detach,
+}
+
+fn attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+fn has_finalizer(va: &VolumeAttachment, finalizer: &str) -> bool {
+    va.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// Decides for a VolumeAttachment. `forced`: the reconciler saw the driver
+/// disagree with `status.attached`.
+pub fn decide_va(va: &VolumeAttachment, driver: &str, handler: Handler, forced: bool) -> VaAction {
+    if va.spec.attacher != driver {
+        return VaAction::Ignore;
+    }
+    let finalizer = up::finalizer(driver);
+    if va.metadata.deletion_timestamp.is_some() {
+        return match handler {
+            Handler::Csi if has_finalizer(va, &finalizer) => VaAction::Detach,
+            _ => VaAction::Ignore,
+        };
+    }
+    if !attached(va) || forced { VaAction::Attach } else { VaAction::Ignore }
+}
+
+/// One CSI access mode for all of a PV's access modes (csi-lib-utils rules).
+pub fn combined_access_mode(
+    modes: &[String],
+    single_node_multi_writer: bool,
+) -> Result<volume_capability::access_mode::Mode, String> {
+    use volume_capability::access_mode::Mode;
+    let has = |m: &str| modes.iter().any(|x| x == m);
+    if has("ReadWriteOncePod") {
+        if modes.len() > 1 {
+            return Err("CSI does not support ReadWriteOncePod with other PersistentVolumeAccessModes".into());
+        }
+        return Ok(if single_node_multi_writer { Mode::SingleNodeSingleWriter } else { Mode::SingleNodeWriter });
+    }
+    if has("ReadWriteMany") {
+        return Ok(Mode::MultiNodeMultiWriter);
+    }
+    match (has("ReadOnlyMany"), has("ReadWriteOnce")) {
+        (true, true) => Err("CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume".into()),
+        (true, false) => Ok(Mode::MultiNodeReaderOnly),
+        (false, true) => {
+            Ok(if single_node_multi_writer { Mode::SingleNodeMultiWriter } else { Mode::SingleNodeWriter })
+        }
+        (false, false) => Err(format!("unsupported AccessMode combination: {modes:?}")),
+    }
+}
+
+/// The node ID of `driver` in a CSINode.
+pub fn node_id(csinode: Option<&CSINode>, node: &str, driver: &str) -> Result<String, String> {
+    let csinode = csinode.ok_or_else(|| format!("csinode.storage.k8s.io \"{node}\" not found"))?;
+    csinode
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == driver)
+        .and_then(|d| d.node_id.clone().into())
+        .filter(|id: &String| !id.is_empty())
+        .ok_or_else(|| format!("CSINode {node} does not contain driver {driver}"))
+}
+
+/// The node ID for a detach: the CSINode's, else the annotation saved at attach.
+pub fn detach_node_id(va: &VolumeAttachment, csinode: Option<&CSINode>, driver: &str) -> Result<String, String> {
+    node_id(csinode, &va.spec.node_name, driver)
+        .or_else(|e| va.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_NODE_ID)).cloned().ok_or(e))
+}
+
+/// The `ControllerPublishVolume` request (without secrets, fetched by the executor).
+pub fn publish_request(
+    pv: &PersistentVolume,
+    node_id: &str,
+    driver: &DriverInfo,
+    default_fstype: &str,
+) -> Result<ControllerPublishVolumeRequest, String> {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.as_ref().ok_or_else(|| format!("PersistentVolume {name} has no spec"))?;
+    let csi = spec.csi.as_ref().ok_or_else(|| format!("PersistentVolume {name} is not a CSI volume"))?;
+    let mode = combined_access_mode(
+        spec.access_modes.as_deref().unwrap_or_default(),
+        driver.has_controller_capability(Rpc::SingleNodeMultiWriter),
+    )?;
+    let access_type = if spec.volume_mode.as_deref() == Some("Block") {
+        volume_capability::AccessType::Block(volume_capability::BlockVolume {})
+    } else {
+        let fs = csi.fs_type.clone().filter(|f| !f.is_empty()).unwrap_or_else(|| default_fstype.to_string());
+        volume_capability::AccessType::Mount(volume_capability::MountVolume {
+            fs_type: fs,
+            mount_flags: spec.mount_options.clone().unwrap_or_default(),
+            volume_mount_group: String::new(),
+        })
+    };
+    Ok(ControllerPublishVolumeRequest {
+        volume_id: csi.volume_handle.clone(),
+        node_id: node_id.to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+            access_type: Some(access_type),
+        }),
+        readonly: csi.read_only.unwrap_or(false) && driver.has_controller_capability(Rpc::PublishReadonly),
+        secrets: HashMap::new(),
+        volume_context: csi.volume_attributes.clone().unwrap_or_default().into_iter().collect(),
+    })
+}
+
+/// Whether the PV finalizer can go: the PV is being deleted and no
+/// VolumeAttachment references it.
+pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str) -> bool {
+    pv.metadata.deletion_timestamp.is_some()
+        && !referenced
+        && pv.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::{
+            core::v1::{CSIPersistentVolumeSource, PersistentVolumeSpec},
+            storage::v1::{
+                CSINodeDriver, CSINodeSpec, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus,
+            },
+        },
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+        jiff::Timestamp,
+    };
+
+    use super::*;
+    use crate::csi::proto::csi::v1::{
+        ControllerServiceCapability, PluginCapability, controller_service_capability, plugin_capability,
+    };
+
+    const D: &str = "hostpath.csi.k8s.io";
+
+    fn driver(caps: &[Rpc]) -> DriverInfo {
+        DriverInfo {
+            name: D.into(),
+            vendor_version: "1".into(),
+            plugin_capabilities: vec![PluginCapability {
+                r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                    r#type: Svc::ControllerService as i32,
+                })),
+            }],
+            controller_capabilities: caps
+                .iter()
+                .map(|r| ControllerServiceCapability {
+                    r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc {
+                        r#type: *r as i32,
+                    })),
+                })
+                .collect(),
+        }
+    }
+
+    fn va(attacher: &str, attached: bool, deleting: bool, finalizer: bool) -> VolumeAttachment {
+        VolumeAttachment {
+            metadata: ObjectMeta {
+                name: Some("csi-123".into()),
+                deletion_timestamp: deleting.then(|| Time(Timestamp::now())),
+                finalizers: finalizer.then(|| vec![up::finalizer(attacher)]),
+                ..Default::default()
+            },
+            spec: VolumeAttachmentSpec {
+                attacher: attacher.into(),
+                node_name: "node-1".into(),
+                source: VolumeAttachmentSource { persistent_volume_name: Some("pv-1".into()), ..Default::default() },
+            },
+            status: Some(VolumeAttachmentStatus { attached, ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(up::finalizer(D), "external-attacher/hostpath-csi-k8s-io");
+        assert_eq!(
+            crate::kube::leader::sanitize_lease_name(&up::lease_lock_name(D)),
+            "external-attacher-leader-hostpath-csi-k8s-io"
+        );
+    }
+
+    #[test]
+    fn handler_choice() {
+        assert_eq!(handler(&driver(&[Rpc::PublishUnpublishVolume])), Handler::Csi);
+        assert_eq!(handler(&driver(&[Rpc::CreateDeleteVolume])), Handler::Trivial);
+        let mut no_ctrl = driver(&[Rpc::PublishUnpublishVolume]);
+        no_ctrl.plugin_capabilities.clear();
+        assert_eq!(handler(&no_ctrl), Handler::Trivial);
+    }
+
+    #[test]
+    fn va_decisions() {
+        use Handler::*;
+        use VaAction::*;
+        let table = [
+            (va("other", false, false, false), Csi, false, Ignore),
+            (va(D, false, false, false), Csi, false, Attach),
+            (va(D, true, false, true), Csi, false, Ignore),
+            (va(D, true, false, true), Csi, true, Attach),
+            (va(D, true, true, true), Csi, false, Detach),
+            (va(D, true, true, false), Csi, false, Ignore),
+            (va(D, false, false, false), Trivial, false, Attach),
+            (va(D, true, true, false), Trivial, false, Ignore),
+        ];
+        for (v, h, forced, want) in table {
+            assert_eq!(decide_va(&v, D, h, forced), want, "{:?} {h:?} forced={forced}", v.status);
+        }
+    }
+
+    #[test]
+    fn access_mode_combinations() {
+        use volume_capability::access_mode::Mode;
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(combined_access_mode(&m(&["ReadWriteOnce"]), false), Ok(Mode::SingleNodeWriter));
+        assert_eq!(combined_access_mode(&m(&["ReadWriteOnce"]), true), Ok(Mode::SingleNodeMultiWriter));
+        assert_eq!(combined_access_mode(&m(&["ReadOnlyMany"]), false), Ok(Mode::MultiNodeReaderOnly));
+        assert_eq!(combined_access_mode(&m(&["ReadWriteMany", "ReadOnlyMany"]), false), Ok(Mode::MultiNodeMultiWriter));
+        assert!(combined_access_mode(&m(&["ReadWriteOnce", "ReadOnlyMany"]), false).is_err());
+        assert!(combined_access_mode(&m(&["ReadWriteOncePod", "ReadOnlyMany"]), false).is_err());
+        assert_eq!(combined_access_mode(&m(&["ReadWriteOncePod"]), true), Ok(Mode::SingleNodeSingleWriter));
+        assert!(combined_access_mode(&m(&[]), false).is_err());
+    }
+
+    fn csinode(drivers: &[(&str, &str)]) -> CSINode {
+        CSINode {
+            metadata: ObjectMeta { name: Some("node-1".into()), ..Default::default() },
+            spec: CSINodeSpec {
+                drivers: drivers
+                    .iter()
+                    .map(|(n, id)| CSINodeDriver { name: n.to_string(), node_id: id.to_string(), ..Default::default() })
+                    .collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn node_ids() {
+        assert_eq!(node_id(Some(&csinode(&[(D, "n1")])), "node-1", D), Ok("n1".into()));
+        assert!(
+            node_id(Some(&csinode(&[("other", "x")])), "node-1", D).unwrap_err().contains("does not contain driver")
+        );
+        assert!(node_id(None, "node-1", D).unwrap_err().contains("not found"));
+        let mut v = va(D, true, true, true);
+        v.metadata.annotations = Some([(up::ANN_NODE_ID.to_string(), "saved".to_string())].into());
+        assert_eq!(detach_node_id(&v, None, D), Ok("saved".into()), "annotation fallback on detach");
+        assert_eq!(detach_node_id(&v, Some(&csinode(&[(D, "live")])), D), Ok("live".into()));
+    }
+
+    fn pv(modes: &[&str], readonly: bool, block: bool) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta { name: Some("pv-1".into()), ..Default::default() },
+            spec: Some(PersistentVolumeSpec {
+                access_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+                mount_options: Some(vec!["ro".into()]),
+                volume_mode: block.then(|| "Block".into()),
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: D.into(),
+                    volume_handle: "vol-1".into(),
+                    read_only: Some(readonly),
+                    volume_attributes: Some([("k".to_string(), "v".to_string())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn publish_requests() {
+        let r = publish_request(
+            &pv(&["ReadWriteOnce"], true, false),
+            "n1",
+            &driver(&[Rpc::PublishUnpublishVolume]),
+            "ext4",
+        )
+        .unwrap();
+        assert_eq!((r.volume_id.as_str(), r.node_id.as_str()), ("vol-1", "n1"));
+        assert!(!r.readonly, "readonly only with PUBLISH_READONLY");
+        assert_eq!(r.volume_context["k"], "v");
+        let Some(volume_capability::AccessType::Mount(m)) = r.volume_capability.unwrap().access_type else { panic!() };
+        assert_eq!(m.fs_type, "ext4", "--default-fstype when the PV has none");
+        assert_eq!(m.mount_flags, vec!["ro".to_string()]);
+        let r = publish_request(
+            &pv(&["ReadOnlyMany"], true, true),
+            "n1",
+            &driver(&[Rpc::PublishUnpublishVolume, Rpc::PublishReadonly]),
+            "",
+        )
+        .unwrap();
+        assert!(r.readonly);
+        assert!(matches!(r.volume_capability.unwrap().access_type, Some(volume_capability::AccessType::Block(_))));
+        assert!(
+            publish_request(&pv(&["ReadWriteOnce", "ReadOnlyMany"], false, false), "n1", &driver(&[]), "").is_err()
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! attacher: external-attacher parity.
+//!
+//! VolumeAttachments of the driver are attached with
+//! `ControllerPublishVolume` and detached with `ControllerUnpublishVolume`,
+//! with upstream's finalizers, annotation and status fields. Beyond upstream,
+//! attaches and detaches have separate queues and worker budgets, so a pile
+//! of failing detaches cannot starve attaches (external-attacher#761), and
+//! each queue's backlog is a metric (external-attacher#706).
+
+pub mod config;
+pub mod decide;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
+
+use ::kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::reflector::{ObjectRef, Store},
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{PersistentVolume, Secret},
+        storage::v1::{CSINode, VolumeAttachment},
+    },
+    jiff::Timestamp,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    compat::{self, attacher as up},
+    csi::{
+        Connection, DriverInfo,
+        proto::csi::v1::{
+            self as csi, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
+        },
+    },
+    kube::{
+        KubeContext,
+        informers::Change,
+        queue::{Backoff, Outcome, WorkQueue},
+    },
+    modules::{ModuleContext, ModuleError},
+};
+use config::AttacherFlags;
+use decide::{Handler, VaAction};
+
+const NAME: &str = "attacher";
+
+struct Attacher {
+    cfg: AttacherFlags,
+    driver: Arc<DriverInfo>,
+    handler: Handler,
+    finalizer: String,
+    csi: Connection,
+    client: Client,
+    vas: Store<VolumeAttachment>,
+    pvs: Store<PersistentVolume>,
+    csinodes: Store<CSINode>,
+    /// VAs the reconciler found out of sync with the driver.
+    forced: Mutex<HashSet<String>>,
+    pv_queue: WorkQueue<String>,
+}
+
+fn is_status(e: &::kube::Error, code: u16) -> bool {
+    matches!(e, ::kube::Error::Api(s) if s.code == code)
+}
+
+impl Attacher {
+    fn va_api(&self) -> Api<VolumeAttachment> {
+        Api::all(self.client.clone())
+    }
+
+    async fn patch_status(&self, name: &str, status: serde_json::Value) -> Result<(), ::kube::Error> {
+        let patch = serde_json::json!({ "status": status });
+        match self.va_api().patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn error_status(&self, name: &str, field: &str, message: &str, code: Option<tonic::Code>) {
+        let mut err = serde_json::json!({ "message": message, "time": Timestamp::now() });
+        if let Some(c) = code {
+            err["errorCode"] = serde_json::json!(c as i32);
+        }
+        let mut status = serde_json::Map::new();
+        status.insert(field.to_string(), err);
+        if let Err(e) = self.patch_status(name, serde_json::Value::Object(status)).await {
+            tracing::warn!(va = name, error = %e, "Cannot record the error in the VolumeAttachment status");
+        }
+    }
+
+    async fn secrets(&self, pv: &PersistentVolume) -> Result<HashMap<String, String>, String> {
+        let Some(r) =
+            pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| c.controller_publish_secret_ref.as_ref())
+        else {
+            return Ok(HashMap::new());
+        };
+        let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
+            .get(&name)
+            .await
+            .map_err(|e| format!("error getting secret {name} in namespace {ns}: {e}"))?;
+        Ok(secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect())
+    }
+
+    async fn sync(&self, name: String) -> Outcome {
+        let Some(va) = self.vas.get(&ObjectRef::new(&name)) else { return Outcome::Done };
+        let forced = self.forced.lock().unwrap_or_else(|e| e.into_inner()).contains(&name);
+        match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
+            VaAction::Ignore => Outcome::Done,
+            VaAction::Attach if self.handler == Handler::Trivial => {
+                match self.patch_status(&name, serde_json::json!({"attached": true})).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => {
+                        tracing::warn!(va = %name, error = %e, "Marking attached failed");
+                        Outcome::Retry
+                    }
+                }
+            }
+            VaAction::Attach => self.attach(&va).await,
+            VaAction::Detach => self.detach(&va).await,
+        }
+    }
+
+    async fn attach(&self, va: &VolumeAttachment) -> Outcome {
+        let name = va.metadata.name.clone().unwrap_or_default();
+        let fail = async |msg: String, code: Option<tonic::Code>| {
+            tracing::warn!(va = %name, error = %msg, "Attach failed");
+            self.error_status(&name, "attachError", &msg, code).await;
+            Outcome::Retry
+        };
+        let Some(pv_name) = va.spec.source.persistent_volume_name.clone() else {
+            return fail("inline volume specs are not supported by csi-sidecar yet".into(), None).await;
+        };
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)) else {
+            return fail(format!("persistentvolume \"{pv_name}\" not found"), None).await;
+        };
+        if pv.metadata.deletion_timestamp.is_some() {
+            return fail(format!("PersistentVolume {pv_name} is marked for deletion"), None).await;
+        }
+        let node_id = match decide::node_id(
+            self.csinodes.get(&ObjectRef::new(&va.spec.node_name)).as_deref(),
+            &va.spec.node_name,
+            &self.driver.name,
+        ) {
+            Ok(id) => id,
+            Err(e) => return fail(e, None).await,
+        };
+        let mut req = match decide::publish_request(&pv, &node_id, &self.driver, &self.cfg.default_fstype) {
+            Ok(r) => r,
+            Err(e) => return fail(e, None).await,
+        };
+        // Finalizers first: from now on a detach is owed.
+        if let Err(e) = add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await {
+            return fail(format!("could not add PersistentVolume finalizer: {e}"), None).await;
+        }
+        let meta = serde_json::json!({"metadata": {
+            "finalizers": with(&va.metadata.finalizers, &self.finalizer),
+            "annotations": {up::ANN_NODE_ID: node_id},
+            "resourceVersion": va.metadata.resource_version,
+        }});
+        if let Err(e) = self.va_api().patch(&name, &PatchParams::default(), &Patch::Merge(&meta)).await {
+            return fail(format!("could not add finalizer: {e}"), None).await;
+        }
+        match self.secrets(&pv).await {
+            Ok(s) => req.secrets = s,
+            Err(e) => return fail(e, None).await,
+        }
+        let resp = self
+            .csi
+            .call("/csi.v1.Controller/ControllerPublishVolume", self.cfg.timeout, req, |ch, r| async move {
+                ControllerClient::new(ch).controller_publish_volume(r).await
+            })
+            .await;
+        match resp {
+            Ok(r) => {
+                let status =
+                    serde_json::json!({"attached": true, "attachmentMetadata": r.publish_context, "attachError": null});
+                if let Err(e) = self.patch_status(&name, status).await {
+                    tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
+                    return Outcome::Retry;
+                }
+                self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                tracing::info!(va = %name, pv = %pv_name, node = %va.spec.node_name, "Attached");
+                Outcome::Done
+            }
+            Err(s) => fail(compat::grpc_error_text(&s), Some(s.code())).await,
+        }
+    }
+
+    async fn detach(&self, va: &VolumeAttachment) -> Outcome {
+        let name = va.metadata.name.clone().unwrap_or_default();
+        let fail = async |msg: String| {
+            tracing::warn!(va = %name, error = %msg, "Detach failed");
+            self.error_status(&name, "detachError", &msg, None).await;
+            Outcome::Retry
+        };
+        let csinode = self.csinodes.get(&ObjectRef::new(&va.spec.node_name));
+        let node_id = match decide::detach_node_id(va, csinode.as_deref(), &self.driver.name) {
+            Ok(id) => id,
+            Err(e) => return fail(e).await,
+        };
+        let pv = va.spec.source.persistent_volume_name.as_ref().and_then(|n| self.pvs.get(&ObjectRef::new(n)));
+        let volume_id = pv.as_ref().and_then(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone()));
+        let Some(volume_id) = volume_id else {
+            return fail("cannot find the volume handle: the PersistentVolume is gone".into()).await;
+        };
+        let secrets = match &pv {
+            Some(p) => self.secrets(p).await.unwrap_or_default(),
+            None => HashMap::new(),
+        };
+        let req = csi::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets };
+        let resp = self
+            .csi
+            .call("/csi.v1.Controller/ControllerUnpublishVolume", self.cfg.timeout, req, |ch, r| async move {
+                ControllerClient::new(ch).controller_unpublish_volume(r).await
+            })
+            .await;
+        if let Err(s) = resp {
+            return fail(compat::grpc_error_text(&s)).await;
+        }
+        let meta = serde_json::json!({"metadata": {
+            "finalizers": without(&va.metadata.finalizers, &self.finalizer),
+            "resourceVersion": va.metadata.resource_version,
+        }});
+        match self.va_api().patch(&name, &PatchParams::default(), &Patch::Merge(&meta)).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => {
+                tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
+                return Outcome::Retry;
+            }
+        }
+        let _ = self
+            .patch_status(
+                &name,
+                serde_json::json!({"attached": false, "detachError": null, "attachmentMetadata": null}),
+            )
+            .await;
+        self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+        if let Some(pv) = va.spec.source.persistent_volume_name.clone() {
+            self.pv_queue.add(pv);
+        }
+        tracing::info!(va = %name, "Detached");
+        Outcome::Done
+    }
+
+    async fn sync_pv(&self, name: String) -> Outcome {
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)) else { return Outcome::Done };
+        let referenced =
+            self.vas.state().iter().any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
+        if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer) {
+            return Outcome::Done;
+        }
+        let patch = serde_json::json!({"metadata": {
+            "finalizers": without(&pv.metadata.finalizers, &self.finalizer),
+            "resourceVersion": pv.metadata.resource_version,
+        }});
+        match Api::<PersistentVolume>::all(self.client.clone())
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Outcome::Done,
+            Err(e) if is_status(&e, 404) => Outcome::Done,
+            Err(_) => Outcome::Retry,
+        }
+    }
+
+    /// One ListVolumes pass: VAs whose `attached` disagrees with the driver's
+    /// published nodes are synced again, forced.
+    async fn reconcile(&self, attach: &WorkQueue<String>, detach: &WorkQueue<String>) {
+        let mut published: HashMap<String, Vec<String>> = HashMap::new();
+        let mut token = String::new();
+        loop {
+            let req = csi::ListVolumesRequest { max_entries: self.cfg.max_entries, starting_token: token.clone() };
+            let resp = self
+                .csi
+                .call("/csi.v1.Controller/ListVolumes", self.cfg.timeout, req, |ch, r| async move {
+                    ControllerClient::new(ch).list_volumes(r).await
+                })
+                .await;
+            let resp = match resp {
+                Ok(r) => r,
+                Err(s) => {
+                    tracing::warn!(error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
+                    return;
+                }
+            };
+            for e in resp.entries {
+                if let Some(v) = e.volume {
+                    published.insert(v.volume_id, e.status.map(|s| s.published_node_ids).unwrap_or_default());
+                }
+            }
+            if resp.next_token.is_empty() {
+                break;
+            }
+            token = resp.next_token;
+        }
+        for va in self.vas.state() {
+            if va.spec.attacher != *self.driver.name {
+                continue;
+            }
+            let name = va.metadata.name.clone().unwrap_or_default();
+            let Some(pv) =
+                va.spec.source.persistent_volume_name.as_ref().and_then(|n| self.pvs.get(&ObjectRef::new(n)))
+            else {
+                continue;
+            };
+            let Some(handle) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()) else {
+                continue;
+            };
+            let Some(nodes) = published.get(&handle) else { continue };
+            let Ok(node_id) = decide::detach_node_id(
+                &va,
+                self.csinodes.get(&ObjectRef::new(&va.spec.node_name)).as_deref(),
+                &self.driver.name,
+            ) else {
+                continue;
+            };
+            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            let is_published = nodes.contains(&node_id);
+            if attached != is_published && va.metadata.deletion_timestamp.is_none() {
+                tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
+                self.forced.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone());
+                attach.add(name);
+            } else if va.metadata.deletion_timestamp.is_some() && is_published {
+                detach.add(name);
+            }
+        }
+    }
+}
+
+fn with(list: &Option<Vec<String>>, item: &str) -> Vec<String> {
+    let mut v = list.clone().unwrap_or_default();
+    if !v.iter().any(|f| f == item) {
+        v.push(item.to_string());
+    }
+    v
+}
+
+fn without(list: &Option<Vec<String>>, item: &str) -> Vec<String> {
+    list.clone().unwrap_or_default().into_iter().filter(|f| f != item).collect()
+}
+
+async fn add_finalizer(
+    api: &Api<PersistentVolume>,
+    pv: &PersistentVolume,
+    finalizer: &str,
+) -> Result<(), ::kube::Error> {
+    if pv.metadata.finalizers.iter().flatten().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": with(&pv.metadata.finalizers, finalizer),
+        "resourceVersion": pv.metadata.resource_version,
+    }});
+    api.patch(pv.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// Runs the attacher until shutdown (or until its Lease is lost).
+pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
+    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
+    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    let handler = decide::handler(&driver);
+    tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
+    let va_inf = kube.informers.get::<VolumeAttachment>();
+    let pv_inf = kube.informers.get::<PersistentVolume>();
+    let csinode_inf = kube.informers.get::<CSINode>();
+    kube.informers.start(&ctx.shutdown);
+
+    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
+    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff);
+    let detach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_DETACH, backoff);
+    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff);
+    {
+        let (attach_q, detach_q, name) = (attach_q.clone(), detach_q.clone(), driver.name.clone());
+        va_inf.on_change(move |c| {
+            if let Change::Applied(va) = c
+                && va.spec.attacher == *name
+            {
+                let key = va.metadata.name.clone().unwrap_or_default();
+                if va.metadata.deletion_timestamp.is_some() { detach_q.add(key) } else { attach_q.add(key) }
+            }
+        });
+    }
+    {
+        let (pv_q, finalizer) = (pv_q.clone(), up::finalizer(&driver.name));
+        pv_inf.on_change(move |c| {
+            if let Change::Applied(pv) = c
+                && pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)
+            {
+                pv_q.add(pv.metadata.name.clone().unwrap_or_default());
+            }
+        });
+    }
+    let a = Arc::new(Attacher {
+        finalizer: up::finalizer(&driver.name),
+        handler,
+        csi: ctx.csi.clone(),
+        client: kube.client.clone(),
+        vas: va_inf.store(),
+        pvs: pv_inf.store(),
+        csinodes: csinode_inf.store(),
+        forced: Mutex::default(),
+        pv_queue: pv_q.clone(),
+        driver: driver.clone(),
+        cfg,
+    });
+    let reconciles = handler == Handler::Csi
+        && driver.has_controller_capability(Rpc::ListVolumes)
+        && driver.has_controller_capability(Rpc::ListVolumesPublishedNodes);
+    let work = {
+        let a = a.clone();
+        move |token: CancellationToken| async move {
+            tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced());
+            tracing::info!("Caches synced; attaching");
+            let workers = a.cfg.worker_threads;
+            let run_queue = |q: WorkQueue<String>, span: &'static str| {
+                let (a, token) = (a.clone(), token.clone());
+                async move {
+                    q.run(workers, token, move |key| {
+                        let a = a.clone();
+                        let s = tracing::info_span!("va", queue = span, name = %key);
+                        async move { a.sync(key).await }.instrument(s)
+                    })
+                    .await
+                }
+            };
+            let pv_worker = {
+                let (a, token, pv_q) = (a.clone(), token.clone(), pv_q.clone());
+                async move {
+                    pv_q.run(workers, token, move |key| {
+                        let a = a.clone();
+                        async move { a.sync_pv(key).await }
+                    })
+                    .await
+                }
+            };
+            let reconciler = {
+                let (a, token, aq, dq) = (a.clone(), token.clone(), attach_q.clone(), detach_q.clone());
+                async move {
+                    if !reconciles {
+                        return;
+                    }
+                    let mut tick = tokio::time::interval(a.cfg.reconcile_sync);
+                    loop {
+                        tokio::select! {
+                            _ = token.cancelled() => return,
+                            _ = tick.tick() => a.reconcile(&aq, &dq).await,
+                        }
+                    }
+                }
+            };
+            tokio::join!(
+                run_queue(attach_q.clone(), "attach"),
+                run_queue(detach_q.clone(), "detach"),
+                pv_worker,
+                reconciler
+            );
+        }
+    };
+    match kube.elector(&up::lease_lock_name(&driver.name)).map_err(|e| fatal(e.to_string()))? {
+        Some(elector) => {
+            ctx.health.register("leader-election", elector.health_check());
+            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
+        }
+        None => {
+            work(ctx.shutdown.clone()).await;
+            Ok(())
+        }
+    }
+}
