@@ -41,6 +41,31 @@ pub struct KubeContext {
     pub informers: informers::Informers,
     /// Leader election settings.
     pub leader: LeaderSettings,
+    /// The Lease health of every module, served at `/healthz/leader-election`.
+    pub leader_health: LeaderHealth,
+}
+
+/// All modules' Lease health checks as one: healthy only if each is.
+#[derive(Clone, Default)]
+pub struct LeaderHealth {
+    checks: std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<dyn crate::http::HealthCheck>>>>,
+}
+
+impl LeaderHealth {
+    /// Adds one module's check.
+    pub fn add(&self, check: std::sync::Arc<dyn crate::http::HealthCheck>) {
+        self.checks.lock().unwrap_or_else(|e| e.into_inner()).push(check);
+    }
+}
+
+impl crate::http::HealthCheck for LeaderHealth {
+    fn check(&self) -> futures::future::BoxFuture<'static, crate::http::HealthReport> {
+        let checks = self.checks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Box::pin(async move {
+            let reports = futures::future::join_all(checks.iter().map(|c| c.check())).await;
+            reports.into_iter().find(|r| !r.is_healthy()).unwrap_or_else(crate::http::HealthReport::ok)
+        })
+    }
 }
 
 /// The Kubernetes context could not be built.
@@ -76,7 +101,13 @@ impl KubeContext {
             retry_period: shared.leader_election_retry_period,
             labels,
         };
-        Ok(KubeContext { informers: informers::Informers::new(client.clone()), client, leader_client, leader })
+        Ok(KubeContext {
+            informers: informers::Informers::new(client.clone()),
+            client,
+            leader_client,
+            leader,
+            leader_health: LeaderHealth::default(),
+        })
     }
 
     /// An elector for `lock_name` when `--leader-election` is on.

@@ -221,3 +221,36 @@ impl ModuleConfig {
         }
     }
 }
+
+/// Runs `work` now, or, with `--leader-election`, only while this process
+/// holds the module's Lease `lock_name` (upstream's name: one Lease per
+/// module, so csi-sidecar and upstream sidecars can be mixed in a rollout).
+/// Every module's Lease health is served together at
+/// `/healthz/leader-election` (and per module at
+/// `/healthz/leader-election-<module>`).
+pub async fn run_led<F, Fut>(
+    ctx: &ModuleContext,
+    module: &'static str,
+    lock_name: &str,
+    work: F,
+) -> Result<(), ModuleError>
+where
+    F: FnOnce(tokio_util::sync::CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let fatal = |message: String| ModuleError::Fatal { module, message };
+    let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
+        Some(elector) => {
+            let check = elector.health_check();
+            ctx.health.register(&format!("leader-election-{module}"), check.clone());
+            kube.leader_health.add(check);
+            ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
+            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
+        }
+        None => {
+            work(ctx.shutdown.clone()).await;
+            Ok(())
+        }
+    }
+}

@@ -474,14 +474,6 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
             );
         }
     };
-    match kube.elector(&up::lease_lock_name(&driver.name)).map_err(|e| fatal(e.to_string()))? {
-        Some(elector) => {
-            ctx.health.register("leader-election", elector.health_check());
-            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
-        }
-        None => {
-            work(ctx.shutdown.clone()).await;
-            Ok(())
-        }
-    }
+    // Lease name: upstream's for this module.
+    crate::modules::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }

@@ -589,14 +589,6 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         }
     };
     // Lease name: the driver name with '/' replaced, sanitised (upstream).
-    match kube.elector(&driver.name.replace('/', "-")).map_err(|e| fatal(e.to_string()))? {
-        Some(elector) => {
-            ctx.health.register("leader-election", elector.health_check());
-            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
-        }
-        None => {
-            work(ctx.shutdown.clone()).await;
-            Ok(())
-        }
-    }
+    // Lease name: upstream's for this module.
+    crate::modules::run_led(&ctx, NAME, &driver.name.replace('/', "-"), work).await
 }

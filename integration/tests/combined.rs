@@ -1,0 +1,219 @@
+//! Controller modules in ONE process: each resource is watched once (read
+//! from the apiserver's own metrics), and per-module Leases with upstream
+//! names let csi-sidecar share a rollout with upstream sidecars.
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use csi_sidecar_integration::{
+    cluster::ControlPlane,
+    component_bin, free_port,
+    http::get,
+    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_for},
+    process::Proc,
+    sidecar_bin, wait_until,
+};
+use k8s_openapi::{
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::PersistentVolumeClaim,
+        storage::v1::{StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec},
+    },
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, Patch, PatchParams},
+};
+
+const RESOURCES: &[&str] =
+    &["persistentvolumes", "persistentvolumeclaims", "storageclasses", "volumeattachments", "csinodes"];
+
+/// Open WATCH requests per resource, from the apiserver's `apiserver_longrunning_requests`.
+async fn watches(client: &Client) -> BTreeMap<String, i64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    let text = client.request_text(req).await.expect("apiserver /metrics");
+    let mut out = BTreeMap::new();
+    for line in
+        text.lines().filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+    {
+        let Some(res) = line.split("resource=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+        let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *out.entry(res.to_string()).or_insert(0) += n as i64;
+    }
+    out
+}
+
+fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str) -> i64 {
+    after.get(r).copied().unwrap_or(0) - before.get(r).copied().unwrap_or(0)
+}
+
+fn spawn(dir: &std::path::Path, name: &str, cp: &ControlPlane, csi: &PathBuf, modules: &[&str]) -> Proc {
+    let mut args = vec![
+        format!("--csi-address={}", csi.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "-v=2".into(),
+    ];
+    args.extend(modules.iter().map(|s| s.to_string()));
+    Proc::spawn(name, &sidecar_bin(), &args, dir)
+}
+
+async fn synced(p: &Proc, modules: usize) {
+    wait_until("caches synced", Duration::from_secs(60), async || {
+        let n = p.logs().matches("Caches synced").count();
+        (n >= modules, n)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_process_watches_each_resource_once() {
+    let cp = ControlPlane::start();
+    let client = cp.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", csi.display()), "--name=watch.csi.example.com".into()],
+        dir.path(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let base = watches(&client).await;
+
+    let mut combined = spawn(dir.path(), "combined", &cp, &csi, &["provisioner", "attacher"]);
+    synced(&combined, 2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let with_combined = watches(&client).await;
+    for r in RESOURCES {
+        assert_eq!(
+            delta(&with_combined, &base, r),
+            1,
+            "combined process: one watch on {r}; {with_combined:?} vs {base:?}"
+        );
+    }
+    combined.terminate().await;
+    wait_until("the combined process's watches to close", Duration::from_secs(30), async || {
+        let now = watches(&client).await;
+        (RESOURCES.iter().all(|r| delta(&now, &base, r) == 0), now)
+    })
+    .await;
+
+    let prov = spawn(dir.path(), "provisioner", &cp, &csi, &["provisioner"]);
+    let att = spawn(dir.path(), "attacher", &cp, &csi, &["attacher"]);
+    synced(&prov, 1).await;
+    synced(&att, 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let separate = watches(&client).await;
+    let total = |m: &BTreeMap<String, i64>| RESOURCES.iter().map(|r| delta(m, &base, r)).sum::<i64>();
+    assert_eq!(delta(&separate, &base, "persistentvolumes"), 2, "two processes watch PVs twice");
+    assert_eq!(delta(&separate, &base, "volumeattachments"), 2);
+    println!("WATCH connections: combined {} / separate {}", total(&with_combined), total(&separate));
+    assert!(total(&with_combined) < total(&separate));
+}
+
+/// An upstream-named attacher Lease held by someone else (an upstream
+/// external-attacher during a rollout) keeps csi-sidecar's attacher standby
+/// while its provisioner leads with its own Lease.
+#[tokio::test]
+async fn a_foreign_attacher_lease_keeps_only_the_attacher_standby() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "mixed").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let driver_name = format!("{}.csi.example.com", unique_name("mix"));
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", csi.display()), format!("--name={driver_name}")],
+        dir.path(),
+    );
+    let leases: Api<Lease> = ns.api();
+    let attacher_lease = format!("external-attacher-leader-{}", driver_name.replace('.', "-"));
+    let foreign = |renew: Timestamp| Lease {
+        metadata: ObjectMeta { name: Some(attacher_lease.clone()), ..Default::default() },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("upstream-external-attacher-pod".into()),
+            lease_duration_seconds: Some(4),
+            acquire_time: Some(MicroTime(renew)),
+            renew_time: Some(MicroTime(renew)),
+            ..Default::default()
+        }),
+    };
+    create(&leases, &foreign(Timestamp::now())).await;
+    let renewer = {
+        let (leases, name) = (leases.clone(), attacher_lease.clone());
+        tokio::spawn(async move {
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                let _ = leases.patch(&name, &PatchParams::default(), &Patch::Merge(&p)).await;
+            }
+        })
+    };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = vec![
+        format!("--csi-address={}", csi.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        format!("--http-endpoint={addr}"),
+        "--leader-election".to_string(),
+        format!("--leader-election-namespace={}", ns.name()),
+        "--leader-election-lease-duration=4s".to_string(),
+        "--leader-election-renew-deadline=3s".to_string(),
+        "--leader-election-retry-period=1s".to_string(),
+        "provisioner".to_string(),
+        "attacher".to_string(),
+    ];
+    let p = Proc::spawn("csi-sidecar", &sidecar_bin(), &args, dir.path());
+
+    // The provisioner leads with its own Lease (the driver name) and provisions.
+    let sc = ns.scoped("sc");
+    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &driver_name)).await;
+    create(&ns.api(), &pvc("data", Some(&sc), "1Mi")).await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let bound = wait_for(&pvcs, "data", Duration::from_secs(60), |c| {
+        c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+    })
+    .await;
+    let prov_lease = leases.get(&driver_name.replace('.', "-")).await.expect("provisioner Lease with upstream's name");
+    assert!(prov_lease.spec.and_then(|s| s.holder_identity).is_some_and(|h| h != "upstream-external-attacher-pod"));
+
+    // The attacher waits: a VolumeAttachment stays unattached while the
+    // foreign holder renews.
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let va_name = ns.scoped("va");
+    let va = VolumeAttachment {
+        metadata: ObjectMeta { name: Some(va_name.clone()), ..Default::default() },
+        spec: VolumeAttachmentSpec {
+            attacher: driver_name.clone(),
+            node_name: "nowhere".into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: bound.spec.and_then(|s| s.volume_name),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    create(&vas, &va).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let still = vas.get(&va_name).await.expect("va");
+    assert!(
+        still.status.as_ref().and_then(|s| s.attach_error.as_ref()).is_none(),
+        "standby attacher must not act: {:?}",
+        still.status
+    );
+    let held = leases.get(&attacher_lease).await.expect("lease");
+    assert_eq!(held.spec.and_then(|s| s.holder_identity).as_deref(), Some("upstream-external-attacher-pod"));
+    let h = get(&addr, "/healthz/leader-election").await.expect("healthz");
+    assert_eq!((h.status, h.body.as_str()), (200, "ok"));
+
+    // The foreign holder stops renewing: csi-sidecar's attacher takes over
+    // and acts (this VA names a node without a CSINode: an attach error).
+    renewer.await.expect("renewer");
+    wait_for(&vas, &va_name, Duration::from_secs(30), |v| {
+        v.status.as_ref().and_then(|s| s.attach_error.as_ref()).is_some()
+    })
+    .await;
+    assert!(p.logs().contains(&attacher_lease), "{}", p.logs());
+}
