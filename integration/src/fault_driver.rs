@@ -59,6 +59,14 @@ pub struct Script {
     pub create_delay: Duration,
     /// `CreateVolume` fails with this (before creating anything) while set.
     pub create_error: Option<(Code, String)>,
+    /// Advertise PUBLISH_UNPUBLISH_VOLUME (with `controller`).
+    pub publish: bool,
+    /// Delay of `ControllerPublishVolume`.
+    pub publish_delay: Duration,
+    /// Delay of `ControllerUnpublishVolume`.
+    pub unpublish_delay: Duration,
+    /// `ControllerUnpublishVolume` fails with this (after its delay) while set.
+    pub unpublish_error: Option<(Code, String)>,
 }
 
 impl Default for Script {
@@ -71,6 +79,10 @@ impl Default for Script {
             controller: false,
             create_delay: Duration::ZERO,
             create_error: None,
+            publish: false,
+            publish_delay: Duration::ZERO,
+            unpublish_delay: Duration::ZERO,
+            unpublish_error: None,
         }
     }
 }
@@ -99,6 +111,10 @@ pub struct Counters {
     pub creates: AtomicU64,
     /// `DeleteVolume` calls.
     pub deletes: AtomicU64,
+    /// `ControllerPublishVolume` calls.
+    pub publishes: AtomicU64,
+    /// `ControllerUnpublishVolume` calls.
+    pub unpublishes: AtomicU64,
 }
 
 /// The backend: volumes by name (`CreateVolume` is idempotent by name).
@@ -170,10 +186,15 @@ impl Controller for Service {
         _: Request<csi::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
+        let mut rpcs = vec![RpcType::CreateDeleteVolume];
+        if self.script().publish {
+            rpcs.push(RpcType::PublishUnpublishVolume);
+        }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: vec![csi::ControllerServiceCapability {
-                r#type: Some(Type::Rpc(Rpc { r#type: RpcType::CreateDeleteVolume as i32 })),
-            }],
+            capabilities: rpcs
+                .into_iter()
+                .map(|r| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) })
+                .collect(),
         }))
     }
 
@@ -201,6 +222,30 @@ impl Controller for Service {
         Ok(Response::new(csi::CreateVolumeResponse {
             volume: Some(csi::Volume { volume_id: id, capacity_bytes: bytes, ..Default::default() }),
         }))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        _: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        self.counters.publishes.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.script().publish_delay).await;
+        Ok(Response::new(csi::ControllerPublishVolumeResponse {
+            publish_context: [("device".to_string(), "/dev/fault".to_string())].into(),
+        }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        _: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        self.counters.unpublishes.fetch_add(1, Ordering::SeqCst);
+        let s = self.script();
+        tokio::time::sleep(s.unpublish_delay).await;
+        match s.unpublish_error {
+            Some((code, msg)) => Err(Status::new(code, msg)),
+            None => Ok(Response::new(csi::ControllerUnpublishVolumeResponse {})),
+        }
     }
 
     async fn delete_volume(

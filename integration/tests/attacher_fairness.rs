@@ -1,0 +1,163 @@
+//! Detach must not starve attach (external-attacher#761): 200 attaches are
+//! queued behind 200 detaches that keep failing slowly, and still complete
+//! promptly. The measured time is printed (`--nocapture`) and in the README.
+
+use std::time::{Duration, Instant};
+
+use csi_sidecar_integration::{
+    cluster::ControlPlane,
+    fault_driver::{FaultDriver, Script, Transport},
+    kube_support::{TestNamespace, create, csi_node, csi_pv, unique_name},
+    process::Proc,
+    sidecar_bin, wait_until,
+};
+use futures::future::join_all;
+use k8s_openapi::api::{
+    core::v1::PersistentVolume,
+    storage::v1::{CSINode, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec},
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, ObjectMeta},
+};
+use tonic::Code;
+
+const N: usize = 200;
+const NODES: usize = 20;
+
+fn va(name: &str, driver: &str, node: &str, pv: &str) -> VolumeAttachment {
+    VolumeAttachment {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        spec: VolumeAttachmentSpec {
+            attacher: driver.into(),
+            node_name: node.into(),
+            source: VolumeAttachmentSource { persistent_volume_name: Some(pv.into()), ..Default::default() },
+        },
+        status: None,
+    }
+}
+
+async fn create_batch(
+    vas: &Api<VolumeAttachment>,
+    pvs: &Api<PersistentVolume>,
+    prefix: &str,
+    driver: &str,
+    nodes: &[String],
+) -> Vec<String> {
+    let names: Vec<String> = (0..N).map(|i| format!("{prefix}-{i}")).collect();
+    for chunk in names.chunks(20) {
+        join_all(
+            chunk.iter().map(|n| async move { create(pvs, &csi_pv(n, driver, &format!("vol-{n}"), "1Mi")).await }),
+        )
+        .await;
+    }
+    for chunk in names.chunks(20) {
+        join_all(
+            chunk
+                .iter()
+                .enumerate()
+                .map(|(i, n)| async move { create(vas, &va(n, driver, &nodes[i % nodes.len()], n)).await }),
+        )
+        .await;
+    }
+    names
+}
+
+async fn attached_count(vas: &Api<VolumeAttachment>, prefix: &str) -> usize {
+    vas.list(&ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|v| v.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+                .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn attaches_complete_while_detaches_keep_failing() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "fair").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("csi.sock");
+    let driver_name = format!("{}.fault.example.com", unique_name("fair"));
+    let driver = FaultDriver::start(
+        &socket,
+        Transport::Grpc,
+        Script {
+            name: driver_name.clone(),
+            controller: true,
+            publish: true,
+            publish_delay: Duration::from_millis(20),
+            ..Script::default()
+        },
+    );
+    let nodes: Vec<String> = (0..NODES).map(|i| format!("{}-node-{i}", ns.name())).collect();
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    for n in &nodes {
+        create(&csinodes, &csi_node(n, &driver_name, n, &[])).await;
+    }
+    let args = vec![
+        format!("--csi-address={}", socket.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "attacher".to_string(),
+        "--retry-interval-start=1s".to_string(),
+        "--retry-interval-max=5s".to_string(),
+        "--kube-api-qps=-1".to_string(),
+    ];
+    let _attacher = Proc::spawn("attacher", &sidecar_bin(), &args, dir.path());
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+
+    let a = format!("{}-a", ns.name());
+    let batch_a = create_batch(&vas, &pvs, &a, &driver_name, &nodes).await;
+    wait_until("batch A attached", Duration::from_secs(120), async || {
+        let n = attached_count(&vas, &a).await;
+        (n == N, n)
+    })
+    .await;
+
+    // Every detach now takes 1 s and fails: the detach workers stay busy.
+    driver.update(|s| {
+        s.unpublish_delay = Duration::from_secs(1);
+        s.unpublish_error = Some((Code::Internal, "backend busy".into()));
+    });
+    let dp = DeleteParams::default();
+    join_all(batch_a.iter().map(|n| vas.delete(n, &dp))).await;
+    wait_until("detaches failing", Duration::from_secs(30), async || {
+        let n = driver.counters.unpublishes.load(std::sync::atomic::Ordering::SeqCst);
+        (n >= 10, n)
+    })
+    .await;
+
+    let b = format!("{}-b", ns.name());
+    let start = Instant::now();
+    create_batch(&vas, &pvs, &b, &driver_name, &nodes).await;
+    wait_until("batch B attached behind failing detaches", Duration::from_secs(90), async || {
+        let n = attached_count(&vas, &b).await;
+        (n == N, n)
+    })
+    .await;
+    let took = start.elapsed();
+    let failing = driver.counters.unpublishes.load(std::sync::atomic::Ordering::SeqCst);
+    println!(
+        "FAIRNESS: {N} attaches behind {N} failing detaches completed in {:.1} s ({failing} failed unpublish calls meanwhile)",
+        took.as_secs_f64()
+    );
+    assert!(took < Duration::from_secs(60), "attaches took {took:?}");
+
+    // Let the detaches succeed: batch A goes away.
+    driver.update(|s| s.unpublish_error = None);
+    wait_until("batch A detached", Duration::from_secs(120), async || {
+        let left = vas
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.iter().filter(|v| v.metadata.name.as_deref().is_some_and(|n| n.starts_with(&a))).count())
+            .unwrap_or(usize::MAX);
+        (left == 0, left)
+    })
+    .await;
+}
