@@ -120,11 +120,15 @@ pub struct Counters {
 /// The backend: volumes by name (`CreateVolume` is idempotent by name).
 pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
 
+/// Where each volume ID is published (ControllerPublish adds the node).
+pub type Published = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
+
 #[derive(Clone)]
 struct Service {
     script: Arc<Mutex<Script>>,
     counters: Arc<Counters>,
     volumes: Volumes,
+    published: Published,
 }
 
 impl Service {
@@ -188,7 +192,7 @@ impl Controller for Service {
         use csi::controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
         let mut rpcs = vec![RpcType::CreateDeleteVolume];
         if self.script().publish {
-            rpcs.push(RpcType::PublishUnpublishVolume);
+            rpcs.extend([RpcType::PublishUnpublishVolume, RpcType::ListVolumes, RpcType::ListVolumesPublishedNodes]);
         }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
@@ -226,10 +230,16 @@ impl Controller for Service {
 
     async fn controller_publish_volume(
         &self,
-        _: Request<csi::ControllerPublishVolumeRequest>,
+        req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         self.counters.publishes.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
         tokio::time::sleep(self.script().publish_delay).await;
+        let mut published = self.published.lock().expect("published");
+        let nodes = published.entry(req.volume_id).or_default();
+        if !nodes.contains(&req.node_id) {
+            nodes.push(req.node_id);
+        }
         Ok(Response::new(csi::ControllerPublishVolumeResponse {
             publish_context: [("device".to_string(), "/dev/fault".to_string())].into(),
         }))
@@ -237,15 +247,39 @@ impl Controller for Service {
 
     async fn controller_unpublish_volume(
         &self,
-        _: Request<csi::ControllerUnpublishVolumeRequest>,
+        req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         self.counters.unpublishes.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
         let s = self.script();
         tokio::time::sleep(s.unpublish_delay).await;
         match s.unpublish_error {
             Some((code, msg)) => Err(Status::new(code, msg)),
-            None => Ok(Response::new(csi::ControllerUnpublishVolumeResponse {})),
+            None => {
+                if let Some(nodes) = self.published.lock().expect("published").get_mut(&req.volume_id) {
+                    nodes.retain(|n| *n != req.node_id);
+                }
+                Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+            }
         }
+    }
+
+    async fn list_volumes(
+        &self,
+        _: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let published = self.published.lock().expect("published").clone();
+        let entries = published
+            .into_iter()
+            .map(|(id, nodes)| csi::list_volumes_response::Entry {
+                volume: Some(csi::Volume { volume_id: id, ..Default::default() }),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: nodes,
+                    volume_condition: None,
+                }),
+            })
+            .collect();
+        Ok(Response::new(csi::ListVolumesResponse { entries, next_token: String::new() }))
     }
 
     async fn delete_volume(
@@ -267,6 +301,8 @@ pub struct FaultDriver {
     pub counters: Arc<Counters>,
     /// The volumes that exist in the backend.
     pub volumes: Volumes,
+    /// Where volumes are published.
+    pub published: Published,
     stop: CancellationToken,
 }
 
@@ -284,7 +320,13 @@ impl FaultDriver {
         let script = Arc::new(Mutex::new(script));
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
-        let svc = Service { script: script.clone(), counters: counters.clone(), volumes: volumes.clone() };
+        let published: Published = Arc::default();
+        let svc = Service {
+            script: script.clone(),
+            counters: counters.clone(),
+            volumes: volumes.clone(),
+            published: published.clone(),
+        };
         let (stop2, counters2) = (stop.clone(), counters.clone());
         tokio::spawn(async move {
             let mut held = Vec::new();
@@ -318,7 +360,7 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, stop }
+        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, stop }
     }
 
     /// Changes the script.

@@ -161,3 +161,49 @@ async fn attaches_complete_while_detaches_keep_failing() {
     })
     .await;
 }
+
+/// The ListVolumes reconciler: the driver forgets a publication (reports the
+/// volume detached from the node) → the attacher publishes it again.
+#[tokio::test]
+async fn the_reconciler_repairs_a_volume_the_driver_reports_detached() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "recon").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("csi.sock");
+    let driver_name = format!("{}.fault.example.com", unique_name("recon"));
+    let driver = FaultDriver::start(
+        &socket,
+        Transport::Grpc,
+        Script { name: driver_name.clone(), controller: true, publish: true, ..Script::default() },
+    );
+    let node = format!("{}-node", ns.name());
+    create(&Api::<CSINode>::all(client.clone()), &csi_node(&node, &driver_name, &node, &[])).await;
+    let args = vec![
+        format!("--csi-address={}", socket.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "attacher".to_string(),
+        "--reconcile-sync=1s".to_string(),
+    ];
+    let attacher = Proc::spawn("attacher", &sidecar_bin(), &args, dir.path());
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let name = format!("{}-va", ns.name());
+    create(&pvs, &csi_pv(&name, &driver_name, "vol-recon", "1Mi")).await;
+    create(&vas, &va(&name, &driver_name, &node, &name)).await;
+    wait_until("attached", Duration::from_secs(60), async || {
+        let ok = vas.get(&name).await.ok().and_then(|v| v.status).is_some_and(|s| s.attached);
+        (ok, ())
+    })
+    .await;
+    let publishes = || driver.counters.publishes.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(publishes(), 1);
+    // The backend loses the publication.
+    driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+    wait_until("a second ControllerPublish from the reconciler", Duration::from_secs(30), async || {
+        (publishes() >= 2, publishes())
+    })
+    .await;
+    assert_eq!(driver.published.lock().expect("published")["vol-recon"], vec![node.clone()]);
+    assert!(attacher.logs().contains("Driver disagrees"), "{}", attacher.logs());
+}
