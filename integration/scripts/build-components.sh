@@ -10,14 +10,16 @@
 # whose binary is already there is not rebuilt ("cached: ...").
 #
 # Usage:
-#   build-components.sh [COMPONENT...]         build (default: all components)
+#   build-components.sh [COMPONENT...]         build (default: the test components)
 #   build-components.sh --print-path COMPONENT print the binary's path (building it
 #                                              first if missing); the path is the
 #                                              only thing written to stdout
 #   build-components.sh --list                 list the components
 #
 # Components: etcd kube-apiserver kube-controller-manager csi-mock-driver
-#             kubelet-plugin-harness
+#             kubelet-plugin-harness (the test components, built by default)
+#             helm kubectl (for integration/scripts/check-manifests.sh; built
+#             only when named, from integration/go/helm)
 #
 # Environment:
 #   CSI_SIDECAR_CACHE        cache root (default $HOME/.cache/csi-sidecar)
@@ -31,7 +33,8 @@ SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
-ALL_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
+DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" helm kubectl)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -50,6 +53,7 @@ module_of() {
 	case $1 in
 	etcd) echo etcd ;;
 	kube-apiserver | kube-controller-manager | csi-mock-driver | kubelet-plugin-harness) echo kube ;;
+	helm | kubectl) echo helm ;;
 	*) return 1 ;;
 	esac
 }
@@ -59,7 +63,8 @@ package_of() {
 	case $1 in
 	etcd) echo . ;;
 	kube-apiserver | kube-controller-manager) echo "k8s.io/kubernetes/cmd/$1" ;;
-	csi-mock-driver | kubelet-plugin-harness) echo "./cmd/$1" ;;
+	csi-mock-driver | kubelet-plugin-harness | kubectl) echo "./cmd/$1" ;;
+	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	esac
 }
 
@@ -69,6 +74,9 @@ own_sources() {
 	etcd) echo "$GO_DIR/etcd/main.go" ;;
 	csi-mock-driver | kubelet-plugin-harness)
 		find "$GO_DIR/kube/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
+		;;
+	kubectl)
+		find "$GO_DIR/helm/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
 		;;
 	esac
 }
@@ -103,7 +111,32 @@ recipe() {
 			LDFLAGS+=" -X $p.gitVersion=$VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
 		done
 		;;
+	helm)
+		# helm (VERSION) and kubectl, whose version is that of the k8s.io/kubectl
+		# staging module helm requires (v0.X.Y = Kubernetes v1.X.Y). One go
+		# build serves both, so the ldflags stamp both (an -X for a package
+		# that is not linked is ignored).
+		VERSION=$(modver "$gomod" helm.sh/helm/v4)
+		[[ -n $VERSION ]] || die "no helm.sh/helm/v4 requirement in $gomod"
+		local kv
+		kv=$(modver "$gomod" k8s.io/kubectl)
+		[[ $kv =~ ^v0\.([0-9]+)\.([0-9]+)$ ]] || die "cannot parse the k8s.io/kubectl version in $gomod"
+		KUBECTL_VERSION="v1.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+		TAGS=""
+		LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+		for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			LDFLAGS+=" -X $p.gitVersion=$KUBECTL_VERSION -X $p.gitMajor=1 -X $p.gitMinor=${BASH_REMATCH[1]} -X $p.gitTreeState=clean"
+		done
+		;;
 	*) die "unknown module $mod" ;;
+	esac
+}
+
+# version_of COMPONENT -> the version in its cache key (needs recipe)
+version_of() {
+	case $1 in
+	kubectl) echo "$KUBECTL_VERSION" ;;
+	*) echo "$VERSION" ;;
 	esac
 }
 
@@ -122,7 +155,7 @@ key_of() {
 			done
 		} | sha256sum | cut -c1-12
 	)
-	printf '%s-%s-%s\n' "$VERSION" "$GO_VERSION" "$hash"
+	printf '%s-%s-%s\n' "$(version_of "$comp")" "$GO_VERSION" "$hash"
 }
 
 bin_path() {
@@ -233,7 +266,7 @@ if [[ -n $print_path ]]; then
 	# Keep stdout for the path alone.
 	exec 3>&1 1>&2
 fi
-((${#components[@]})) || components=("${ALL_COMPONENTS[@]}")
+((${#components[@]})) || components=("${DEFAULT_COMPONENTS[@]}")
 for comp in "${components[@]}"; do
 	module_of "$comp" >/dev/null || die "unknown component '$comp' (known: ${ALL_COMPONENTS[*]})"
 done
@@ -242,7 +275,7 @@ command -v go >/dev/null || die "go is not on PATH (Go >= 1.26 is needed)"
 GO_VERSION=$(go env GOVERSION)
 GO_PLATFORM=$(go env GOOS)/$(go env GOARCH)
 
-for mod in etcd kube; do
+for mod in etcd kube helm; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(module_of "$comp") == "$mod" ]]; then

@@ -1,0 +1,311 @@
+//! manifests/: the example pods' shape and security, their csi-sidecar
+//! command lines against the real binary, and the whole check script
+//! (integration/scripts/check-manifests.sh: hadolint, the image's symlink
+//! tree, helm lint/template of every value set, and a server-side dry-run
+//! apply of every document against a real kube-apiserver), plus the chart's
+//! RBAC against manifests/rbac.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use csi_sidecar_integration::{cluster::launcher_bin, free_port, sidecar_bin, symlinked_bin, workspace_root};
+use serde_json::Value;
+
+const SIDECAR_IMAGE: &str = "csi-sidecar:dev";
+const DRIVER_IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.18.0";
+
+fn manifests() -> PathBuf {
+    workspace_root().join("manifests")
+}
+
+fn load(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// (file, workload) for every Deployment/DaemonSet of manifests/examples.
+fn example_workloads() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for f in ["controller.yaml", "node.yaml", "controller-drop-in.yaml", "node-drop-in.yaml"] {
+        for d in load(&manifests().join("examples").join(f)) {
+            if matches!(kind(&d), "Deployment" | "DaemonSet") {
+                out.push((f.to_string(), d));
+            }
+        }
+    }
+    assert_eq!(out.len(), 4);
+    out
+}
+
+fn containers(workload: &Value) -> Vec<Value> {
+    workload["spec"]["template"]["spec"]["containers"].as_array().cloned().unwrap_or_default()
+}
+
+fn sidecars(workload: &Value) -> Vec<Value> {
+    containers(workload).into_iter().filter(|c| c["image"] == SIDECAR_IMAGE).collect()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+/// The SYMLINKS of manifests/Dockerfile (the image's binary names).
+fn image_symlinks() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(manifests().join("Dockerfile")).expect("Dockerfile");
+    let line = text.lines().find_map(|l| l.strip_prefix("ARG SYMLINKS=\"")).expect("ARG SYMLINKS line");
+    line.trim_end_matches('"').split_whitespace().map(str::to_string).collect()
+}
+
+#[test]
+fn combined_examples_run_one_csi_sidecar_container_per_pod() {
+    for (file, w) in example_workloads().into_iter().filter(|(f, _)| !f.contains("drop-in")) {
+        let s = sidecars(&w);
+        assert_eq!(s.len(), 1, "{file}: one csi-sidecar container");
+        assert!(s[0].get("command").is_none(), "{file}: the image's entrypoint /csi-sidecar runs");
+        let args = strings(&s[0]["args"]);
+        let modules: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
+        let want: &[&str] =
+            if kind(&w) == "Deployment" { &["provisioner", "prober"] } else { &["registrar", "prober"] };
+        assert_eq!(modules, want, "{file}: {args:?}");
+        assert_eq!(containers(&w).len(), 2, "{file}: the driver and csi-sidecar");
+    }
+}
+
+#[test]
+fn drop_in_examples_swap_only_the_image_and_keep_upstream_binary_names() {
+    let links = image_symlinks();
+    for (file, w) in example_workloads().into_iter().filter(|(f, _)| f.contains("drop-in")) {
+        let s = sidecars(&w);
+        assert_eq!(s.len(), 2, "{file}: one container per upstream sidecar");
+        for c in s {
+            let command = strings(&c["command"]);
+            assert_eq!(command.len(), 1, "{file}: {c}");
+            let name = command[0].strip_prefix('/').expect("absolute command");
+            assert!(links.contains(name), "{file}: /{name} is not a symlink of the image ({links:?})");
+            assert!(
+                ["csi-provisioner", "csi-attacher", "csi-node-driver-registrar", "livenessprobe"].contains(&name),
+                "{file}: {name} is not an upstream binary name"
+            );
+        }
+    }
+}
+
+#[test]
+fn csi_sidecar_containers_are_locked_down() {
+    for (file, w) in example_workloads() {
+        let pod = &w["spec"]["template"]["spec"];
+        for c in sidecars(&w) {
+            let sc = &c["securityContext"];
+            let at = format!("{file} {}", c["name"]);
+            assert_eq!(sc["readOnlyRootFilesystem"], true, "{at}");
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{at}");
+            assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{at}");
+            assert!(sc["capabilities"].get("add").is_none(), "{at}");
+            assert!(sc.get("privileged").is_none_or(|p| p == false), "{at}");
+            assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{at}");
+            if kind(&w) == "Deployment" {
+                assert_eq!(sc["runAsNonRoot"], true, "{at}");
+                assert_eq!(sc["runAsUser"], 65532, "{at}");
+                assert_eq!(
+                    pod["securityContext"]["fsGroup"], 65532,
+                    "{at}: the socket emptyDir in csi-sidecar's group"
+                );
+            } else {
+                // The documented exception: root-owned kubelet directories.
+                assert_eq!(sc["runAsUser"], 0, "{at}");
+                assert_eq!(pod["automountServiceAccountToken"], false, "{at}");
+            }
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                assert!(m.get("mountPropagation").is_none(), "{at}: no mount propagation for csi-sidecar");
+            }
+        }
+    }
+}
+
+#[test]
+fn driver_liveness_probe_points_at_the_prober() {
+    for (file, w) in example_workloads() {
+        let all = containers(&w);
+        let driver = all.iter().find(|c| c["image"] == DRIVER_IMAGE).expect("driver container");
+        let probe = &driver["livenessProbe"]["httpGet"];
+        let port = probe["port"].as_str().expect("named port");
+        let owner = all
+            .iter()
+            .find(|c| c["ports"].as_array().into_iter().flatten().any(|p| p["name"] == port))
+            .unwrap_or_else(|| panic!("{file}: no container has port {port}"));
+        assert_eq!(owner["image"], SIDECAR_IMAGE, "{file}");
+        let prober_runs_alone = strings(&owner["command"]) == ["/livenessprobe"];
+        let path = probe["path"].as_str().unwrap_or_default();
+        if prober_runs_alone {
+            assert_eq!(path, "/healthz", "{file}: the livenessprobe container's only check");
+        } else {
+            assert_eq!(path, "/healthz/prober", "{file}: the prober's check alone, not the whole /healthz");
+            assert!(strings(&owner["args"]).iter().any(|a| a == "prober"), "{file}");
+        }
+    }
+}
+
+/// Every csi-sidecar command line of the examples is accepted by the real
+/// binary: started with the pod's args (addresses moved to this machine's
+/// temp dir and to 127.0.0.1), it does not exit with the usage status 2.
+#[test]
+fn example_command_lines_are_accepted_by_csi_sidecar() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("no-driver.sock");
+    for (file, w) in example_workloads() {
+        for c in sidecars(&w) {
+            let command = strings(&c["command"]);
+            let program = match command.first() {
+                None => sidecar_bin(),
+                Some(cmd) => symlinked_bin(dir.path(), cmd.trim_start_matches('/')),
+            };
+            let env: Vec<(String, String)> = c["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+                .collect();
+            let mut args: Vec<String> = strings(&c["args"])
+                .into_iter()
+                .map(|a| env.iter().fold(a, |a, (k, v)| a.replace(&format!("$({k})"), v)))
+                .map(|a| {
+                    if a.starts_with("--csi-address=") {
+                        format!("--csi-address={}", socket.display())
+                    } else if a.starts_with("--http-endpoint=") || a.starts_with("--health-port=") {
+                        format!("--http-endpoint=127.0.0.1:{}", free_port())
+                    } else {
+                        a
+                    }
+                })
+                .collect();
+            let registrar = args.iter().position(|a| a == "registrar");
+            if let Some(i) = registrar {
+                args.insert(i + 1, format!("--plugin-registration-path={}", dir.path().display()));
+            } else if command.first().is_some_and(|c| c.contains("registrar")) {
+                args.push(format!("--plugin-registration-path={}", dir.path().display()));
+            }
+            let at = format!("{file} {}: {} {}", c["name"], program.display(), args.join(" "));
+            let mut child = Command::new(&program)
+                .args(&args)
+                .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{at}: {e}"));
+            let start = Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().expect("wait") {
+                    break Some(s);
+                }
+                if start.elapsed() > Duration::from_millis(1500) {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            if status.is_none() {
+                let _ = child.kill();
+            }
+            let out = child.wait_with_output().expect("output");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_ne!(status.and_then(|s| s.code()), Some(2), "{at}: usage error:\n{stderr}");
+            assert!(!stderr.contains("unknown flag") && !stderr.contains("unknown module"), "{at}:\n{stderr}");
+        }
+    }
+}
+
+/// ClusterRole/Role rules as (apiGroup, resource, verb) triples.
+fn rules(role: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in role["rules"].as_array().into_iter().flatten() {
+        for g in strings(&r["apiGroups"]) {
+            for res in strings(&r["resources"]) {
+                for v in strings(&r["verbs"]) {
+                    out.insert((g.clone(), res.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn find<'a>(docs: &'a [Value], want_kind: &str, name_suffix: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| kind(d) == want_kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(name_suffix)))
+        .unwrap_or_else(|| panic!("no {want_kind} *{name_suffix}"))
+}
+
+#[test]
+fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let script = workspace_root().join("integration/scripts/check-manifests.sh");
+    let started = Instant::now();
+    let result = Command::new("bash")
+        .arg(&script)
+        .env("CSI_SIDECAR_BIN", sidecar_bin())
+        .env("CSI_SIDECAR_CLUSTER_BIN", launcher_bin())
+        .env("CHECK_MANIFESTS_OUT", out.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run check-manifests.sh");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    eprintln!("{stderr}");
+    assert!(result.status.success(), "check-manifests.sh failed ({}):\n{stdout}", result.status);
+    eprintln!("{}(check-manifests.sh: {:.1?})", stdout, started.elapsed());
+    assert!(stdout.contains("check-manifests: ok:"), "{stdout}");
+
+    // The chart's RBAC is the static files' RBAC.
+    let static_prov = load(&manifests().join("rbac/provisioner.yaml"));
+    let static_att = load(&manifests().join("rbac/attacher.yaml"));
+    let default = load(&out.path().join("chart-default.yaml"));
+    assert_eq!(
+        rules(find(&default, "ClusterRole", "-provisioner")),
+        rules(find(&static_prov, "ClusterRole", "-provisioner")),
+        "chart vs manifests/rbac/provisioner.yaml"
+    );
+    assert_eq!(
+        rules(find(&default, "Role", "-leader-election")),
+        rules(find(&static_prov, "Role", "-leader-election")),
+        "leader election"
+    );
+    let with_attacher = load(&out.path().join("chart-drop-in-attacher.yaml"));
+    assert_eq!(
+        rules(find(&with_attacher, "ClusterRole", "-attacher")),
+        rules(find(&static_att, "ClusterRole", "-attacher")),
+        "chart vs manifests/rbac/attacher.yaml"
+    );
+    // The narrower Secrets alternative: no cluster-wide secrets rule, a Role per namespace.
+    let narrow = load(&out.path().join("chart-attacher.yaml"));
+    for role in ["-provisioner", "-attacher"] {
+        assert!(
+            !rules(find(&narrow, "ClusterRole", role)).iter().any(|(_, r, _)| r == "secrets"),
+            "{role}: secrets granted cluster-wide"
+        );
+    }
+    let secret_roles: Vec<&Value> =
+        narrow.iter().filter(|d| kind(d) == "Role" && rules(d).iter().any(|(_, r, _)| r == "secrets")).collect();
+    assert_eq!(secret_roles.len(), 2, "one Role per listed namespace");
+    // The node ServiceAccount never gets a token, in every rendering.
+    for entry in std::fs::read_dir(out.path()).expect("out dir") {
+        let path = entry.expect("entry").path();
+        for d in load(&path) {
+            if kind(&d) == "ServiceAccount" && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-node")) {
+                assert_eq!(d["automountServiceAccountToken"], false, "{}", path.display());
+            }
+            if kind(&d) == "DaemonSet" {
+                assert_eq!(d["spec"]["template"]["spec"]["automountServiceAccountToken"], false, "{}", path.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+{{/* Names. */}}
+{{- define "csi-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "csi-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "csi-sidecar.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "csi-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "root" $ "component" "controller"). */}}
+{{- define "csi-sidecar.selector" -}}
+app.kubernetes.io/name: {{ include "csi-sidecar.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "csi-sidecar.controllerServiceAccount" -}}
+{{- default (printf "%s-controller" (include "csi-sidecar.fullname" .)) .Values.serviceAccount.controller.name -}}
+{{- end -}}
+
+{{- define "csi-sidecar.nodeServiceAccount" -}}
+{{- default (printf "%s-node" (include "csi-sidecar.fullname" .)) .Values.serviceAccount.node.name -}}
+{{- end -}}
+
+{{- define "csi-sidecar.image" -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
+
+{{- define "csi-sidecar.socket" -}}
+{{- printf "/csi/%s" .Values.driver.socketName -}}
+{{- end -}}
+
+{{/* The leader-election flags of a controller module. */}}
+{{- define "csi-sidecar.leaderArgs" -}}
+{{- $le := .Values.controller.leaderElection -}}
+{{- if $le.enabled }}
+- --leader-election
+{{- with $le.namespace }}
+- --leader-election-namespace={{ . }}
+{{- end }}
+{{- with $le.leaseDuration }}
+- --leader-election-lease-duration={{ . }}
+{{- end }}
+{{- with $le.renewDeadline }}
+- --leader-election-renew-deadline={{ . }}
+{{- end }}
+{{- with $le.retryPeriod }}
+- --leader-election-retry-period={{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* An HTTP livenessProbe; call with (dict "path" ... "port" ... "probe" <values>). */}}
+{{- define "csi-sidecar.httpProbe" -}}
+httpGet:
+  path: {{ .path }}
+  port: {{ .port }}
+initialDelaySeconds: {{ .probe.initialDelaySeconds }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- end -}}
+
+{{/*
+The CSI driver container; call with (dict "root" $ "side" "controller"|"node"
+"probePort" <port name or ""> "probePath" <path>).
+*/}}
+{{- define "csi-sidecar.driverContainer" -}}
+{{- $root := .root -}}
+{{- $d := $root.Values.driver -}}
+{{- $side := index $d .side -}}
+- name: driver
+  image: {{ $d.image }}
+  imagePullPolicy: {{ $d.pullPolicy }}
+  {{- if $d.socketUmask }}
+  command:
+    - /bin/sh
+    - -c
+    - {{ printf "umask %s && exec %s \"$@\"" $d.socketUmask $d.command | quote }}
+    - {{ $d.command | quote }}
+  {{- end }}
+  {{- with $side.args }}
+  args:
+    {{- range . }}
+    - {{ . | quote }}
+    {{- end }}
+  {{- end }}
+  env:
+    - name: CSI_ENDPOINT
+      value: {{ printf "unix://%s" (include "csi-sidecar.socket" $root) | quote }}
+    - name: KUBE_NODE_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: spec.nodeName
+    {{- with $side.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $side.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $side.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if .probePort }}
+  livenessProbe:
+    {{- include "csi-sidecar.httpProbe" (dict "path" .probePath "port" .probePort "probe" $d.livenessProbe) | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: socket-dir
+      mountPath: /csi
+    {{- if eq .side "node" }}
+    - name: mountpoint-dir
+      mountPath: {{ printf "%s/pods" $root.Values.node.kubeletDir }}
+      mountPropagation: Bidirectional
+    - name: plugins-dir
+      mountPath: {{ printf "%s/plugins" $root.Values.node.kubeletDir }}
+      mountPropagation: Bidirectional
+    {{- end }}
+    {{- with $side.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+One csi-sidecar container; call with (dict "root" $ "pod" <controller|node
+values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
+"ports" <list of (dict name port)> "probe" <"" or (dict path port)>
+"env" <bool: POD_NAMESPACE> "registration" <bool>).
+*/}}
+{{- define "csi-sidecar.sidecarContainer" -}}
+{{- $root := .root -}}
+- name: {{ .name }}
+  image: {{ include "csi-sidecar.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  {{- with .command }}
+  command: [{{ . | quote }}]
+  {{- end }}
+  args:
+    {{- range .args }}
+    - {{ . | quote }}
+    {{- end }}
+  {{- if .env }}
+  env:
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+  {{- end }}
+  ports:
+    {{- range .ports }}
+    - name: {{ .name }}
+      containerPort: {{ .port }}
+      protocol: TCP
+    {{- end }}
+  {{- if .probe }}
+  livenessProbe:
+    {{- include "csi-sidecar.httpProbe" (dict "path" .probe.path "port" .probe.port "probe" .pod.livenessProbe) | nindent 4 }}
+  {{- end }}
+  {{- with .pod.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .pod.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: socket-dir
+      mountPath: /csi
+    {{- if .registration }}
+    - name: registration-dir
+      mountPath: /registration
+    {{- end }}
+{{- end -}}
+
+{{/* Pod-level scheduling and security fields of a pod's values. */}}
+{{- define "csi-sidecar.podSpecCommon" -}}
+{{- with .pod.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .pod.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .pod.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .pod.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .pod.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
