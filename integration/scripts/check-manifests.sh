@@ -58,7 +58,8 @@ CLUSTER_PID=""
 cleanup() {
 	if [[ -n $CLUSTER_PID ]]; then
 		# Closing the launcher's stdin stops the cluster (in order).
-		exec {CLUSTER[1]}>&- 2>/dev/null || true
+		local fd=${CLUSTER[1]:-}
+		[[ -z $fd ]] || exec {fd}>&-
 		wait "$CLUSTER_PID" 2>/dev/null || true
 	fi
 	rm -rf "$WORK"
