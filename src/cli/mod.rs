@@ -91,7 +91,7 @@ fn shared_table(accepts: impl Fn(&str) -> bool) -> FlagTable {
 
 /// The shared flags a module accepts: its upstream list plus the logging flags.
 fn module_accepts_shared(spec: &modules::FlagSpec, name: &str) -> bool {
-    spec.shared.contains(&name) || shared::LOGGING.contains(&name)
+    spec.shared.iter().any(|group| group.contains(&name)) || shared::LOGGING.contains(&name)
 }
 
 fn is_help(name: &str) -> bool {

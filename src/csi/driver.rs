@@ -20,6 +20,32 @@ pub struct DriverInfo {
 }
 
 impl DriverInfo {
+    /// A driver with these capabilities (for tests and tools).
+    pub fn with_capabilities(
+        name: &str,
+        services: &[plugin_capability::service::Type],
+        rpcs: &[controller_service_capability::rpc::Type],
+    ) -> DriverInfo {
+        DriverInfo {
+            name: Arc::from(name),
+            vendor_version: String::new(),
+            plugin_capabilities: services
+                .iter()
+                .map(|s| PluginCapability {
+                    r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: *s as i32 })),
+                })
+                .collect(),
+            controller_capabilities: rpcs
+                .iter()
+                .map(|r| ControllerServiceCapability {
+                    r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc {
+                        r#type: *r as i32,
+                    })),
+                })
+                .collect(),
+        }
+    }
+
     /// Whether the driver advertises the plugin service `svc`.
     pub fn has_plugin_service(&self, svc: plugin_capability::service::Type) -> bool {
         self.plugin_capabilities

@@ -8,6 +8,7 @@ pub mod informers;
 pub mod leader;
 pub mod quantity;
 pub mod queue;
+pub mod secrets;
 
 use std::{collections::BTreeMap, time::Duration};
 

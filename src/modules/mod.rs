@@ -28,7 +28,8 @@ pub struct FlagSpec {
     /// Parses normalised arguments into the module's configuration.
     pub parse: fn(&str, &[&str]) -> Result<ModuleConfig, argh::EarlyExit>,
     /// The shared flags (besides logging) upstream accepts for this sidecar.
-    pub shared: &'static [&'static str],
+    /// Groups of shared flag names (see `cli::shared::CONTROLLER`).
+    pub shared: &'static [&'static [&'static str]],
 }
 
 /// One row of the module table.

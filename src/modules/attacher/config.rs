@@ -49,21 +49,7 @@ pub struct AttacherFlags {
 }
 
 /// Shared flags upstream external-attacher accepts, besides logging.
-pub const SHARED_FLAGS: &[&str] = &[
-    "csi-address",
-    "kubeconfig",
-    "http-endpoint",
-    "metrics-address",
-    "metrics-path",
-    "kube-api-qps",
-    "kube-api-burst",
-    "leader-election",
-    "leader-election-namespace",
-    "leader-election-lease-duration",
-    "leader-election-renew-deadline",
-    "leader-election-retry-period",
-    "leader-election-labels",
-];
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::cli::shared::CONTROLLER];
 
 /// Feature gates external-attacher knows.
 pub const FEATURE_GATES: &[&str] = &["MutableCSINodeAllocatableCount", "ReleaseLeaderElectionOnExit"];

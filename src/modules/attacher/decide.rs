@@ -177,30 +177,11 @@ mod tests {
     };
 
     use super::*;
-    use crate::csi::proto::csi::v1::{
-        ControllerServiceCapability, PluginCapability, controller_service_capability, plugin_capability,
-    };
 
     const D: &str = "hostpath.csi.k8s.io";
 
     fn driver(caps: &[Rpc]) -> DriverInfo {
-        DriverInfo {
-            name: D.into(),
-            vendor_version: "1".into(),
-            plugin_capabilities: vec![PluginCapability {
-                r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                    r#type: Svc::ControllerService as i32,
-                })),
-            }],
-            controller_capabilities: caps
-                .iter()
-                .map(|r| ControllerServiceCapability {
-                    r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc {
-                        r#type: *r as i32,
-                    })),
-                })
-                .collect(),
-        }
+        DriverInfo::with_capabilities(D, &[Svc::ControllerService], caps)
     }
 
     fn va(attacher: &str, attached: bool, deleting: bool, finalizer: bool) -> VolumeAttachment {

@@ -22,7 +22,7 @@ use ::kube::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{PersistentVolume, Secret},
+        core::v1::PersistentVolume,
         storage::v1::{CSINode, VolumeAttachment},
     },
     jiff::Timestamp,
@@ -102,16 +102,7 @@ impl Attacher {
             return Ok(HashMap::new());
         };
         let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
-            .get(&name)
-            .await
-            .map_err(|e| format!("error getting secret {name} in namespace {ns}: {e}"))?;
-        Ok(secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
+        crate::kube::secrets::secret_data(&self.client, &name, &ns).await
     }
 
     async fn sync(&self, name: String) -> Outcome {

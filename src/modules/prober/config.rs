@@ -23,4 +23,5 @@ pub struct ProberFlags {
 }
 
 /// Shared flags upstream livenessprobe accepts, besides the logging flags.
-pub const SHARED_FLAGS: &[&str] = &["csi-address", "http-endpoint", "metrics-address", "metrics-path", "health-port"];
+pub const SHARED_FLAGS: &[&[&str]] =
+    &[&["csi-address", "http-endpoint", "metrics-address", "metrics-path", "health-port"]];

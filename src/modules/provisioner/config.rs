@@ -105,22 +105,7 @@ pub struct ProvisionerFlags {
 }
 
 /// Shared flags upstream external-provisioner accepts, besides logging.
-pub const SHARED_FLAGS: &[&str] = &[
-    "csi-address",
-    "kubeconfig",
-    "http-endpoint",
-    "metrics-address",
-    "metrics-path",
-    "kube-api-qps",
-    "kube-api-burst",
-    "leader-election",
-    "leader-election-namespace",
-    "leader-election-lease-duration",
-    "leader-election-renew-deadline",
-    "leader-election-retry-period",
-    "leader-election-labels",
-    "enable-pprof",
-];
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::cli::shared::CONTROLLER, &["enable-pprof"]];
 
 /// Feature gates external-provisioner knows.
 pub const FEATURE_GATES: &[&str] =

@@ -23,7 +23,7 @@ use ::kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim, Secret},
+    core::v1::{PersistentVolume, PersistentVolumeClaim},
     storage::v1::{StorageClass, VolumeAttachment},
 };
 use tokio_util::sync::CancellationToken;
@@ -113,18 +113,8 @@ impl Provisioner {
         self.events.publish(reference(pvc), kind, reason, message);
     }
 
-    async fn secret(&self, r: &SecretRef) -> Result<std::collections::HashMap<String, String>, String> {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &r.namespace);
-        let secret = api
-            .get(&r.name)
-            .await
-            .map_err(|e| format!("error getting secret {} in namespace {}: {e}", r.name, r.namespace))?;
-        Ok(secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-            .collect())
+    async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
+        crate::kube::secrets::secret_data(&self.client, &r.name, &r.namespace).await
     }
 
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, tonic::Status> {

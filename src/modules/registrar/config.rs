@@ -39,4 +39,4 @@ pub struct RegistrarFlags {
 }
 
 /// Shared flags upstream node-driver-registrar accepts, besides the logging flags.
-pub const SHARED_FLAGS: &[&str] = &["csi-address", "http-endpoint", "health-port", "enable-pprof"];
+pub const SHARED_FLAGS: &[&[&str]] = &[&["csi-address", "http-endpoint", "health-port", "enable-pprof"]];

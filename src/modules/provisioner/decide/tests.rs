@@ -1,9 +1,6 @@
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, PersistentVolumeStatus, VolumeResourceRequirements};
 
 use super::*;
-use crate::csi::proto::csi::v1::{
-    ControllerServiceCapability, PluginCapability, controller_service_capability, plugin_capability,
-};
 
 const DRIVER: &str = "mock.csi.example.com";
 
@@ -18,23 +15,7 @@ fn settings() -> Settings {
 }
 
 fn driver(ctrl: &[Rpc]) -> DriverInfo {
-    DriverInfo {
-        name: DRIVER.into(),
-        vendor_version: "1".into(),
-        plugin_capabilities: vec![PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                r#type: Svc::ControllerService as i32,
-            })),
-        }],
-        controller_capabilities: ctrl
-            .iter()
-            .map(|r| ControllerServiceCapability {
-                r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc {
-                    r#type: *r as i32,
-                })),
-            })
-            .collect(),
-    }
+    DriverInfo::with_capabilities(DRIVER, &[Svc::ControllerService], ctrl)
 }
 
 fn pvc(ann: &[(&str, &str)], modes: &[&str], size: &str) -> PersistentVolumeClaim {
