@@ -291,3 +291,55 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     assert_eq!(ours, 0);
     ns.delete().await;
 }
+
+/// A topology-aware driver: without a CSINode carrying its keys there is no
+/// topology ("no available topology found", retried); with one, the PV gets
+/// the driver's accessible topology as nodeAffinity.
+#[tokio::test]
+async fn topology_from_csinodes_and_node_labels() {
+    use csi_sidecar_integration::kube_support::{csi_node, node};
+    use k8s_openapi::api::{core::v1::Node, storage::v1::CSINode};
+    const KEY: &str = "io.kubernetes.storage.mock/node";
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(&cp.client().await, "topo").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver_name = format!("{}.csi.example.com", unique_name("topo"));
+    let csi = dir.path().join("csi.sock");
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", csi.display()), format!("--name={driver_name}"), "--enable-topology".into()],
+        dir.path(),
+    );
+    let args = vec![
+        format!("--csi-address={}", csi.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "--retry-interval-start=200ms".to_string(),
+        "--retry-interval-max=1s".to_string(),
+    ];
+    let _p = Proc::spawn("csi-provisioner", &symlinked_bin(dir.path(), "csi-provisioner"), &args, dir.path());
+    let sc_name = ns.scoped("sc");
+    create(&Api::<StorageClass>::all(ns.client().clone()), &storage_class(&sc_name, &driver_name)).await;
+    create(&ns.api(), &pvc("zoned", Some(&sc_name), "1Mi")).await;
+    wait_event(&ns, "zoned", "ProvisioningFailed", "no available topology found").await;
+
+    let node_name = ns.scoped("node");
+    create(&Api::<Node>::all(ns.client().clone()), &node(&node_name, &[(KEY, "some-mock-node")])).await;
+    create(&Api::<CSINode>::all(ns.client().clone()), &csi_node(&node_name, &driver_name, "n", &[KEY])).await;
+    let pv = bound_pv(&ns, "zoned").await;
+    let terms = pv
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    let expr = terms
+        .first()
+        .and_then(|t| t.match_expressions.as_ref())
+        .and_then(|e| e.first())
+        .cloned()
+        .expect("nodeAffinity");
+    assert_eq!((expr.key.as_str(), expr.operator.as_str()), (KEY, "In"));
+    assert_eq!(expr.values, Some(vec!["some-mock-node".to_string()]));
+    ns.delete().await;
+}

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod decide;
 pub mod params;
+pub mod topology;
 
 use std::{
     collections::HashMap,
@@ -17,14 +18,15 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use ::kube::core::PartialObjectMeta;
 use ::kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::reflector::{ObjectRef, Store},
 };
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim},
-    storage::v1::{StorageClass, VolumeAttachment},
+    core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
+    storage::v1::{CSINode, StorageClass, VolumeAttachment},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -78,6 +80,8 @@ struct Provisioner {
     pvs: Store<PersistentVolume>,
     classes: Store<StorageClass>,
     attachments: Option<Store<VolumeAttachment>>,
+    /// Node labels (metadata-only watch) and CSINodes, with a topology-aware driver.
+    topology: Option<(Store<PartialObjectMeta<Node>>, Store<CSINode>)>,
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
@@ -115,6 +119,41 @@ impl Provisioner {
 
     async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
         crate::kube::secrets::secret_data(&self.client, &r.name, &r.namespace).await
+    }
+
+    /// Accessibility requirements for a topology-aware driver.
+    fn accessibility(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
+    ) -> Result<Option<csi::TopologyRequirement>, topology::TopologyError> {
+        let Some((nodes, csinodes)) = &self.topology else { return Ok(None) };
+        let driver = self.driver.name.to_string();
+        let labels = |n: &str| nodes.get(&ObjectRef::new(n)).map(|m| m.metadata.labels.clone().unwrap_or_default());
+        let keys_of = |c: &CSINode| {
+            c.spec.drivers.iter().find(|d| d.name == driver).map(|d| d.topology_keys.clone().unwrap_or_default())
+        };
+        let keys = |n: &str| csinodes.get(&ObjectRef::new(n)).map(|c| keys_of(&c).unwrap_or_default());
+        let driver_nodes =
+            csinodes.state().iter().filter(|c| keys_of(c).is_some()).filter_map(|c| c.metadata.name.clone()).collect();
+        let view = topology::ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes };
+        let terms: Vec<Vec<(String, Vec<String>)>> = sc
+            .allowed_topologies
+            .iter()
+            .flatten()
+            .map(|t| t.match_label_expressions.iter().flatten().map(|e| (e.key.clone(), e.values.clone())).collect())
+            .collect();
+        let allowed = topology::flatten_allowed(&terms);
+        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).map(String::as_str);
+        let req = topology::Request {
+            late_binding: sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"),
+            selected_node: selected,
+            strict: self.cfg.strict_topology,
+            immediate_topology: self.cfg.immediate_topology,
+            allowed: &allowed,
+            pvc_name: pvc.metadata.name.as_deref().unwrap_or_default(),
+        };
+        topology::requirements(&req, &view)
     }
 
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, tonic::Status> {
@@ -213,6 +252,19 @@ impl Provisioner {
             }
         };
         let mut request = plan.request.clone();
+        match self.accessibility(pvc, sc) {
+            Ok(r) => request.accessibility_requirements = r,
+            Err(topology::TopologyError::Reschedule(e)) => {
+                failed(format!("error generating accessibility requirements: {e}"));
+                let (client, pvc) = (self.client.clone(), pvc.clone());
+                tokio::spawn(async move { unselect_node(client, &pvc).await });
+                return Outcome::Done;
+            }
+            Err(topology::TopologyError::Retry(e)) => {
+                failed(format!("error generating accessibility requirements: {e}"));
+                return Outcome::Retry;
+            }
+        }
         if let Some(r) = &plan.provisioner_secret {
             match self.secret(r).await {
                 Ok(s) => request.secrets = s,
@@ -506,6 +558,14 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let sc_inf = informers.get::<StorageClass>();
     let va_inf =
         driver.has_controller_capability(Rpc::PublishUnpublishVolume).then(|| informers.get::<VolumeAttachment>());
+    let topology_gate = config::parse_feature_gates(&cfg.feature_gates)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|(g, _)| g == "Topology")
+        .is_none_or(|(_, on)| on);
+    // Nodes are only read for their labels: a metadata-only watch.
+    let topo_inf = (topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints))
+        .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
     informers.start(&ctx.shutdown);
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
@@ -551,6 +611,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         pvs: pv_inf.store(),
         classes: sc_inf.store(),
         attachments: va_inf.as_ref().map(|i| i.store()),
+        topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
         volume_deleted: Mutex::default(),
         driver: driver.clone(),

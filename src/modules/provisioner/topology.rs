@@ -1,0 +1,271 @@
+//! Accessibility requirements for `CreateVolume` (external-provisioner's
+//! topology table): pure, from the StorageClass, the selected node, the
+//! nodes' labels and the CSINodes' topology keys.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::csi::proto::csi::v1::{Topology, TopologyRequirement};
+
+/// A topology segment: key → value.
+pub type Segment = BTreeMap<String, String>;
+
+/// What the cluster looks like, as far as topology goes.
+pub struct ClusterView<'a> {
+    /// Node name → labels.
+    pub node_labels: &'a dyn Fn(&str) -> Option<BTreeMap<String, String>>,
+    /// Node name → the driver's topology keys in that node's CSINode
+    /// (`None`: no CSINode; `Some(empty)`: the driver has no keys there).
+    pub node_keys: &'a dyn Fn(&str) -> Option<Vec<String>>,
+    /// Every node name that has a CSINode listing the driver.
+    pub driver_nodes: Vec<String>,
+}
+
+/// Why no requirements could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// The selected node (or its CSINode) does not exist: ask the scheduler again.
+    #[error("{0}")]
+    Reschedule(String),
+    /// Retry later.
+    #[error("{0}")]
+    Retry(String),
+}
+
+/// The inputs from the PVC and StorageClass.
+pub struct Request<'a> {
+    /// `WaitForFirstConsumer`.
+    pub late_binding: bool,
+    /// `volume.kubernetes.io/selected-node`.
+    pub selected_node: Option<&'a str>,
+    /// `--strict-topology`.
+    pub strict: bool,
+    /// `--immediate-topology`.
+    pub immediate_topology: bool,
+    /// `allowedTopologies`, flattened to segments.
+    pub allowed: &'a [Segment],
+    /// PVC name (spreads preferred segments of Immediate volumes).
+    pub pvc_name: &'a str,
+}
+
+/// Flattens `allowedTopologies` terms (each `key In [values]` expression
+/// multiplies) into segments.
+pub fn flatten_allowed(terms: &[Vec<(String, Vec<String>)>]) -> Vec<Segment> {
+    let mut out = Vec::new();
+    for term in terms {
+        let mut segments: Vec<Segment> = vec![Segment::new()];
+        for (key, values) in term {
+            segments = segments
+                .into_iter()
+                .flat_map(|s| {
+                    values.iter().map(move |v| {
+                        let mut s = s.clone();
+                        s.insert(key.clone(), v.clone());
+                        s
+                    })
+                })
+                .collect();
+        }
+        out.extend(segments.into_iter().filter(|s| !s.is_empty()));
+    }
+    dedup(out)
+}
+
+fn dedup(segments: Vec<Segment>) -> Vec<Segment> {
+    let set: BTreeSet<Segment> = segments.into_iter().collect();
+    set.into_iter().collect()
+}
+
+fn node_segment(view: &ClusterView<'_>, node: &str, keys: &[String]) -> Option<Segment> {
+    let labels = (view.node_labels)(node)?;
+    keys.iter().map(|k| labels.get(k).map(|v| (k.clone(), v.clone()))).collect()
+}
+
+fn selected_segment(view: &ClusterView<'_>, node: &str) -> Result<(Vec<String>, Segment), TopologyError> {
+    if (view.node_labels)(node).is_none() {
+        return Err(TopologyError::Reschedule(format!("node \"{node}\" not found")));
+    }
+    let keys =
+        (view.node_keys)(node).ok_or_else(|| TopologyError::Reschedule(format!("csinode \"{node}\" not found")))?;
+    if keys.is_empty() {
+        return Err(TopologyError::Retry(format!("no topology key found for node {node}")));
+    }
+    let segment = node_segment(view, node, &keys).ok_or_else(|| {
+        TopologyError::Retry(format!(
+            "topology labels from selected node {node} do not match the driver's keys {keys:?}"
+        ))
+    })?;
+    Ok((keys, segment))
+}
+
+/// Every distinct segment of nodes that carry all of `keys`.
+fn aggregate(view: &ClusterView<'_>, keys: &[String]) -> Vec<Segment> {
+    dedup(
+        view.driver_nodes
+            .iter()
+            .filter(|n| (view.node_keys)(n).is_some_and(|k| k.iter().collect::<BTreeSet<_>>() == keys.iter().collect()))
+            .filter_map(|n| node_segment(view, n, keys))
+            .collect(),
+    )
+}
+
+fn rotate_to(mut segments: Vec<Segment>, first: usize) -> Vec<Segment> {
+    if !segments.is_empty() {
+        let k = first % segments.len();
+        segments.rotate_left(k);
+    }
+    segments
+}
+
+/// FNV-1a of the PVC name without a StatefulSet ordinal, plus the ordinal:
+/// the volumes of one StatefulSet prefer consecutive segments.
+fn spread_offset(pvc_name: &str) -> usize {
+    let (base, ordinal) = match pvc_name.rsplit_once('-') {
+        Some((b, o)) if !o.is_empty() && o.bytes().all(|c| c.is_ascii_digit()) => (b, o.parse::<usize>().unwrap_or(0)),
+        _ => (pvc_name, 0),
+    };
+    let mut h: u32 = 0x811c_9dc5;
+    for b in base.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h as usize).wrapping_add(ordinal)
+}
+
+fn to_csi(segments: &[Segment]) -> Vec<Topology> {
+    segments.iter().map(|s| Topology { segments: s.iter().map(|(k, v)| (k.clone(), v.clone())).collect() }).collect()
+}
+
+/// The requirements, or `None` when there are none to give.
+pub fn requirements(req: &Request<'_>, view: &ClusterView<'_>) -> Result<Option<TopologyRequirement>, TopologyError> {
+    let (requisite, preferred) = match (req.late_binding, req.selected_node) {
+        (true, Some(node)) => {
+            let (keys, selected) = selected_segment(view, node)?;
+            if req.strict {
+                if !req.allowed.is_empty() && !req.allowed.contains(&selected) {
+                    return Err(TopologyError::Retry(format!(
+                        "selected node '{node}' topology '{selected:?}' is not in allowed topologies: {:?}",
+                        req.allowed
+                    )));
+                }
+                (vec![selected.clone()], vec![selected])
+            } else {
+                let requisite = if req.allowed.is_empty() { aggregate(view, &keys) } else { req.allowed.to_vec() };
+                let first = requisite.iter().position(|s| *s == selected).unwrap_or(0);
+                let preferred = rotate_to(requisite.clone(), first);
+                (requisite, preferred)
+            }
+        }
+        _ => {
+            let requisite = if !req.allowed.is_empty() {
+                req.allowed.to_vec()
+            } else if req.immediate_topology {
+                let keys = view.driver_nodes.iter().find_map(|n| (view.node_keys)(n).filter(|k| !k.is_empty()));
+                let Some(keys) = keys else {
+                    return Err(TopologyError::Retry("no available topology found".into()));
+                };
+                let all = aggregate(view, &keys);
+                if all.is_empty() {
+                    return Err(TopologyError::Retry("no available topology found".into()));
+                }
+                all
+            } else {
+                return Ok(None);
+            };
+            let preferred = rotate_to(requisite.clone(), spread_offset(req.pvc_name));
+            (requisite, preferred)
+        }
+    };
+    Ok(Some(TopologyRequirement { requisite: to_csi(&requisite), preferred: to_csi(&preferred) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: &str = "topology.example.com/zone";
+
+    fn seg(v: &str) -> Segment {
+        [(K.to_string(), v.to_string())].into()
+    }
+
+    fn view(nodes: &[(&str, &str)]) -> (Vec<(String, String)>, Vec<String>) {
+        (
+            nodes.iter().map(|(n, z)| (n.to_string(), z.to_string())).collect(),
+            nodes.iter().map(|(n, _)| n.to_string()).collect(),
+        )
+    }
+
+    fn run(req: &Request<'_>, nodes: &[(&str, &str)]) -> Result<Option<(Vec<Segment>, Vec<Segment>)>, TopologyError> {
+        let (zones, names) = view(nodes);
+        let labels = |n: &str| zones.iter().find(|(x, _)| x == n).map(|(_, z)| [(K.to_string(), z.clone())].into());
+        let keys = |n: &str| zones.iter().any(|(x, _)| x == n).then(|| vec![K.to_string()]);
+        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: names };
+        let back = |t: &Vec<Topology>| {
+            t.iter().map(|t| t.segments.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).collect()
+        };
+        requirements(req, &v).map(|o| o.map(|r| (back(&r.requisite), back(&r.preferred))))
+    }
+
+    fn req<'a>(late: bool, node: Option<&'a str>, strict: bool, imm: bool, allowed: &'a [Segment]) -> Request<'a> {
+        Request { late_binding: late, selected_node: node, strict, immediate_topology: imm, allowed, pvc_name: "data" }
+    }
+
+    const NODES: &[(&str, &str)] = &[("n1", "a"), ("n2", "b"), ("n3", "c"), ("n4", "a")];
+
+    #[test]
+    fn late_binding_strict_is_the_selected_node_only() {
+        let got = run(&req(true, Some("n2"), true, true, &[]), NODES).unwrap().unwrap();
+        assert_eq!(got, (vec![seg("b")], vec![seg("b")]));
+        let allowed = [seg("a")];
+        assert!(matches!(run(&req(true, Some("n2"), true, true, &allowed), NODES), Err(TopologyError::Retry(_))));
+    }
+
+    #[test]
+    fn late_binding_aggregates_and_prefers_the_selected_node() {
+        let (requisite, preferred) = run(&req(true, Some("n3"), false, true, &[]), NODES).unwrap().unwrap();
+        assert_eq!(requisite, vec![seg("a"), seg("b"), seg("c")]);
+        assert_eq!(preferred[0], seg("c"));
+        assert_eq!(preferred.len(), 3);
+        let allowed = [seg("b"), seg("c")];
+        let (requisite, preferred) = run(&req(true, Some("n3"), false, true, &allowed), NODES).unwrap().unwrap();
+        assert_eq!(requisite, allowed.to_vec());
+        assert_eq!(preferred[0], seg("c"));
+    }
+
+    #[test]
+    fn immediate_binding() {
+        let (requisite, preferred) = run(&req(false, None, false, true, &[]), NODES).unwrap().unwrap();
+        assert_eq!(requisite, vec![seg("a"), seg("b"), seg("c")]);
+        assert_eq!(preferred.iter().collect::<BTreeSet<_>>(), requisite.iter().collect::<BTreeSet<_>>());
+        assert_eq!(run(&req(false, None, false, false, &[]), NODES).unwrap(), None, "--immediate-topology=false");
+        let allowed = [seg("z")];
+        assert_eq!(run(&req(false, None, false, false, &allowed), NODES).unwrap().unwrap().0, vec![seg("z")]);
+        assert_eq!(
+            run(&req(false, None, false, true, &[]), &[]),
+            Err(TopologyError::Retry("no available topology found".into()))
+        );
+    }
+
+    #[test]
+    fn missing_selected_node_reschedules() {
+        assert!(matches!(run(&req(true, Some("gone"), false, true, &[]), NODES), Err(TopologyError::Reschedule(_))));
+    }
+
+    #[test]
+    fn statefulset_volumes_spread() {
+        let a = spread_offset("data-web-0");
+        let b = spread_offset("data-web-1");
+        assert_eq!(b, a.wrapping_add(1));
+    }
+
+    #[test]
+    fn allowed_terms_flatten() {
+        let terms = vec![vec![
+            (K.to_string(), vec!["a".to_string(), "b".to_string()]),
+            ("rack".to_string(), vec!["1".to_string()]),
+        ]];
+        let flat = flatten_allowed(&terms);
+        assert_eq!(flat.len(), 2);
+        assert!(flat.iter().all(|s| s["rack"] == "1"));
+    }
+}
