@@ -195,7 +195,10 @@ mod tests {
         )
     }
 
-    fn run(req: &Request<'_>, nodes: &[(&str, &str)]) -> Result<Option<(Vec<Segment>, Vec<Segment>)>, TopologyError> {
+    /// (requisite, preferred).
+    type Both = (Vec<Segment>, Vec<Segment>);
+
+    fn run(req: &Request<'_>, nodes: &[(&str, &str)]) -> Result<Option<Both>, TopologyError> {
         let (zones, names) = view(nodes);
         let labels = |n: &str| zones.iter().find(|(x, _)| x == n).map(|(_, z)| [(K.to_string(), z.clone())].into());
         let keys = |n: &str| zones.iter().any(|(x, _)| x == n).then(|| vec![K.to_string()]);
