@@ -9,8 +9,8 @@
 //! * Sufficiency: each module runs under exactly those manifests (applied to
 //!   the control plane, credentials minted for the controller
 //!   ServiceAccount): the provisioner provisions, binds, deletes and cleans
-//!   up a volume, with secrets, events (including an aggregated repeat) and
-//!   leader election; the attacher attaches and detaches a volume for the
+//!   up a volume, with secrets, topology, events (including an aggregated
+//!   repeat) and leader election; the attacher attaches and detaches a volume for the
 //!   real attach-detach controller, with a publish secret and leader
 //!   election; without a single `forbidden` in the log, in an Event or in a
 //!   VolumeAttachment's status.
@@ -132,7 +132,7 @@ const PROVISIONER_CALLS: &[(&str, &str, &str)] = &[
     ("storage.k8s.io", "volumeattachments", "watch"),
     // `run`: informers.metadata::<Node>() and informers.get::<CSINode>() for
     // topology, only with a driver reporting VOLUME_ACCESSIBILITY_CONSTRAINTS
-    // (not exercised by the live test below: the mock driver runs without).
+    // (the live run's driver does).
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("storage.k8s.io", "csinodes", "list"),
@@ -303,6 +303,8 @@ fn node_service_account_has_no_token_and_no_binding() {
 // Live: each controller module under exactly the manifests' RBAC.
 
 const CONTROLLER_SA: &str = "csi-sidecar-controller";
+/// The mock driver's topology key (`--enable-topology`).
+const TOPOLOGY_KEY: &str = "io.kubernetes.storage.mock/node";
 const STEP: Duration = Duration::from_secs(45);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -326,9 +328,8 @@ impl Module {
             Module::Attacher => ATTACHER_CALLS,
         };
         let unexercised = |(_, r, v): &Triple| match self {
-            // Only on reschedule, which the mock driver cannot trigger; and
-            // topology, which the live run's driver does not have.
-            Module::Provisioner => (r == "persistentvolumeclaims" && v == "patch") || r == "nodes" || r == "csinodes",
+            // Only on reschedule, which the mock driver cannot trigger.
+            Module::Provisioner => r == "persistentvolumeclaims" && v == "patch",
             Module::Attacher => false,
         };
         set(calls).into_iter().chain(set(LEADER_ELECTION_CALLS)).filter(|t| !unexercised(t)).collect()
@@ -443,17 +444,17 @@ impl Cycle {
         let node_name = ns.scoped("node");
         let csi = dir.path().join("csi.sock");
         // Attach enabled (the default): ControllerPublish for the attacher,
-        // and the provisioner also watches VolumeAttachments.
-        let driver = Proc::spawn(
-            "csi-mock-driver",
-            &component_bin("csi-mock-driver"),
-            &[
-                format!("--endpoint=unix://{}", csi.display()),
-                format!("--name={driver_name}"),
-                format!("--node-id={node_name}"),
-            ],
-            dir.path(),
-        );
+        // and the provisioner also watches VolumeAttachments. Topology for
+        // the provisioner: it also watches Nodes and CSINodes.
+        let mut driver_args = vec![
+            format!("--endpoint=unix://{}", csi.display()),
+            format!("--name={driver_name}"),
+            format!("--node-id={node_name}"),
+        ];
+        if module == Module::Provisioner {
+            driver_args.push("--enable-topology".into());
+        }
+        let driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
         let mut args = vec![
             format!("--csi-address={}", csi.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -579,8 +580,8 @@ impl Cycle {
         }
     }
 
-    /// Provision (with a provisioner secret), bind, renew the Lease,
-    /// aggregate a repeated event, delete and clean up.
+    /// Provision (with a provisioner secret and topology), bind, renew the
+    /// Lease, aggregate a repeated event, delete and clean up.
     async fn run_provisioner(&mut self) -> Result<(), Failure> {
         let client = self.ns.client().clone();
         let ns = self.ns.name().to_string();
@@ -590,6 +591,14 @@ impl Cycle {
 
         // A provisioner secret, read at CreateVolume and again at DeleteVolume.
         create(&Api::namespaced(client.clone(), &ns), &Self::secret("provisioner-creds")).await;
+        // A node of the topology-aware driver: its CSINode names the mock's
+        // topology key, its labels the value (accessibility requirements).
+        create(&Api::<Node>::all(client.clone()), &node(&self.node_name, &[(TOPOLOGY_KEY, "some-mock-node")])).await;
+        create(
+            &Api::<CSINode>::all(client.clone()),
+            &csi_node(&self.node_name, &self.driver_name, &self.node_name, &[TOPOLOGY_KEY]),
+        )
+        .await;
         let with_secret = |sc_name: &str, secret_name: &str| {
             let mut sc = storage_class(sc_name, &self.driver_name);
             sc.parameters = Some(BTreeMap::from([
@@ -615,6 +624,10 @@ impl Cycle {
             })
             .await?;
         let pv = pvs.get(&pv_name).await.map_err(|e| self.fail(format!("get PV {pv_name}: {e}")))?;
+        let affinity = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).and_then(|a| a.required.as_ref());
+        if !serde_json::to_string(&affinity).unwrap_or_default().contains(TOPOLOGY_KEY) {
+            return Err(self.fail(format!("the PV has no topology nodeAffinity: {affinity:?}")));
+        }
         let ann = pv.metadata.annotations.clone().unwrap_or_default();
         if ann.get("volume.kubernetes.io/provisioner-deletion-secret-name").map(String::as_str)
             != Some("provisioner-creds")
@@ -836,11 +849,10 @@ async fn every_exercised_verb_is_needed(module: Module) {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// 17 triples: all of the provisioner's but PVC `patch` (reschedule only)
-/// and Nodes and CSINodes (topology).
+/// 21 triples: all of the provisioner's but PVC `patch` (reschedule only).
 #[tokio::test]
 async fn provisioner_fails_without_any_one_exercised_verb() {
-    assert_eq!(Module::Provisioner.exercised().len(), 17);
+    assert_eq!(Module::Provisioner.exercised().len(), 21);
     every_exercised_verb_is_needed(Module::Provisioner).await;
 }
 
