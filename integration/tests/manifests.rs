@@ -155,71 +155,77 @@ fn driver_liveness_probe_points_at_the_prober() {
     }
 }
 
+/// Starts a csi-sidecar container's command line with the real binary (the
+/// driver address moved to a missing socket in `dir`, HTTP to 127.0.0.1, no
+/// kubeconfig) and checks it is not a usage error (status 2): every flag
+/// and module is known and every value parses.
+fn assert_command_line_accepted(at: &str, c: &Value, dir: &Path) {
+    let socket = dir.join("no-driver.sock");
+    let command = strings(&c["command"]);
+    let program = match command.first() {
+        None => sidecar_bin(),
+        Some(cmd) => symlinked_bin(dir, cmd.trim_start_matches('/')),
+    };
+    let env: Vec<(String, String)> = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect();
+    let mut args: Vec<String> = strings(&c["args"])
+        .into_iter()
+        .map(|a| env.iter().fold(a, |a, (k, v)| a.replace(&format!("$({k})"), v)))
+        .map(|a| {
+            if a.starts_with("--csi-address=") {
+                format!("--csi-address={}", socket.display())
+            } else if a.starts_with("--http-endpoint=") || a.starts_with("--health-port=") {
+                format!("--http-endpoint=127.0.0.1:{}", free_port())
+            } else {
+                a
+            }
+        })
+        .collect();
+    if let Some(i) = args.iter().position(|a| a == "registrar") {
+        args.insert(i + 1, format!("--plugin-registration-path={}", dir.display()));
+    } else if command.first().is_some_and(|c| c.contains("registrar")) {
+        args.push(format!("--plugin-registration-path={}", dir.display()));
+    }
+    let at = format!("{at} {}: {} {}", c["name"], program.display(), args.join(" "));
+    let mut child = Command::new(&program)
+        .args(&args)
+        .env("KUBECONFIG", dir.join("no-kubeconfig"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{at}: {e}"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_millis(1500) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(status.and_then(|s| s.code()), Some(2), "{at}: usage error:\n{stderr}");
+    assert!(!stderr.contains("unknown flag") && !stderr.contains("unknown module"), "{at}:\n{stderr}");
+}
+
 /// Every csi-sidecar command line of the examples is accepted by the real
-/// binary: started with the pod's args (addresses moved to this machine's
-/// temp dir and to 127.0.0.1), it does not exit with the usage status 2.
+/// binary.
 #[test]
 fn example_command_lines_are_accepted_by_csi_sidecar() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("no-driver.sock");
     for (file, w) in example_workloads() {
         for c in sidecars(&w) {
-            let command = strings(&c["command"]);
-            let program = match command.first() {
-                None => sidecar_bin(),
-                Some(cmd) => symlinked_bin(dir.path(), cmd.trim_start_matches('/')),
-            };
-            let env: Vec<(String, String)> = c["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
-                .collect();
-            let mut args: Vec<String> = strings(&c["args"])
-                .into_iter()
-                .map(|a| env.iter().fold(a, |a, (k, v)| a.replace(&format!("$({k})"), v)))
-                .map(|a| {
-                    if a.starts_with("--csi-address=") {
-                        format!("--csi-address={}", socket.display())
-                    } else if a.starts_with("--http-endpoint=") || a.starts_with("--health-port=") {
-                        format!("--http-endpoint=127.0.0.1:{}", free_port())
-                    } else {
-                        a
-                    }
-                })
-                .collect();
-            let registrar = args.iter().position(|a| a == "registrar");
-            if let Some(i) = registrar {
-                args.insert(i + 1, format!("--plugin-registration-path={}", dir.path().display()));
-            } else if command.first().is_some_and(|c| c.contains("registrar")) {
-                args.push(format!("--plugin-registration-path={}", dir.path().display()));
-            }
-            let at = format!("{file} {}: {} {}", c["name"], program.display(), args.join(" "));
-            let mut child = Command::new(&program)
-                .args(&args)
-                .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("{at}: {e}"));
-            let start = Instant::now();
-            let status = loop {
-                if let Some(s) = child.try_wait().expect("wait") {
-                    break Some(s);
-                }
-                if start.elapsed() > Duration::from_millis(1500) {
-                    break None;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
-            if status.is_none() {
-                let _ = child.kill();
-            }
-            let out = child.wait_with_output().expect("output");
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_ne!(status.and_then(|s| s.code()), Some(2), "{at}: usage error:\n{stderr}");
-            assert!(!stderr.contains("unknown flag") && !stderr.contains("unknown module"), "{at}:\n{stderr}");
+            assert_command_line_accepted(&file, &c, dir.path());
         }
     }
 }
@@ -296,6 +302,20 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
     let secret_roles: Vec<&Value> =
         narrow.iter().filter(|d| kind(d) == "Role" && rules(d).iter().any(|(_, r, _)| r == "secrets")).collect();
     assert_eq!(secret_roles.len(), 2, "one Role per listed namespace");
+    // Every csi-sidecar command line the chart renders is accepted by the binary.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(out.path()).expect("out dir") {
+        let path = entry.expect("entry").path();
+        let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        for d in load(&path).iter().filter(|d| matches!(kind(d), "Deployment" | "DaemonSet")) {
+            for c in sidecars(d) {
+                assert_command_line_accepted(&file, &c, dir.path());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "{checked} rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();
