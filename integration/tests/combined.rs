@@ -2,7 +2,7 @@
 //! from the apiserver's own metrics), and per-module Leases with upstream
 //! names let csi-sidecar share a rollout with upstream sidecars.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use csi_sidecar_integration::{
     cluster::ControlPlane,
@@ -48,7 +48,7 @@ fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str)
     after.get(r).copied().unwrap_or(0) - before.get(r).copied().unwrap_or(0)
 }
 
-fn spawn(dir: &std::path::Path, name: &str, cp: &ControlPlane, csi: &PathBuf, modules: &[&str]) -> Proc {
+fn spawn(dir: &Path, name: &str, cp: &ControlPlane, csi: &Path, modules: &[&str]) -> Proc {
     let mut args = vec![
         format!("--csi-address={}", csi.display()),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
