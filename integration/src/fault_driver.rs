@@ -61,6 +61,8 @@ pub struct Script {
     pub create_error: Option<(Code, String)>,
     /// Advertise PUBLISH_UNPUBLISH_VOLUME (with `controller`).
     pub publish: bool,
+    /// Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (topology).
+    pub topology: bool,
     /// Delay of `ControllerPublishVolume`.
     pub publish_delay: Duration,
     /// Delay of `ControllerUnpublishVolume`.
@@ -80,6 +82,7 @@ impl Default for Script {
             create_delay: Duration::ZERO,
             create_error: None,
             publish: false,
+            topology: false,
             publish_delay: Duration::ZERO,
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
@@ -160,13 +163,15 @@ impl Identity for Service {
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         use csi::plugin_capability::{Service as Svc, Type, service::Type as SvcType};
-        let capabilities = if self.script().controller {
-            vec![csi::PluginCapability {
-                r#type: Some(Type::Service(Svc { r#type: SvcType::ControllerService as i32 })),
-            }]
-        } else {
-            vec![]
-        };
+        let s = self.script();
+        let service = |t: SvcType| csi::PluginCapability { r#type: Some(Type::Service(Svc { r#type: t as i32 })) };
+        let mut capabilities = Vec::new();
+        if s.controller {
+            capabilities.push(service(SvcType::ControllerService));
+        }
+        if s.topology {
+            capabilities.push(service(SvcType::VolumeAccessibilityConstraints));
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse { capabilities }))
     }
 

@@ -244,3 +244,47 @@ async fn leader_killed_mid_burst_hands_over_without_duplicates() {
     assert_eq!(pvs.len(), 30);
     assert_eq!(driver.volume_names().len(), 30, "exactly one backend volume per PVC");
 }
+
+/// ResourceExhausted for a late-binding PVC with a selected node: the
+/// provisioner gives the PVC back to the scheduler (annotation removed).
+#[tokio::test]
+async fn resource_exhausted_on_the_selected_node_reschedules() {
+    use csi_sidecar_integration::kube_support::{csi_node, node};
+    use k8s_openapi::api::{core::v1::Node, storage::v1::CSINode};
+    const KEY: &str = "topology.fault.example.com/node";
+    let env = Env::new("exhausted").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script {
+            topology: true,
+            create_error: Some((Code::ResourceExhausted, "no space on this node".into())),
+            ..env.script()
+        },
+    );
+    let node_name = env.ns.scoped("node");
+    create(&Api::<Node>::all(env.ns.client().clone()), &node(&node_name, &[(KEY, "n1")])).await;
+    create(&Api::<CSINode>::all(env.ns.client().clone()), &csi_node(&node_name, &env.driver_name, "n1", &[KEY])).await;
+    let wffc = env.ns.scoped("wffc");
+    let mut sc = storage_class(&wffc, &env.driver_name);
+    sc.volume_binding_mode = Some("WaitForFirstConsumer".into());
+    create(&Api::<StorageClass>::all(env.ns.client().clone()), &sc).await;
+    let _p = env.provisioner("provisioner", &["--retry-interval-start=200ms", "--retry-interval-max=1s"]);
+    // What the scheduler would do: the PV binder hands the PVC to the
+    // provisioner once a node is selected.
+    let mut claim = pvc("exhausted", Some(&wffc), "1Mi");
+    claim.metadata.annotations = Some([("volume.kubernetes.io/selected-node".to_string(), node_name.clone())].into());
+    create(&env.ns.api(), &claim).await;
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    wait_for(&pvcs, "exhausted", T, |c| {
+        c.metadata.annotations.as_ref().is_none_or(|a| !a.contains_key("volume.kubernetes.io/selected-node"))
+    })
+    .await;
+    assert!(driver.creates() >= 1);
+    wait_until("the ResourceExhausted event", T, async || {
+        let msgs = env.events("ProvisioningFailed").await;
+        (msgs.iter().any(|m| m.contains("ResourceExhausted")), msgs)
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty());
+}
