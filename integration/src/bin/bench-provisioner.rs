@@ -1,0 +1,1280 @@
+//! Benchmark of the `provisioner` module against a real control plane
+//! (etcd, kube-apiserver, kube-controller-manager with the PV binder) and the
+//! real CSI mock driver.
+//!
+//! Per scenario (PVC count × client QPS setting) a fresh csi-sidecar
+//! provisioner process is started; the bench creates a StorageClass and N PVCs
+//! (1Mi, ReadWriteOnce, Immediate binding) in a fresh namespace with several
+//! concurrent creators and measures, from the first create:
+//!
+//! * when every PVC has a PV (the sidecar's own throughput),
+//! * when every PVC is `Bound` (the sidecar plus kube-controller-manager's binder),
+//! * the API requests the sidecar made, per volume, counted by the apiserver,
+//! * the sidecar's peak RSS (VmHWM) and its RSS at the end,
+//!
+//! then deletes the PVCs and measures until every PV is gone. Last, the idle
+//! memory with a large cache: `--cache-objects` PVCs and PVs that are none of the
+//! sidecar's business, a fresh sidecar, its RSS 5 s after "Caches synced".
+//!
+//! Request accounting: `apiserver_request_total` has no user label, so the
+//! sidecar runs under its own minted identity (user `csi-sidecar-bench`, bound to
+//! `cluster-admin`) and the bench creates an API Priority and Fairness FlowSchema
+//! matching only that user; the apiserver's
+//! `apiserver_flowcontrol_dispatched_requests_total{flow_schema="csi-sidecar-bench"}`
+//! then counts exactly the sidecar's requests. The per-verb breakdown comes from
+//! `apiserver_request_total` (all clients; the bench itself only creates PVCs and
+//! holds two watches).
+//!
+//! Run with a release build (the bench finds `csi-sidecar` and `cluster` next to
+//! itself):
+//!
+//! ```text
+//! cargo build --release --workspace && target/release/bench-provisioner --sizes 20 --cache-objects 500
+//! ```
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use argh::FromArgs;
+use csi_sidecar_integration::{
+    cluster::{ControlPlane, Identity},
+    component_bin,
+    kube_support::{csi_pv, pvc, storage_class, unique_name},
+    process::Proc,
+    sidecar_bin,
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{
+    core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim},
+    flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
+    rbac::v1::ClusterRoleBinding,
+    storage::v1::StorageClass,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use nix::sys::signal::Signal;
+use serde::de::DeserializeOwned;
+
+const DRIVER: &str = "bench.csi.example.com";
+const OTHER_DRIVER: &str = "other.csi.example.com";
+const SIDECAR_USER: &str = "csi-sidecar-bench";
+const FLOW_SCHEMA: &str = "csi-sidecar-bench";
+/// Set on a PVC by kube-controller-manager's PV binder; the provisioner acts only on PVCs carrying it.
+const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+
+/// csi-sidecar provisioner benchmark against a real control plane.
+#[derive(FromArgs)]
+struct Args {
+    /// comma-separated PVC counts per scenario (default "100,1000")
+    #[argh(option, default = "String::from(\"100,1000\")")]
+    sizes: String,
+    /// comma-separated client QPS settings: "default" (no flag: qps 5, burst 10),
+    /// "unlimited" (--kube-api-qps=-1) or a number Q (--kube-api-qps=Q
+    /// --kube-api-burst=2Q) (default "default,unlimited")
+    #[argh(option, default = "String::from(\"default,unlimited\")")]
+    qps: String,
+    /// scenarios to leave out, as SIZE/QPS (e.g. 1000/default); repeatable
+    #[argh(option)]
+    skip: Vec<String>,
+    /// PVCs and PVs in the cache for the idle-memory measurement (default 10000; 0 skips it)
+    #[argh(option, default = "10_000")]
+    cache_objects: usize,
+    /// concurrent creators (default 16)
+    #[argh(option, default = "16")]
+    creators: usize,
+    /// runs per scenario; the table shows medians (default 1)
+    #[argh(option, default = "1")]
+    runs: usize,
+    /// timeout of each phase (provisioning, deletion) in seconds (default 1200)
+    #[argh(option, default = "1200")]
+    timeout_secs: u64,
+    /// extra flag for the sidecar after `provisioner` (e.g. -v=2); repeatable
+    #[argh(option)]
+    sidecar_arg: Vec<String>,
+    /// keep the sidecar and driver logs in this directory (default: a temporary directory)
+    #[argh(option)]
+    log_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Qps {
+    Default,
+    Unlimited,
+    Fixed(f64),
+}
+
+impl Qps {
+    fn parse(s: &str) -> Result<Qps> {
+        match s.trim() {
+            "default" => Ok(Qps::Default),
+            "unlimited" | "-1" => Ok(Qps::Unlimited),
+            q => Ok(Qps::Fixed(q.parse().with_context(|| format!("--qps: {q:?}"))?)),
+        }
+    }
+    fn label(&self) -> String {
+        match self {
+            Qps::Default => "default (5/10)".into(),
+            Qps::Unlimited => "unlimited (-1)".into(),
+            Qps::Fixed(q) => format!("{q}/{}", q * 2.0),
+        }
+    }
+    fn short(&self) -> String {
+        match self {
+            Qps::Default => "default".into(),
+            Qps::Unlimited => "unlimited".into(),
+            Qps::Fixed(q) => format!("{q}"),
+        }
+    }
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Qps::Default => vec![],
+            Qps::Unlimited => vec!["--kube-api-qps=-1".into()],
+            Qps::Fixed(q) => vec![format!("--kube-api-qps={q}"), format!("--kube-api-burst={}", (q * 2.0).ceil())],
+        }
+    }
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+// ---------------------------------------------------------------------------
+// Prometheus text format
+// ---------------------------------------------------------------------------
+
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample {
+    fn label(&self, k: &str) -> &str {
+        self.labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or("")
+    }
+}
+
+/// Parses the samples of the metrics named in `keep` (exact names).
+fn parse_metrics(text: &str, keep: &[&str]) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        if !keep.contains(&name) {
+            continue;
+        }
+        let mut labels = Vec::new();
+        let mut rest = &line[name_end..];
+        if let Some(body) = rest.strip_prefix('{') {
+            // key="value" pairs; values may contain escaped quotes and commas.
+            let mut chars = body.char_indices().peekable();
+            let mut key = String::new();
+            let mut end = body.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '}' => {
+                        end = i + 1;
+                        break;
+                    }
+                    ',' | ' ' => {}
+                    '=' => {
+                        let mut val = String::new();
+                        if chars.next().map(|(_, c)| c) == Some('"') {
+                            while let Some((_, c)) = chars.next() {
+                                match c {
+                                    '\\' => {
+                                        if let Some((_, e)) = chars.next() {
+                                            val.push(if e == 'n' { '\n' } else { e });
+                                        }
+                                    }
+                                    '"' => break,
+                                    c => val.push(c),
+                                }
+                            }
+                        }
+                        labels.push((std::mem::take(&mut key), val));
+                    }
+                    c => key.push(c),
+                }
+            }
+            rest = &body[end..];
+        }
+        let Some(value) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        out.push(Sample { name: name.to_string(), labels, value });
+    }
+    out
+}
+
+/// What the apiserver (and kube-controller-manager) counted at one moment.
+#[derive(Default, Clone)]
+struct Snap {
+    /// apiserver_request_total by "VERB resource[/subresource] code".
+    requests: BTreeMap<String, f64>,
+    /// APF: requests of the sidecar's FlowSchema dispatched / rejected, wait sum and count.
+    sidecar_dispatched: f64,
+    sidecar_rejected: f64,
+    sidecar_wait_sum: f64,
+    sidecar_wait_count: f64,
+    /// kube-controller-manager's client: requests, and seconds spent in its client-side rate limiter.
+    kcm_requests: Option<f64>,
+    kcm_throttled_secs: Option<f64>,
+}
+
+struct Delta {
+    requests: Vec<(String, f64)>,
+    all_requests: f64,
+    sidecar: f64,
+    sidecar_rejected: f64,
+    sidecar_mean_wait_ms: f64,
+    kcm_requests: Option<f64>,
+    kcm_throttled_secs: Option<f64>,
+}
+
+impl Snap {
+    fn delta(&self, before: &Snap) -> Delta {
+        let mut requests: Vec<(String, f64)> = self
+            .requests
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before.requests.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .collect();
+        requests.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let wait_n = self.sidecar_wait_count - before.sidecar_wait_count;
+        Delta {
+            all_requests: requests.iter().map(|(_, d)| d).sum(),
+            requests,
+            sidecar: self.sidecar_dispatched - before.sidecar_dispatched,
+            sidecar_rejected: self.sidecar_rejected - before.sidecar_rejected,
+            sidecar_mean_wait_ms: if wait_n > 0.0 {
+                (self.sidecar_wait_sum - before.sidecar_wait_sum) / wait_n * 1000.0
+            } else {
+                0.0
+            },
+            kcm_requests: self.kcm_requests.zip(before.kcm_requests).map(|(a, b)| a - b),
+            kcm_throttled_secs: self.kcm_throttled_secs.zip(before.kcm_throttled_secs).map(|(a, b)| a - b),
+        }
+    }
+}
+
+async fn get_text(client: &Client, path: &str) -> Result<String> {
+    let req = http::Request::get(path).body(Vec::new())?;
+    Ok(client.request_text(req).await?)
+}
+
+/// Snapshots once the sidecar has made no request for a second (at most 60 s):
+/// requests it still had queued (events behind its rate limiter) count for the
+/// phase that caused them.
+async fn settled_snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
+    let start = Instant::now();
+    let mut prev = snapshot(api, kcm).await?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let next = snapshot(api, kcm).await?;
+        if next.sidecar_dispatched == prev.sidecar_dispatched || start.elapsed() > Duration::from_secs(60) {
+            return Ok(next);
+        }
+        prev = next;
+    }
+}
+
+async fn snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
+    let text = get_text(api, "/metrics").await.context("GET apiserver /metrics")?;
+    let samples = parse_metrics(
+        &text,
+        &[
+            "apiserver_request_total",
+            "apiserver_flowcontrol_dispatched_requests_total",
+            "apiserver_flowcontrol_rejected_requests_total",
+            "apiserver_flowcontrol_request_wait_duration_seconds_sum",
+            "apiserver_flowcontrol_request_wait_duration_seconds_count",
+        ],
+    );
+    let mut snap = Snap::default();
+    for s in &samples {
+        let ours = s.label("flow_schema") == FLOW_SCHEMA;
+        match s.name.as_str() {
+            "apiserver_request_total" => {
+                let res = match (s.label("resource"), s.label("subresource")) {
+                    ("", _) => "(non-resource)".to_string(),
+                    (r, "") => r.to_string(),
+                    (r, sub) => format!("{r}/{sub}"),
+                };
+                *snap.requests.entry(format!("{} {res} {}", s.label("verb"), s.label("code"))).or_default() += s.value;
+            }
+            "apiserver_flowcontrol_dispatched_requests_total" if ours => snap.sidecar_dispatched += s.value,
+            "apiserver_flowcontrol_rejected_requests_total" if ours => snap.sidecar_rejected += s.value,
+            "apiserver_flowcontrol_request_wait_duration_seconds_sum" if ours => snap.sidecar_wait_sum += s.value,
+            "apiserver_flowcontrol_request_wait_duration_seconds_count" if ours => snap.sidecar_wait_count += s.value,
+            _ => {}
+        }
+    }
+    if let Some(kcm) = kcm
+        && let Ok(text) = get_text(kcm, "/metrics").await
+    {
+        let samples =
+            parse_metrics(&text, &["rest_client_requests_total", "rest_client_rate_limiter_duration_seconds_sum"]);
+        let sum = |n: &str| samples.iter().filter(|s| s.name == n).map(|s| s.value).sum::<f64>();
+        snap.kcm_requests = Some(sum("rest_client_requests_total"));
+        snap.kcm_throttled_secs = Some(sum("rest_client_rate_limiter_duration_seconds_sum"));
+    }
+    Ok(snap)
+}
+
+// ---------------------------------------------------------------------------
+// Cluster setup
+// ---------------------------------------------------------------------------
+
+async fn kcm_client(cp: &ControlPlane) -> Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(cp.kubeconfig())?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    cfg.cluster_url = cp.info().kcm_url.parse()?;
+    Ok(Client::try_from(cfg)?)
+}
+
+/// RBAC for the sidecar's user, and an APF FlowSchema matching only that user
+/// (on a priority level of its own, large enough never to queue it).
+async fn setup_identity(client: &Client) -> Result<()> {
+    let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "csi-sidecar-bench"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SIDECAR_USER}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &crb).await?;
+    let plc: PriorityLevelConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": FLOW_SCHEMA},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": 100, "lendablePercent": 0,
+            "limitResponse": {"type": "Queue", "queuing": {"queues": 64, "handSize": 8, "queueLengthLimit": 200}}}},
+    }))?;
+    Api::<PriorityLevelConfiguration>::all(client.clone()).create(&PostParams::default(), &plc).await?;
+    let fs: FlowSchema = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": FLOW_SCHEMA},
+        "spec": {
+            "priorityLevelConfiguration": {"name": FLOW_SCHEMA},
+            "matchingPrecedence": 50,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "User", "user": {"name": SIDECAR_USER}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                   "clusterScope": true, "namespaces": ["*"]}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    }))?;
+    Api::<FlowSchema>::all(client.clone()).create(&PostParams::default(), &fs).await?;
+    Ok(())
+}
+
+/// Waits until requests of the sidecar's user are counted under its FlowSchema
+/// (the APF configuration is picked up asynchronously).
+async fn check_accounting(admin: &Client, as_sidecar: &Client) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let before = snapshot(admin, None).await?;
+        for _ in 0..5 {
+            Api::<Namespace>::all(as_sidecar.clone()).list(&ListParams::default().limit(1)).await?;
+        }
+        let after = snapshot(admin, None).await?;
+        let d = after.sidecar_dispatched - before.sidecar_dispatched;
+        if d == 5.0 {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("APF accounting does not work: 5 requests of {SIDECAR_USER} counted as {d} under {FLOW_SCHEMA}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The sidecar
+// ---------------------------------------------------------------------------
+
+struct Env {
+    cp: ControlPlane,
+    admin: Client,
+    kcm: Option<Client>,
+    sidecar_kubeconfig: PathBuf,
+    csi_sock: PathBuf,
+    log_dir: PathBuf,
+    bin: PathBuf,
+    args: Args,
+}
+
+struct Sidecar {
+    proc: Proc,
+    log: PathBuf,
+    synced_after: Duration,
+}
+
+impl Env {
+    async fn start_sidecar(&self, name: &str, qps: &Qps) -> Result<Sidecar> {
+        let mut args = vec![
+            "provisioner".to_string(),
+            format!("--csi-address={}", self.csi_sock.display()),
+            format!("--kubeconfig={}", self.sidecar_kubeconfig.display()),
+        ];
+        args.extend(qps.flags());
+        args.extend(self.args.sidecar_arg.iter().cloned());
+        let log = self.log_dir.join(format!("{name}.log"));
+        let _ = std::fs::remove_file(&log);
+        let t = Instant::now();
+        let mut proc = Proc::spawn(name, &self.bin, &args, &self.log_dir);
+        loop {
+            if std::fs::read_to_string(&log).unwrap_or_default().contains("Caches synced") {
+                break;
+            }
+            if let Some(status) = proc.try_exit() {
+                bail!("sidecar {name} exited ({status}) before its caches synced; log:\n{}", proc.logs());
+            }
+            if t.elapsed() > Duration::from_secs(600) {
+                bail!("sidecar {name}: no \"Caches synced\" within 600 s; log:\n{}", proc.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Sidecar { proc, log, synced_after: t.elapsed() })
+    }
+}
+
+impl Sidecar {
+    fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// SIGTERM; how it ended.
+    async fn stop(mut self) -> String {
+        let t = Instant::now();
+        self.proc.signal(Signal::SIGTERM);
+        match self.proc.wait_exit(Duration::from_secs(10)).await {
+            Some(s) if s.success() => format!("exited 0 in {} ms after SIGTERM", t.elapsed().as_millis()),
+            Some(s) => format!("exited with {s} after SIGTERM"),
+            None => {
+                self.proc.kill();
+                "did not exit within 10 s of SIGTERM (killed)".into()
+            }
+        }
+    }
+
+    /// WARN/ERROR lines (normalised: no timestamp, digit runs as '#') with counts,
+    /// and the number of lines mentioning throttling.
+    fn log_problems(&self) -> (usize, Vec<(String, usize)>) {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut total = 0;
+        for line in text.lines() {
+            if !(line.contains(" WARN ") || line.contains(" ERROR ") || line.to_lowercase().contains("throttl")) {
+                continue;
+            }
+            total += 1;
+            let body = line.split_once(' ').map(|(_, b)| b.trim()).unwrap_or(line);
+            let mut norm = normalize(body);
+            norm.truncate(300);
+            *counts.entry(norm).or_default() += 1;
+        }
+        let mut v: Vec<_> = counts.into_iter().collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        (total, v)
+    }
+}
+
+/// Replaces ids by `x` (hex parts of 4+ characters with a digit, or every hex
+/// part of a word with 3+ of them, like a UUID) and numbers by `#`, so that
+/// repeats of a message group together.
+fn normalize(line: &str) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    let hex = |p: &str| p.len() >= 4 && p.chars().all(|c| c.is_ascii_hexdigit());
+    let flush = |word: &mut String, out: &mut String| {
+        let uuid_like = word.split('-').filter(|p| hex(p)).count() >= 3;
+        let parts: Vec<&str> = word
+            .split('-')
+            .map(|p| {
+                if hex(p) && (uuid_like || p.chars().any(|c| c.is_ascii_digit())) {
+                    "x"
+                } else if !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) {
+                    "#"
+                } else {
+                    p
+                }
+            })
+            .collect();
+        out.push_str(&parts.join("-"));
+        word.clear();
+    };
+    for c in line.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Watches
+// ---------------------------------------------------------------------------
+
+struct Watched<K: Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store: reflector::Store<K>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<K> Watched<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Default + Send + Sync,
+{
+    async fn start(api: Api<K>) -> Result<Self> {
+        let (store, writer) = reflector::store();
+        let task = tokio::spawn(
+            watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|_| futures::future::ready(())),
+        );
+        tokio::time::timeout(Duration::from_secs(60), store.wait_until_ready())
+            .await
+            .map_err(|_| anyhow!("watch not ready within 60 s"))??;
+        Ok(Watched { store, task })
+    }
+}
+
+impl<K: Resource + Clone + 'static> Drop for Watched<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenario
+// ---------------------------------------------------------------------------
+
+#[derive(Default, Clone)]
+struct Result1 {
+    n: usize,
+    qps: String,
+    create_s: f64,
+    create_errors: usize,
+    pv_s: Option<f64>,
+    annotated_s: Option<f64>,
+    ann_lat_p50: f64,
+    ann_lat_p95: f64,
+    bound_s: Option<f64>,
+    pv_lat_p50: f64,
+    pv_lat_p95: f64,
+    bound_lat_p50: f64,
+    bound_lat_p95: f64,
+    req_per_vol: f64,
+    rejected: f64,
+    apf_wait_ms: f64,
+    del_s: Option<f64>,
+    del_req_per_vol: f64,
+    synced_ms: f64,
+    rss_idle: f64,
+    rss_bound: f64,
+    rss_end: f64,
+    hwm: f64,
+    log_problem_lines: usize,
+    notes: Vec<String>,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn breakdown(title: &str, d: &Delta, per: usize) -> String {
+    let mut s = format!(
+        "  {title}: sidecar {} requests ({:.2}/volume; APF rejected {}, mean APF wait {:.1} ms); all clients {}; \
+         kube-controller-manager {} requests, {} s in its client-side rate limiter\n",
+        d.sidecar,
+        d.sidecar / per.max(1) as f64,
+        d.sidecar_rejected,
+        d.sidecar_mean_wait_ms,
+        d.all_requests,
+        d.kcm_requests.map_or("n/a".into(), |v| format!("{v}")),
+        d.kcm_throttled_secs.map_or("n/a".into(), |v| format!("{v:.1}")),
+    );
+    s.push_str("    apiserver_request_total delta, all clients (verb resource code: count):\n");
+    for (k, v) in d.requests.iter().take(25) {
+        let _ = writeln!(s, "      {k}: {v}");
+    }
+    s
+}
+
+async fn create_retrying<K>(api: &Api<K>, obj: &K, errors: &Mutex<usize>) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut attempt = 0;
+    loop {
+        match api.create(&PostParams::default(), obj).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt > 0 => return Ok(()),
+            Err(e) => {
+                *errors.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                attempt += 1;
+                if attempt > 10 {
+                    return Err(e.into());
+                }
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+            }
+        }
+    }
+}
+
+async fn scenario(env: &Env, n: usize, qps: &Qps, run: usize, details: &mut String) -> Result<Result1> {
+    let admin = &env.admin;
+    let tag = format!("{n}-{}-r{run}", qps.short());
+    let ns_name = unique_name(&format!("bench-{tag}"));
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &Namespace { metadata: meta(&ns_name), ..Default::default() })
+        .await?;
+    let sc_name = ns_name.clone();
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(&sc_name, DRIVER)).await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns_name);
+    let pv_api: Api<PersistentVolume> = Api::all(admin.clone());
+
+    let sidecar = env.start_sidecar(&format!("sidecar-{tag}"), qps).await?;
+    let pid = sidecar.pid();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut r = Result1 {
+        n,
+        qps: qps.label(),
+        synced_ms: sidecar.synced_after.as_secs_f64() * 1000.0,
+        rss_idle: mib(status_kib(pid, "VmRSS:")),
+        ..Default::default()
+    };
+    let pvc_w = Watched::start(pvcs.clone()).await?;
+    let pv_w = Watched::start(pv_api.clone()).await?;
+    let timeout = Duration::from_secs(env.args.timeout_secs);
+
+    // --- provisioning ---
+    let before = snapshot(admin, env.kcm.as_ref()).await?;
+    let created_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let errors = Arc::new(Mutex::new(0usize));
+    let t0 = Instant::now();
+    let creator = {
+        let (pvcs, created_at, errors, sc, c) =
+            (pvcs.clone(), created_at.clone(), errors.clone(), sc_name.clone(), env.args.creators.max(1));
+        tokio::spawn(async move {
+            stream::iter(0..n)
+                .map(|i| {
+                    let (pvcs, created_at, errors, sc) = (&pvcs, &created_at, &errors, &sc);
+                    async move {
+                        let name = format!("pvc-{i:05}");
+                        let t = Instant::now();
+                        create_retrying(pvcs, &pvc(&name, Some(sc), "1Mi"), errors).await?;
+                        created_at.lock().unwrap_or_else(|e| e.into_inner()).insert(name, t);
+                        Ok::<_, anyhow::Error>(())
+                    }
+                })
+                .buffer_unordered(c)
+                .try_collect::<Vec<_>>()
+                .await?;
+            Ok::<_, anyhow::Error>(t0.elapsed())
+        })
+    };
+    let mut creator = Some(creator);
+    let mut pv_seen: HashMap<String, Instant> = HashMap::new();
+    let mut bound_seen: HashMap<String, Instant> = HashMap::new();
+    let mut annotated_seen: HashMap<String, Instant> = HashMap::new();
+    let mut last_print = Instant::now();
+    loop {
+        if let Some(c) = &creator
+            && c.is_finished()
+            && let Some(c) = creator.take()
+        {
+            let d = c.await??;
+            r.create_s = d.as_secs_f64();
+        }
+        let now = Instant::now();
+        for pv in pv_w.store.state() {
+            let spec = pv.spec.as_ref();
+            if spec.and_then(|s| s.storage_class_name.as_deref()) != Some(sc_name.as_str()) {
+                continue;
+            }
+            if let Some(claim) = spec.and_then(|s| s.claim_ref.as_ref()).and_then(|c| c.name.clone()) {
+                pv_seen.entry(claim).or_insert(now);
+            }
+        }
+        for c in pvc_w.store.state() {
+            if c.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ANN_STORAGE_PROVISIONER)) {
+                annotated_seen.entry(c.metadata.name.clone().unwrap_or_default()).or_insert(now);
+            }
+            if c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
+                bound_seen.entry(c.metadata.name.clone().unwrap_or_default()).or_insert(now);
+            }
+        }
+        if r.annotated_s.is_none() && annotated_seen.len() >= n {
+            r.annotated_s = Some(t0.elapsed().as_secs_f64());
+        }
+        if r.pv_s.is_none() && pv_seen.len() >= n {
+            r.pv_s = Some(t0.elapsed().as_secs_f64());
+        }
+        if bound_seen.len() >= n && creator.is_none() {
+            r.bound_s = Some(t0.elapsed().as_secs_f64());
+            break;
+        }
+        if last_print.elapsed() > Duration::from_secs(10) {
+            last_print = Instant::now();
+            eprintln!(
+                "  [{tag}] {:>5.0} s: created {}, with PV {}, bound {}, sidecar RSS {:.1} MiB",
+                t0.elapsed().as_secs_f64(),
+                created_at.lock().map(|m| m.len()).unwrap_or(0),
+                pv_seen.len(),
+                bound_seen.len(),
+                mib(status_kib(pid, "VmRSS:"))
+            );
+        }
+        if t0.elapsed() > timeout {
+            let created = created_at.lock().map(|m| m.len()).unwrap_or(0);
+            let stuck: Vec<String> = pvc_w
+                .store
+                .state()
+                .iter()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound"))
+                .take(10)
+                .map(|c| {
+                    let name = c.metadata.name.clone().unwrap_or_default();
+                    format!("{name} (PV {})", if pv_seen.contains_key(&name) { "exists" } else { "missing" })
+                })
+                .collect();
+            r.notes.push(format!(
+                "provisioning TIMED OUT after {timeout:?}: created {created}, with PV {}, bound {}; not bound e.g. {}",
+                pv_seen.len(),
+                bound_seen.len(),
+                stuck.join(", ")
+            ));
+            if let Some(c) = creator.take() {
+                c.abort();
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    r.create_errors = *errors.lock().unwrap_or_else(|e| e.into_inner());
+    {
+        let created = created_at.lock().unwrap_or_else(|e| e.into_inner());
+        let lat = |seen: &HashMap<String, Instant>| {
+            let mut v: Vec<f64> = seen
+                .iter()
+                .filter_map(|(k, t)| created.get(k).map(|c| t.saturating_duration_since(*c).as_secs_f64()))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            (pct(&v, 0.5), pct(&v, 0.95))
+        };
+        (r.pv_lat_p50, r.pv_lat_p95) = lat(&pv_seen);
+        (r.bound_lat_p50, r.bound_lat_p95) = lat(&bound_seen);
+        (r.ann_lat_p50, r.ann_lat_p95) = lat(&annotated_seen);
+    }
+    let after = settled_snapshot(admin, env.kcm.as_ref()).await?;
+    let prov = after.delta(&before);
+    r.req_per_vol = prov.sidecar / n as f64;
+    r.rejected = prov.sidecar_rejected;
+    r.apf_wait_ms = prov.sidecar_mean_wait_ms;
+    r.rss_bound = mib(status_kib(pid, "VmRSS:"));
+    let _ = writeln!(details, "### {n} PVCs, QPS {} (run {run})\n\n```", qps.label());
+    let _ = writeln!(
+        details,
+        "  kube-controller-manager annotated every PVC with {ANN_STORAGE_PROVISIONER} after {} s \
+         (create→annotation p50 {:.2} s, p95 {:.2} s); every PVC had a PV after {} s; all Bound after {} s",
+        r.annotated_s.map_or("-".into(), |v| format!("{v:.1}")),
+        r.ann_lat_p50,
+        r.ann_lat_p95,
+        r.pv_s.map_or("-".into(), |v| format!("{v:.1}")),
+        r.bound_s.map_or("-".into(), |v| format!("{v:.1}")),
+    );
+    details.push_str(&breakdown("provisioning", &prov, n));
+
+    // --- deletion ---
+    let before = snapshot(admin, env.kcm.as_ref()).await?;
+    let t1 = Instant::now();
+    pvcs.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    let mut last_print = Instant::now();
+    loop {
+        let pvs_left = pv_w
+            .store
+            .state()
+            .iter()
+            .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(sc_name.as_str()))
+            .count();
+        let pvcs_left = pvc_w.store.state().len();
+        if pvs_left == 0 && pvcs_left == 0 {
+            r.del_s = Some(t1.elapsed().as_secs_f64());
+            break;
+        }
+        if last_print.elapsed() > Duration::from_secs(10) {
+            last_print = Instant::now();
+            eprintln!(
+                "  [{tag}] deleting {:>5.0} s: PVCs left {pvcs_left}, PVs left {pvs_left}",
+                t1.elapsed().as_secs_f64()
+            );
+        }
+        if t1.elapsed() > timeout {
+            let phases: BTreeMap<String, usize> = pv_w
+                .store
+                .state()
+                .iter()
+                .filter(|pv| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(sc_name.as_str()))
+                .fold(BTreeMap::new(), |mut m, pv| {
+                    let phase = pv.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    let fin = pv.metadata.finalizers.clone().unwrap_or_default().join("+");
+                    *m.entry(format!("{phase} finalizers={fin}")).or_default() += 1;
+                    m
+                });
+            r.notes.push(format!(
+                "deletion TIMED OUT after {timeout:?}: PVCs left {pvcs_left}, PVs left {pvs_left} by phase {phases:?}"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = settled_snapshot(admin, env.kcm.as_ref()).await?;
+    let del = after.delta(&before);
+    r.del_req_per_vol = del.sidecar / n as f64;
+    details.push_str(&breakdown("deletion", &del, n));
+    r.rss_end = mib(status_kib(pid, "VmRSS:"));
+    r.hwm = mib(status_kib(pid, "VmHWM:"));
+
+    // --- what went wrong, if anything ---
+    let (problems, samples) = sidecar.log_problems();
+    r.log_problem_lines = problems;
+    if problems > 0 {
+        let _ = writeln!(details, "  sidecar log: {problems} WARN/ERROR/throttling lines, by message:");
+        for (m, c) in samples.iter().take(8) {
+            let _ = writeln!(details, "    {c} x {m}");
+        }
+    }
+    let events = Api::<Event>::namespaced(admin.clone(), &ns_name).list(&ListParams::default()).await?;
+    let mut by_reason: BTreeMap<String, i32> = BTreeMap::new();
+    let mut warn_sample: BTreeMap<String, String> = BTreeMap::new();
+    for e in &events.items {
+        let key = format!(
+            "{} {} ({})",
+            e.type_.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            e.source.as_ref().and_then(|s| s.component.clone()).unwrap_or_default()
+        );
+        *by_reason.entry(key.clone()).or_default() += e.count.unwrap_or(1);
+        if e.type_.as_deref() == Some("Warning") {
+            warn_sample.entry(key).or_insert_with(|| e.message.clone().unwrap_or_default());
+        }
+    }
+    let _ = writeln!(details, "  events in the namespace (type reason (component): count): {by_reason:?}");
+    for (k, m) in &warn_sample {
+        let _ = writeln!(details, "    e.g. {k}: {m}");
+        r.notes.push(format!("warning events {k}"));
+    }
+    let stop = sidecar.stop().await;
+    let _ = writeln!(
+        details,
+        "  sidecar: caches synced {:.0} ms after spawn; {stop}; PVC create errors (retried): {}",
+        r.synced_ms, r.create_errors
+    );
+    details.push_str("```\n\n");
+    drop(pvc_w);
+    drop(pv_w);
+    let _ = Api::<StorageClass>::all(admin.clone()).delete(&sc_name, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(admin.clone()).delete(&ns_name, &DeleteParams::default()).await;
+    Ok(r)
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta { name: Some(name.to_string()), ..Default::default() }
+}
+
+// ---------------------------------------------------------------------------
+// Idle memory with a large cache
+// ---------------------------------------------------------------------------
+
+struct CacheResult {
+    objects: usize,
+    create_s: f64,
+    pvcs_in_cluster: usize,
+    pvs_in_cluster: usize,
+    json_mb: f64,
+    synced_s: f64,
+    rss_5s: f64,
+    hwm: f64,
+    stop: String,
+    problems: Vec<(String, usize)>,
+}
+
+async fn cache_idle(env: &Env, count: usize) -> Result<CacheResult> {
+    let admin = &env.admin;
+    let ns_name = unique_name("bench-cache");
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &Namespace { metadata: meta(&ns_name), ..Default::default() })
+        .await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns_name);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let errors = Mutex::new(0usize);
+    let t = Instant::now();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    stream::iter(0..2 * count)
+        .map(|j| {
+            let (pvcs, pvs, errors, done, ns_name) = (&pvcs, &pvs, &errors, &done, &ns_name);
+            async move {
+                let i = j / 2;
+                if j % 2 == 0 {
+                    // Class "" and a spec.volumeName that does not exist: nothing
+                    // provisions it and the PV binder only keeps it Pending (no
+                    // matching against the PVs below, no events).
+                    let mut c = pvc(&format!("cache-pvc-{i:05}"), None, "1Mi");
+                    if let Some(s) = c.spec.as_mut() {
+                        s.volume_name = Some(format!("{ns_name}-missing-{i:05}"));
+                    }
+                    create_retrying(pvcs, &c, errors).await?;
+                } else {
+                    let name = format!("{ns_name}-pv-{i:05}");
+                    create_retrying(pvs, &csi_pv(&name, OTHER_DRIVER, &format!("vol-{i:05}"), "1Mi"), errors).await?;
+                    // Set phase Available ourselves (unthrottled), so that the PV
+                    // binder (20 qps) has nothing left to write afterwards.
+                    let patch = serde_json::json!({"status": {"phase": "Available"}});
+                    pvs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
+                let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if d % 2000 == 0 {
+                    eprintln!("  [cache] {d}/{} objects created", 2 * count);
+                }
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(env.args.creators.max(1))
+        .try_collect::<Vec<_>>()
+        .await?;
+    let create_s = t.elapsed().as_secs_f64();
+    // Let kube-controller-manager catch up with the new objects.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (pvcs_in_cluster, pvc_bytes) = json_size(&Api::<PersistentVolumeClaim>::all(admin.clone())).await?;
+    let (pvs_in_cluster, pv_bytes) = json_size(&pvs).await?;
+    let sidecar = env.start_sidecar("sidecar-cache", &Qps::Default).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pid = sidecar.pid();
+    let (rss_5s, hwm) = (mib(status_kib(pid, "VmRSS:")), mib(status_kib(pid, "VmHWM:")));
+    let (_, problems) = sidecar.log_problems();
+    let synced_s = sidecar.synced_after.as_secs_f64();
+    let stop = sidecar.stop().await;
+    let json_mb = (pvc_bytes + pv_bytes) as f64 / 1e6;
+    Ok(CacheResult {
+        objects: count,
+        create_s,
+        pvcs_in_cluster,
+        pvs_in_cluster,
+        json_mb,
+        synced_s,
+        rss_5s,
+        hwm,
+        stop,
+        problems,
+    })
+}
+
+/// How many objects of a kind there are and their JSON size without
+/// managedFields (what the sidecar's informer keeps).
+async fn json_size<K>(api: &Api<K>) -> Result<(usize, usize)>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut lp = ListParams::default().limit(500);
+    let (mut count, mut bytes) = (0, 0);
+    loop {
+        let list = api.list(&lp).await?;
+        for mut item in list.items {
+            item.meta_mut().managed_fields = None;
+            bytes += serde_json::to_vec(&item)?.len();
+            count += 1;
+        }
+        match list.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => return Ok((count, bytes)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// main
+// ---------------------------------------------------------------------------
+
+fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) { (v[m - 1] + v[m]) / 2.0 } else { v[m] }
+}
+
+fn opt_median(v: &[Option<f64>]) -> Option<f64> {
+    if v.iter().any(Option::is_none) { None } else { Some(median(&v.iter().flatten().copied().collect::<Vec<_>>())) }
+}
+
+fn table(results: &[Vec<Result1>]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| PVCs | sidecar QPS/burst | creates done (s) | all have a PV (s) | PV/s | all Bound (s) | Bound/s | \
+         create→PV p50/p95 (s) | create→Bound p50/p95 (s) | sidecar API req/volume | delete: all PVs gone (s) | \
+         deleted/s | sidecar req/deleted volume | RSS idle (MiB) | RSS all Bound (MiB) | RSS end (MiB) | \
+         peak RSS VmHWM (MiB) | WARN/ERROR log lines |\n",
+    );
+    s.push_str("|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for runs in results {
+        let Some(first) = runs.first() else { continue };
+        let m = |f: fn(&Result1) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+        let om = |f: fn(&Result1) -> Option<f64>| opt_median(&runs.iter().map(f).collect::<Vec<_>>());
+        let n = first.n as f64;
+        let secs = |v: Option<f64>| v.map_or("timeout".into(), |v| format!("{v:.1}"));
+        let rate = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1}", n / v));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {} | {} | {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {} | {} | {:.2} | {:.1} | \
+             {:.1} | {:.1} | {:.1} | {} |",
+            first.n,
+            first.qps,
+            m(|r| r.create_s),
+            secs(om(|r| r.pv_s)),
+            rate(om(|r| r.pv_s)),
+            secs(om(|r| r.bound_s)),
+            rate(om(|r| r.bound_s)),
+            m(|r| r.pv_lat_p50),
+            m(|r| r.pv_lat_p95),
+            m(|r| r.bound_lat_p50),
+            m(|r| r.bound_lat_p95),
+            m(|r| r.req_per_vol),
+            secs(om(|r| r.del_s)),
+            rate(om(|r| r.del_s)),
+            m(|r| r.del_req_per_vol),
+            m(|r| r.rss_idle),
+            m(|r| r.rss_bound),
+            m(|r| r.rss_end),
+            m(|r| r.hwm),
+            runs.iter().map(|r| r.log_problem_lines.to_string()).collect::<Vec<_>>().join("/"),
+        );
+    }
+    s
+}
+
+async fn run(args: Args) -> Result<()> {
+    let sizes: Vec<usize> =
+        args.sizes.split(',').filter(|s| !s.trim().is_empty()).map(|s| s.trim().parse()).collect::<Result<_, _>>()?;
+    let qps: Vec<Qps> = args.qps.split(',').filter(|s| !s.trim().is_empty()).map(Qps::parse).collect::<Result<_>>()?;
+    let tmp = tempfile::tempdir()?;
+    let log_dir = match &args.log_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let bin = sidecar_bin();
+    let driver_bin = component_bin("csi-mock-driver");
+
+    eprintln!("starting the control plane ...");
+    let cp = ControlPlane::try_start()?;
+    let admin = cp.client().await;
+    // Read on every snapshot; right after startup kube-controller-manager may not
+    // have loaded the client CA yet (then it sees the bench as anonymous: n/a).
+    let kcm = match kcm_client(&cp).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("  (no client for kube-controller-manager, its numbers are n/a: {e:#})");
+            None
+        }
+    };
+    setup_identity(&admin).await?;
+    let identity = Identity::user(SIDECAR_USER, &[]);
+    let sidecar_kubeconfig = cp.mint(&identity);
+    check_accounting(&admin, &cp.client_as(&identity).await).await?;
+
+    let csi_sock = tmp.path().join("csi.sock");
+    let driver_args = vec![
+        format!("--endpoint=unix://{}", csi_sock.display()),
+        format!("--name={DRIVER}"),
+        "--node-id=node-1".into(),
+    ];
+    let mut driver = Proc::spawn("csi-mock-driver", &driver_bin, &driver_args, &log_dir);
+    let t = Instant::now();
+    while !csi_sock.exists() {
+        if driver.try_exit().is_some() || t.elapsed() > Duration::from_secs(30) {
+            bail!("the CSI mock driver did not come up; log:\n{}", driver.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("control plane ready in {} ms; sidecar {}", cp.info().startup_ms.kcm, bin.display());
+
+    let env = Env { cp, admin, kcm, sidecar_kubeconfig, csi_sock, log_dir: log_dir.clone(), bin: bin.clone(), args };
+    let mut results: Vec<Vec<Result1>> = Vec::new();
+    let mut details = String::new();
+    for &n in &sizes {
+        for q in &qps {
+            if env.args.skip.iter().any(|s| *s == format!("{n}/{}", q.short())) {
+                continue;
+            }
+            let mut runs = Vec::new();
+            for run in 1..=env.args.runs.max(1) {
+                eprintln!("scenario: {n} PVCs, QPS {} (run {run}) ...", q.label());
+                let r = scenario(&env, n, q, run, &mut details).await?;
+                eprintln!(
+                    "  -> PVs {:?} s, Bound {:?} s, {:.2} req/volume, deleted {:?} s, peak RSS {:.1} MiB",
+                    r.pv_s, r.bound_s, r.req_per_vol, r.del_s, r.hwm
+                );
+                runs.push(r);
+            }
+            results.push(runs);
+        }
+    }
+    let cache = if env.args.cache_objects > 0 {
+        eprintln!("idle cache: creating {} PVCs and {} PVs ...", env.args.cache_objects, env.args.cache_objects);
+        Some(cache_idle(&env, env.args.cache_objects).await?)
+    } else {
+        None
+    };
+    if driver.try_exit().is_some() {
+        eprintln!("warning: the CSI mock driver exited during the run");
+    }
+
+    // --- report ---
+    let size = std::fs::metadata(&bin)?.len();
+    let mut out = String::new();
+    let _ = writeln!(out, "## csi-sidecar provisioner benchmark\n");
+    let _ = writeln!(
+        out,
+        "Real kube-apiserver + etcd + kube-controller-manager (PV binder, default client QPS 20/burst 30) on \
+         127.0.0.1, CSI mock driver, one csi-sidecar `provisioner` process per scenario (default 100 workers), \
+         {} concurrent PVC creators, {} run(s) per scenario (medians).\n",
+        env.args.creators, env.args.runs
+    );
+    out.push_str(&table(&results));
+    out.push('\n');
+    if let Some(c) = &cache {
+        out.push_str(
+            "| idle cache | objects created (s) | PVCs / PVs in the cluster | their JSON without managedFields (MB) | \
+             caches synced after (s) | RSS 5 s after sync (MiB) | peak RSS VmHWM (MiB) |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let _ = writeln!(
+            out,
+            "| {} PVCs + {} PVs | {:.0} | {} / {} | {:.1} | {:.2} | {:.1} | {:.1} |\n",
+            c.objects,
+            c.objects,
+            c.create_s,
+            c.pvcs_in_cluster,
+            c.pvs_in_cluster,
+            c.json_mb,
+            c.synced_s,
+            c.rss_5s,
+            c.hwm
+        );
+        let _ = writeln!(out, "Idle-cache sidecar: {}.", c.stop);
+        for (m, n) in c.problems.iter().take(5) {
+            let _ = writeln!(out, "  log: {n} x {m}");
+        }
+    }
+    let _ = writeln!(out, "Release binary size: {:.2} MB ({size} bytes).\n", size as f64 / 1e6);
+    out.push_str(
+        "Method: times count from the first PVC create; progress is read from two watches (PVCs of the \
+         namespace, all PVs). \"sidecar API req/volume\" is exact per user: the sidecar runs as its own minted \
+         user `csi-sidecar-bench` (ClusterRoleBinding to cluster-admin) and a FlowSchema matching only that user \
+         puts its requests on a priority level of their own, so the delta of the apiserver's \
+         `apiserver_flowcontrol_dispatched_requests_total{flow_schema=\"csi-sidecar-bench\"}` between the first \
+         create and all Bound (then until the sidecar made no request for 1 s), divided by N, counts every request of the sidecar and nothing else (the bench \
+         and kube-controller-manager use other flow schemas). The per-verb tables below are \
+         `apiserver_request_total` deltas of all clients (no user label): the bench's own requests are the N \
+         `POST persistentvolumeclaims` and one `DELETECOLLECTION`; its two watches were opened before. Deletion is \
+         timed from the DELETECOLLECTION of the PVCs until no PV of the class is left. Idle cache: PVCs of class \"\" \
+         with a spec.volumeName that does not exist (else the PV binder would bind them to the PVs) and unbound \
+         Retain CSI PVs of another driver; the RSS is read 5 s after the sidecar logged `Caches synced`.\n\n",
+    );
+    let notes: Vec<String> = results.iter().flatten().flat_map(|r| r.notes.clone()).collect();
+    if !notes.is_empty() {
+        out.push_str("Notes:\n");
+        for n in notes {
+            let _ = writeln!(out, "* {n}");
+        }
+        out.push('\n');
+    }
+    out.push_str("## Details\n\n");
+    out.push_str(&details);
+    println!("{out}");
+    if env.args.log_dir.is_some() {
+        eprintln!("logs kept in {}", log_dir.display());
+    }
+    driver.kill();
+    let cp = env.cp;
+    cp.stop();
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Args = argh::from_env();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Children are killed by the destructors of a finished `run`; SIGINT/SIGTERM end
+    // it early the same way (a panic would abort without them in release builds).
+    tokio::select! {
+        r = run(args) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        _ = sigterm.recv() => Err(anyhow!("terminated")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_prometheus_text() {
+        let text = "# HELP x\napiserver_request_total{code=\"201\",resource=\"persistentvolumes\",verb=\"POST\"} 7\n\
+                    apiserver_flowcontrol_dispatched_requests_total{flow_schema=\"a,b\\\"c\",priority_level=\"p\"} 3e0\n\
+                    other 1\n";
+        let s = parse_metrics(text, &["apiserver_request_total", "apiserver_flowcontrol_dispatched_requests_total"]);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].label("verb"), "POST");
+        assert_eq!(s[0].value, 7.0);
+        assert_eq!(s[1].label("flow_schema"), "a,b\"c");
+        assert_eq!(s[1].label("priority_level"), "p");
+    }
+
+    #[test]
+    fn normalizes_ids() {
+        assert_eq!(
+            normalize("WARN volume{pv=pvc-872b831a-acff-4b94-1234}: failed after 12 tries, added"),
+            "WARN volume{pv=pvc-x-x-x-x}: failed after # tries, added"
+        );
+    }
+}
