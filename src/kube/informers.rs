@@ -101,6 +101,8 @@ fn trim<K: Resource>(obj: &mut K) {
     }
 }
 
+type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
 type Starter = Box<dyn FnOnce(Client, CancellationToken) -> BoxFuture<'static, ()> + Send>;
 
 struct Entry {
@@ -127,6 +129,17 @@ impl Informers {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        self.get_filtered(|_: &K| true)
+    }
+
+    /// Like [`Informers::get`], caching only the objects `keep` accepts (an
+    /// object that stops matching leaves the cache, as if deleted). All
+    /// modules of a process serve one driver, so they ask for the same
+    /// filter; the first request's filter is the one used.
+    pub fn get_filtered<K>(&self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Informer<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = entries.get(&TypeId::of::<K>())
             && let Ok(shared) = e.informer.clone().downcast::<Shared<K>>()
@@ -137,7 +150,9 @@ impl Informers {
         let (synced, _) = watch::channel(false);
         let shared = Arc::new(Shared { store, writer: Mutex::new(Some(writer)), handlers: RwLock::default(), synced });
         let for_task = shared.clone();
-        let starter: Starter = Box::new(move |client, shutdown| Box::pin(run_watch::<K>(client, for_task, shutdown)));
+        let keep: Keep<K> = Arc::new(keep);
+        let starter: Starter =
+            Box::new(move |client, shutdown| Box::pin(run_watch::<K>(client, for_task, keep, shutdown)));
         let kind = format!("{}/{}", K::api_version(&()), K::kind(&()));
         entries.insert(TypeId::of::<K>(), Entry { informer: shared.clone(), kind, starter: Some(starter) });
         Informer { shared }
@@ -174,13 +189,30 @@ impl Informers {
     }
 }
 
-async fn run_watch<K>(client: Client, shared: Arc<Shared<K>>, shutdown: CancellationToken)
+/// Drops objects the modules do not read: during the initial list they are
+/// skipped; later an object that no longer matches is turned into a delete.
+fn only_kept<K: Clone>(keep: &Keep<K>, event: Event<K>) -> Option<Event<K>> {
+    match event {
+        Event::InitApply(o) if !keep(&o) => None,
+        Event::Apply(o) if !keep(&o) => Some(Event::Delete(o)),
+        other => Some(other),
+    }
+}
+
+async fn run_watch<K>(client: Client, shared: Arc<Shared<K>>, keep: Keep<K>, shutdown: CancellationToken)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let Some(writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     let api: Api<K> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).reflect(writer);
+    let stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(trim::<K>)
+        .filter_map(move |e| {
+            let keep = keep.clone();
+            async move { e.map(|e| only_kept(&keep, e)).transpose() }
+        })
+        .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     let kind = K::kind(&());
     loop {

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod events;
+pub mod finalizers;
 pub mod informers;
 pub mod leader;
 pub mod quantity;

@@ -255,3 +255,27 @@ where
         }
     }
 }
+
+/// Cache filters shared by the controller modules: every module of a
+/// process serves the one driver behind `--csi-address`, so objects of other
+/// drivers are never read and are not cached.
+pub mod cache_filters {
+    use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
+
+    use crate::compat::provisioner::ANN_PROVISIONED_BY;
+
+    /// PVs of the driver (by CSI source or by provisioner annotation).
+    pub fn driver_pvs(driver: &str) -> impl Fn(&PersistentVolume) -> bool + Send + Sync + 'static {
+        let driver = driver.to_string();
+        move |pv| {
+            pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|c| c.driver == driver)
+                || pv.metadata.annotations.as_ref().and_then(|a| a.get(ANN_PROVISIONED_BY)) == Some(&driver)
+        }
+    }
+
+    /// VolumeAttachments the driver attaches.
+    pub fn driver_vas(driver: &str) -> impl Fn(&VolumeAttachment) -> bool + Send + Sync + 'static {
+        let driver = driver.to_string();
+        move |va| va.spec.attacher == driver
+    }
+}

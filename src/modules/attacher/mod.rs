@@ -221,17 +221,9 @@ impl Attacher {
         if let Err(s) = resp {
             return fail(compat::grpc_error_text(&s)).await;
         }
-        let meta = serde_json::json!({"metadata": {
-            "finalizers": without(&va.metadata.finalizers, &self.finalizer),
-            "resourceVersion": va.metadata.resource_version,
-        }});
-        match self.va_api().patch(&name, &PatchParams::default(), &Patch::Merge(&meta)).await {
-            Ok(_) => {}
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => {
-                tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
-                return Outcome::Retry;
-            }
+        if let Err(e) = crate::kube::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
+            tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
+            return Outcome::Retry;
         }
         let _ = self
             .patch_status(
@@ -254,16 +246,10 @@ impl Attacher {
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer) {
             return Outcome::Done;
         }
-        let patch = serde_json::json!({"metadata": {
-            "finalizers": without(&pv.metadata.finalizers, &self.finalizer),
-            "resourceVersion": pv.metadata.resource_version,
-        }});
-        match Api::<PersistentVolume>::all(self.client.clone())
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &*pv, &self.finalizer)
             .await
         {
-            Ok(_) => Outcome::Done,
-            Err(e) if is_status(&e, 404) => Outcome::Done,
+            Ok(()) => Outcome::Done,
             Err(_) => Outcome::Retry,
         }
     }
@@ -340,25 +326,12 @@ fn with(list: &Option<Vec<String>>, item: &str) -> Vec<String> {
     v
 }
 
-fn without(list: &Option<Vec<String>>, item: &str) -> Vec<String> {
-    list.clone().unwrap_or_default().into_iter().filter(|f| f != item).collect()
-}
-
 async fn add_finalizer(
     api: &Api<PersistentVolume>,
     pv: &PersistentVolume,
     finalizer: &str,
 ) -> Result<(), ::kube::Error> {
-    if pv.metadata.finalizers.iter().flatten().any(|f| f == finalizer) {
-        return Ok(());
-    }
-    let patch = serde_json::json!({"metadata": {
-        "finalizers": with(&pv.metadata.finalizers, finalizer),
-        "resourceVersion": pv.metadata.resource_version,
-    }});
-    api.patch(pv.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
+    crate::kube::finalizers::add(api, pv, finalizer).await
 }
 
 /// Runs the attacher until shutdown (or until its Lease is lost).
@@ -369,8 +342,10 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let handler = decide::handler(&driver);
     tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
-    let va_inf = kube.informers.get::<VolumeAttachment>();
-    let pv_inf = kube.informers.get::<PersistentVolume>();
+    let va_inf =
+        kube.informers.get_filtered::<VolumeAttachment>(crate::modules::cache_filters::driver_vas(&driver.name));
+    let pv_inf =
+        kube.informers.get_filtered::<PersistentVolume>(crate::modules::cache_filters::driver_pvs(&driver.name));
     let csinode_inf = kube.informers.get::<CSINode>();
     kube.informers.start(&ctx.shutdown);
 

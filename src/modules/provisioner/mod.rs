@@ -506,25 +506,15 @@ impl Provisioner {
 }
 
 async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, add: bool) -> Outcome {
-    let name = pv.metadata.name.clone().unwrap_or_default();
-    let mut finalizers: Vec<String> = pv.metadata.finalizers.clone().unwrap_or_default();
-    let has = finalizers.iter().any(|f| f == up::PV_FINALIZER);
-    if add == has {
-        return Outcome::Done;
-    }
-    if add {
-        finalizers.push(up::PV_FINALIZER.to_string());
+    let result = if add {
+        crate::kube::finalizers::add(api, pv, up::PV_FINALIZER).await
     } else {
-        finalizers.retain(|f| f != up::PV_FINALIZER);
-    }
-    let patch = serde_json::json!({
-        "metadata": {"finalizers": finalizers, "resourceVersion": pv.metadata.resource_version}
-    });
-    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Outcome::Done,
-        Err(::kube::Error::Api(e)) if e.code == 404 => Outcome::Done,
+        crate::kube::finalizers::remove(api, pv, up::PV_FINALIZER).await
+    };
+    match result {
+        Ok(()) => Outcome::Done,
         Err(e) => {
-            tracing::warn!(pv = %name, error = %e, "Updating the PV finalizer failed");
+            tracing::warn!(pv = %pv.metadata.name.as_deref().unwrap_or_default(), error = %e, "Updating the PV finalizer failed");
             Outcome::Retry
         }
     }
@@ -553,11 +543,13 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
     let informers = &kube.informers;
-    let pvc_inf = informers.get::<PersistentVolumeClaim>();
-    let pv_inf = informers.get::<PersistentVolume>();
+    let name = driver.name.to_string();
+    let pvc_inf = informers.get_filtered::<PersistentVolumeClaim>(move |c| decide::is_for_driver(c, &name));
+    let pv_inf = informers.get_filtered::<PersistentVolume>(crate::modules::cache_filters::driver_pvs(&driver.name));
     let sc_inf = informers.get::<StorageClass>();
-    let va_inf =
-        driver.has_controller_capability(Rpc::PublishUnpublishVolume).then(|| informers.get::<VolumeAttachment>());
+    let va_inf = driver
+        .has_controller_capability(Rpc::PublishUnpublishVolume)
+        .then(|| informers.get_filtered::<VolumeAttachment>(crate::modules::cache_filters::driver_vas(&driver.name)));
     let topology_gate = config::parse_feature_gates(&cfg.feature_gates)
         .unwrap_or_default()
         .into_iter()
