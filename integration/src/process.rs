@@ -125,3 +125,14 @@ pub fn run_to_end(program: &Path, args: &[&str], timeout: Duration) -> (Option<i
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`), 0 if unreadable.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

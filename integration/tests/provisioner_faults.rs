@@ -69,6 +69,24 @@ impl Env {
             .collect()
     }
 
+    async fn wait_all_bound(&self, n: usize) {
+        let pvcs: Api<PersistentVolumeClaim> = self.ns.api();
+        wait_until(&format!("all {n} PVCs Bound"), Duration::from_secs(120), async || {
+            let bound = pvcs
+                .list(&ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                        .count()
+                })
+                .unwrap_or(0);
+            (bound == n, bound)
+        })
+        .await;
+    }
+
     async fn our_pvs(&self) -> Vec<PersistentVolume> {
         Api::<PersistentVolume>::all(self.ns.client().clone())
             .list(&ListParams::default())
@@ -161,18 +179,7 @@ async fn driver_restart_mid_burst_binds_everything_once() {
     drop(driver);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let _driver = FaultDriver::start_with(&env.socket(), Transport::Grpc, script, Arc::clone(&volumes));
-    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
-    wait_until("all 50 PVCs Bound", Duration::from_secs(120), async || {
-        let bound = pvcs
-            .list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count()
-            })
-            .unwrap_or(0);
-        (bound == 50, bound)
-    })
-    .await;
+    env.wait_all_bound(50).await;
     let pvs = env.our_pvs().await;
     assert_eq!(pvs.len(), 50);
     let mut handles: Vec<String> =
@@ -228,18 +235,7 @@ async fn leader_killed_mid_burst_hands_over_without_duplicates() {
     let handover = killed_at.elapsed();
     assert!(handover < Duration::from_secs(10), "took over after {handover:?} (lease 4s, retry 1s)");
 
-    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
-    wait_until("all 30 PVCs Bound", Duration::from_secs(120), async || {
-        let bound = pvcs
-            .list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count()
-            })
-            .unwrap_or(0);
-        (bound == 30, bound)
-    })
-    .await;
+    env.wait_all_bound(30).await;
     let pvs = env.our_pvs().await;
     assert_eq!(pvs.len(), 30);
     assert_eq!(driver.volume_names().len(), 30, "exactly one backend volume per PVC");

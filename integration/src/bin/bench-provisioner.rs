@@ -143,15 +143,7 @@ impl Qps {
     }
 }
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
+use csi_sidecar_integration::process::status_kib;
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
