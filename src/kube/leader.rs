@@ -712,7 +712,19 @@ impl LeaderElector {
         mine.spec = Some(released(&mine.spec.clone().unwrap_or_default(), wall_now()));
         let pp = PostParams::default();
         let call = self.inner.api.replace(&cfg.lease_name, &pp, &mine);
-        match tokio::time::timeout(cfg.renew_deadline, call).await {
+        let mut result = tokio::time::timeout(cfg.renew_deadline, call).await;
+        // A renewal cut short by the shutdown may have been written after
+        // `mine`: re-read once and release that version if it is still ours.
+        if let Ok(Err(::kube::Error::Api(e))) = &result
+            && e.code == 409
+            && let Ok(Some(mut current)) = self.inner.api.get_opt(&cfg.lease_name).await
+            && current.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(cfg.identity.as_str())
+        {
+            current.spec = Some(released(&current.spec.clone().unwrap_or_default(), wall_now()));
+            let call = self.inner.api.replace(&cfg.lease_name, &pp, &current);
+            result = tokio::time::timeout(cfg.renew_deadline, call).await;
+        }
+        match result {
             Ok(Ok(written)) => {
                 let mut state = self.inner.lock();
                 state.observed = Some(Observed { spec: written.spec.unwrap_or_default(), at: Instant::now() });
