@@ -200,10 +200,12 @@ async fn the_reconciler_repairs_a_volume_the_driver_reports_detached() {
     assert_eq!(publishes(), 1);
     // The backend loses the publication.
     driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
-    wait_until("a second ControllerPublish from the reconciler", Duration::from_secs(30), async || {
-        (publishes() >= 2, publishes())
+    // The counter moves when the call arrives; the publication is recorded
+    // when it completes.
+    wait_until("the reconciler to publish the volume again", Duration::from_secs(30), async || {
+        let nodes = driver.published.lock().expect("published").get("vol-recon").cloned().unwrap_or_default();
+        (publishes() >= 2 && nodes == vec![node.clone()], (publishes(), nodes))
     })
     .await;
-    assert_eq!(driver.published.lock().expect("published")["vol-recon"], vec![node.clone()]);
     assert!(attacher.logs().contains("Driver disagrees"), "{}", attacher.logs());
 }
