@@ -69,6 +69,8 @@ pub struct Script {
     pub unpublish_delay: Duration,
     /// `ControllerUnpublishVolume` fails with this (after its delay) while set.
     pub unpublish_error: Option<(Code, String)>,
+    /// Advertise PUBLISH_READONLY (with `publish`).
+    pub publish_readonly: bool,
 }
 
 impl Default for Script {
@@ -86,6 +88,7 @@ impl Default for Script {
             publish_delay: Duration::ZERO,
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
+            publish_readonly: false,
         }
     }
 }
@@ -126,12 +129,38 @@ pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
 /// Where each volume ID is published (ControllerPublish adds the node).
 pub type Published = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
 
+/// One `ControllerPublishVolume` call, as received.
+#[derive(Clone, Debug)]
+pub struct PublishCall {
+    /// `volume_id`.
+    pub volume_id: String,
+    /// `node_id`.
+    pub node_id: String,
+    /// `readonly`.
+    pub readonly: bool,
+    /// `volume_context`.
+    pub volume_context: BTreeMap<String, String>,
+    /// Another publish of the same volume to the same node was still running
+    /// when this one arrived (what two leaders at once would do).
+    pub concurrent: bool,
+}
+
+/// Every `ControllerPublishVolume` call, in arrival order, and the
+/// (volume, node) pairs being published right now.
+#[derive(Default)]
+pub struct PublishLog {
+    /// The calls.
+    pub calls: Vec<PublishCall>,
+    running: BTreeMap<(String, String), usize>,
+}
+
 #[derive(Clone)]
 struct Service {
     script: Arc<Mutex<Script>>,
     counters: Arc<Counters>,
     volumes: Volumes,
     published: Published,
+    publish_log: Arc<Mutex<PublishLog>>,
 }
 
 impl Service {
@@ -196,8 +225,12 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
         let mut rpcs = vec![RpcType::CreateDeleteVolume];
-        if self.script().publish {
+        let s = self.script();
+        if s.publish {
             rpcs.extend([RpcType::PublishUnpublishVolume, RpcType::ListVolumes, RpcType::ListVolumesPublishedNodes]);
+            if s.publish_readonly {
+                rpcs.push(RpcType::PublishReadonly);
+            }
         }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
@@ -239,6 +272,28 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         self.counters.publishes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
+        let pair = (req.volume_id.clone(), req.node_id.clone());
+        {
+            let mut log = self.publish_log.lock().expect("publish log");
+            let running = log.running.entry(pair.clone()).or_default();
+            *running += 1;
+            let concurrent = *running > 1;
+            log.calls.push(PublishCall {
+                volume_id: req.volume_id.clone(),
+                node_id: req.node_id.clone(),
+                readonly: req.readonly,
+                volume_context: req.volume_context.clone().into_iter().collect(),
+                concurrent,
+            });
+        }
+        // Counted as running until it returns, also when the caller gives up.
+        let log = self.publish_log.clone();
+        let _done = scopeguard(move || {
+            let mut log = log.lock().expect("publish log");
+            if let Some(n) = log.running.get_mut(&pair) {
+                *n -= 1;
+            }
+        });
         tokio::time::sleep(self.script().publish_delay).await;
         let mut published = self.published.lock().expect("published");
         let nodes = published.entry(req.volume_id).or_default();
@@ -308,7 +363,24 @@ pub struct FaultDriver {
     pub volumes: Volumes,
     /// Where volumes are published.
     pub published: Published,
+    /// Every publish call.
+    pub publish_log: Arc<Mutex<PublishLog>>,
     stop: CancellationToken,
+}
+
+/// Runs `f` when dropped.
+struct Guard<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for Guard<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+fn scopeguard<F: FnOnce()>(f: F) -> Guard<F> {
+    Guard(Some(f))
 }
 
 impl FaultDriver {
@@ -326,11 +398,13 @@ impl FaultDriver {
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
         let published: Published = Arc::default();
+        let publish_log: Arc<Mutex<PublishLog>> = Arc::default();
         let svc = Service {
             script: script.clone(),
             counters: counters.clone(),
             volumes: volumes.clone(),
             published: published.clone(),
+            publish_log: publish_log.clone(),
         };
         let (stop2, counters2) = (stop.clone(), counters.clone());
         tokio::spawn(async move {
@@ -365,7 +439,7 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, stop }
+        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, publish_log, stop }
     }
 
     /// Changes the script.
@@ -386,6 +460,11 @@ impl FaultDriver {
     /// `CreateVolume` calls so far.
     pub fn creates(&self) -> u64 {
         self.counters.creates.load(Ordering::SeqCst)
+    }
+
+    /// The publish calls so far.
+    pub fn publish_calls(&self) -> Vec<PublishCall> {
+        self.publish_log.lock().expect("publish log").calls.clone()
     }
 
     /// Connections accepted so far.

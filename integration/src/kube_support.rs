@@ -18,7 +18,10 @@ use k8s_openapi::{
             PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, Pod, PodSpec, Volume,
             VolumeResourceRequirements,
         },
-        storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, StorageClass},
+        storage::v1::{
+            CSINode, CSINodeDriver, CSINodeSpec, StorageClass, VolumeAttachment, VolumeAttachmentSource,
+            VolumeAttachmentSpec,
+        },
     },
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
@@ -187,6 +190,35 @@ pub fn csi_pv(name: &str, driver: &str, volume_handle: &str, size: &str) -> Pers
         }),
         ..Default::default()
     }
+}
+
+/// A VolumeAttachment of `pv` to `node` for `driver`, as the attach-detach
+/// controller creates one (without status).
+pub fn volume_attachment(name: &str, driver: &str, node: &str, pv: &str) -> VolumeAttachment {
+    VolumeAttachment {
+        metadata: meta(name),
+        spec: VolumeAttachmentSpec {
+            attacher: driver.into(),
+            node_name: node.into(),
+            source: VolumeAttachmentSource { persistent_volume_name: Some(pv.into()), ..Default::default() },
+        },
+        status: None,
+    }
+}
+
+/// How many VolumeAttachments whose name starts with `prefix` are attached
+/// (0 when listing fails).
+pub async fn attached_count(vas: &Api<VolumeAttachment>, prefix: &str) -> usize {
+    vas.list(&kube::api::ListParams::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter(|v| v.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+                .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// A Node whose volumes the attach-detach controller manages (annotation

@@ -7,35 +7,23 @@ use std::time::{Duration, Instant};
 use csi_sidecar_integration::{
     cluster::ControlPlane,
     fault_driver::{FaultDriver, Script, Transport},
-    kube_support::{TestNamespace, create, csi_node, csi_pv, unique_name},
+    kube_support::{TestNamespace, attached_count, create, csi_node, csi_pv, unique_name, volume_attachment},
     process::Proc,
     sidecar_bin, wait_until,
 };
 use futures::future::join_all;
 use k8s_openapi::api::{
     core::v1::PersistentVolume,
-    storage::v1::{CSINode, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec},
+    storage::v1::{CSINode, VolumeAttachment},
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, ObjectMeta},
+    api::{DeleteParams, ListParams},
 };
 use tonic::Code;
 
 const N: usize = 200;
 const NODES: usize = 20;
-
-fn va(name: &str, driver: &str, node: &str, pv: &str) -> VolumeAttachment {
-    VolumeAttachment {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: VolumeAttachmentSpec {
-            attacher: driver.into(),
-            node_name: node.into(),
-            source: VolumeAttachmentSource { persistent_volume_name: Some(pv.into()), ..Default::default() },
-        },
-        status: None,
-    }
-}
 
 async fn create_batch(
     vas: &Api<VolumeAttachment>,
@@ -53,27 +41,13 @@ async fn create_batch(
     }
     for chunk in names.chunks(20) {
         join_all(
-            chunk
-                .iter()
-                .enumerate()
-                .map(|(i, n)| async move { create(vas, &va(n, driver, &nodes[i % nodes.len()], n)).await }),
+            chunk.iter().enumerate().map(|(i, n)| async move {
+                create(vas, &volume_attachment(n, driver, &nodes[i % nodes.len()], n)).await
+            }),
         )
         .await;
     }
     names
-}
-
-async fn attached_count(vas: &Api<VolumeAttachment>, prefix: &str) -> usize {
-    vas.list(&ListParams::default())
-        .await
-        .map(|l| {
-            l.items
-                .iter()
-                .filter(|v| v.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
-                .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -190,7 +164,7 @@ async fn the_reconciler_repairs_a_volume_the_driver_reports_detached() {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let name = format!("{}-va", ns.name());
     create(&pvs, &csi_pv(&name, &driver_name, "vol-recon", "1Mi")).await;
-    create(&vas, &va(&name, &driver_name, &node, &name)).await;
+    create(&vas, &volume_attachment(&name, &driver_name, &node, &name)).await;
     wait_until("attached", Duration::from_secs(60), async || {
         let ok = vas.get(&name).await.ok().and_then(|v| v.status).is_some_and(|s| s.attached);
         (ok, ())

@@ -217,3 +217,96 @@ async fn a_foreign_attacher_lease_keeps_only_the_attacher_standby() {
     .await;
     assert!(p.logs().contains(&attacher_lease), "{}", p.logs());
 }
+
+/// `--leader-election-shared-lease`: one Lease for both modules of the
+/// process (no per-module Leases); the standby replica runs neither module;
+/// when the leader stops, the other replica takes both over.
+#[tokio::test]
+async fn one_shared_lease_leads_every_module_of_the_process() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "shared").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let driver_name = format!("{}.csi.example.com", unique_name("shl"));
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", csi.display()), format!("--name={driver_name}")],
+        dir.path(),
+    );
+    let replica = |name: &str| {
+        let args = vec![
+            format!("--csi-address={}", csi.display()),
+            format!("--kubeconfig={}", cp.kubeconfig().display()),
+            "--leader-election".to_string(),
+            format!("--leader-election-namespace={}", ns.name()),
+            "--leader-election-shared-lease=my-driver-sidecars".to_string(),
+            "--leader-election-lease-duration=4s".to_string(),
+            "--leader-election-renew-deadline=3s".to_string(),
+            "--leader-election-retry-period=1s".to_string(),
+            "provisioner".to_string(),
+            "attacher".to_string(),
+        ];
+        Proc::spawn(name, &sidecar_bin(), &args, dir.path())
+    };
+    let mut a = replica("replica-a");
+    let mut b = replica("replica-b");
+    let leads = |p: &Proc| p.logs().contains("successfully acquired lease");
+    wait_until("one leader", Duration::from_secs(60), async || (leads(&a) || leads(&b), ())).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!(leads(&a) && leads(&b)), "exactly one replica leads");
+
+    let leases: Api<Lease> = ns.api();
+    let names: Vec<String> = leases
+        .list(&Default::default())
+        .await
+        .expect("leases")
+        .items
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    assert_eq!(names, ["my-driver-sidecars"], "one Lease for the process, none per module");
+
+    let sc = ns.scoped("sc");
+    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &driver_name)).await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let bound_claim = async |name: &str| {
+        create(&pvcs, &pvc(name, Some(&sc), "1Mi")).await;
+        wait_for(&pvcs, name, Duration::from_secs(60), |c| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await
+    };
+    let first = bound_claim("first").await;
+    // The attacher runs under the same Lease: a VolumeAttachment for a node
+    // without a CSINode gets its attach error.
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let va_name = ns.scoped("va");
+    let va = VolumeAttachment {
+        metadata: ObjectMeta { name: Some(va_name.clone()), ..Default::default() },
+        spec: VolumeAttachmentSpec {
+            attacher: driver_name.clone(),
+            node_name: "nowhere".into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: first.spec.and_then(|s| s.volume_name),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    create(&vas, &va).await;
+    wait_for(&vas, &va_name, Duration::from_secs(30), |v| {
+        v.status.as_ref().and_then(|s| s.attach_error.as_ref()).is_some()
+    })
+    .await;
+
+    // The leader stops (SIGTERM releases the Lease): the other replica runs both.
+    let (leader, standby) = if leads(&a) { (&mut a, &b) } else { (&mut b, &a) };
+    assert!(!standby.logs().contains("Caches synced"), "the standby runs no module:\n{}", standby.logs());
+    leader.terminate().await;
+    wait_until("the standby to lead", Duration::from_secs(30), async || (leads(standby), ())).await;
+    bound_claim("second").await;
+    let logs = standby.logs();
+    assert_eq!(logs.matches("Caches synced").count(), 2, "both modules run in the new leader:\n{logs}");
+}

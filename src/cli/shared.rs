@@ -58,6 +58,9 @@ pub struct SharedFlags {
     /// labels added to the Lease while leading, as k1:v1,k2:v2
     #[argh(option)]
     pub leader_election_labels: Option<String>,
+    /// csi-sidecar only: one Lease of this name for all modules of the process instead of one per module (default: per-module Leases with upstream names)
+    #[argh(option)]
+    pub leader_election_shared_lease: Option<String>,
     /// log verbosity (klog levels: 0-1 info, 2-4 debug, 5+ trace with CSI requests)
     #[argh(option, long = "v")]
     pub v: Option<u32>,
@@ -154,6 +157,7 @@ pub const CONTROLLER: &[&str] = &[
     "leader-election-renew-deadline",
     "leader-election-retry-period",
     "leader-election-labels",
+    "leader-election-shared-lease",
 ];
 
 /// `k1:v1,k2:v2` (upstream's syntax for `--leader-election-labels`).

@@ -10,7 +10,7 @@
 //! metadata ([`Informers::metadata`]).
 
 use std::{
-    any::{Any, TypeId},
+    any::Any,
     collections::HashMap,
     fmt::Debug,
     sync::{Arc, Mutex, RwLock},
@@ -21,7 +21,7 @@ use ::kube::{
     core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store},
+        reflector::{self, ObjectRef, Store},
         watcher::{self, Event},
     },
 };
@@ -108,6 +108,7 @@ type Starter = Box<dyn FnOnce(Client, CancellationToken) -> BoxFuture<'static, (
 struct Entry {
     informer: Arc<dyn Any + Send + Sync>,
     kind: String,
+    type_name: &'static str,
     starter: Option<Starter>,
 }
 
@@ -115,7 +116,7 @@ struct Entry {
 #[derive(Clone)]
 pub struct Informers {
     client: Client,
-    entries: Arc<Mutex<HashMap<TypeId, Entry>>>,
+    entries: Arc<Mutex<HashMap<String, Entry>>>,
 }
 
 impl Informers {
@@ -140,11 +141,16 @@ impl Informers {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        let kind = format!("{}/{}", K::api_version(&()), K::kind(&()));
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = entries.get(&TypeId::of::<K>())
-            && let Ok(shared) = e.informer.clone().downcast::<Shared<K>>()
-        {
-            return Informer { shared };
+        if let Some(e) = entries.get(&kind) {
+            match e.informer.clone().downcast::<Shared<K>>() {
+                Ok(shared) => return Informer { shared },
+                // A programming error caught by any test that starts the
+                // modules together: two representations of one resource
+                // would mean two watches of it.
+                Err(_) => panic!("{kind} is already cached as another Rust type; use {}", e.type_name),
+            }
         }
         let (store, writer) = reflector::store::<K>();
         let (synced, _) = watch::channel(false);
@@ -153,8 +159,13 @@ impl Informers {
         let keep: Keep<K> = Arc::new(keep);
         let starter: Starter =
             Box::new(move |client, shutdown| Box::pin(run_watch::<K>(client, for_task, keep, shutdown)));
-        let kind = format!("{}/{}", K::api_version(&()), K::kind(&()));
-        entries.insert(TypeId::of::<K>(), Entry { informer: shared.clone(), kind, starter: Some(starter) });
+        let entry = Entry {
+            informer: shared.clone(),
+            kind: kind.clone(),
+            type_name: std::any::type_name::<K>(),
+            starter: Some(starter),
+        };
+        entries.insert(kind, entry);
         Informer { shared }
     }
 
@@ -190,11 +201,13 @@ impl Informers {
 }
 
 /// Drops objects the modules do not read: during the initial list they are
-/// skipped; later an object that no longer matches is turned into a delete.
-fn only_kept<K: Clone>(keep: &Keep<K>, event: Event<K>) -> Option<Event<K>> {
+/// skipped; later an object that stops matching is turned into a delete,
+/// and changes of objects that never matched are dropped.
+fn only_kept<K>(keep: &Keep<K>, cached: impl Fn(&K) -> bool, event: Event<K>) -> Option<Event<K>> {
     match event {
         Event::InitApply(o) if !keep(&o) => None,
-        Event::Apply(o) if !keep(&o) => Some(Event::Delete(o)),
+        Event::Apply(o) if !keep(&o) => cached(&o).then_some(Event::Delete(o)),
+        Event::Delete(o) if !keep(&o) && !cached(&o) => None,
         other => Some(other),
     }
 }
@@ -204,13 +217,15 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let Some(writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    let reader = shared.store.clone();
     let api: Api<K> = Api::all(client);
     let stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(trim::<K>)
         .filter_map(move |e| {
-            let keep = keep.clone();
-            async move { e.map(|e| only_kept(&keep, e)).transpose() }
+            let (keep, store) = (keep.clone(), reader.clone());
+            let cached = move |o: &K| store.get(&ObjectRef::from_obj(o)).is_some();
+            async move { e.map(|e| only_kept(&keep, cached, e)).transpose() }
         })
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
@@ -271,5 +286,41 @@ mod tests {
         let ann = pvc.metadata.annotations.expect("annotations");
         assert_eq!(ann.len(), 1);
         assert_eq!(ann["keep"], "me");
+    }
+
+    #[test]
+    fn only_kept_table() {
+        let pvc = |name: &str| PersistentVolumeClaim {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            ..Default::default()
+        };
+        let keep: Keep<PersistentVolumeClaim> = Arc::new(|c| c.metadata.name.as_deref() == Some("mine"));
+        let kind = |e: Option<Event<PersistentVolumeClaim>>| match e {
+            None => "dropped",
+            Some(Event::Apply(_)) => "apply",
+            Some(Event::InitApply(_)) => "init-apply",
+            Some(Event::Delete(_)) => "delete",
+            Some(_) => "other",
+        };
+        let table = [
+            // (event, name, in the cache, expected)
+            ("init", "mine", false, "init-apply"),
+            ("init", "other", false, "dropped"),
+            ("apply", "mine", true, "apply"),
+            ("apply", "other", true, "delete"),
+            ("apply", "other", false, "dropped"),
+            ("delete", "other", false, "dropped"),
+            ("delete", "other", true, "delete"),
+            ("delete", "mine", true, "delete"),
+        ];
+        for (ev, name, cached, want) in table {
+            let o = pvc(name);
+            let e = match ev {
+                "init" => Event::InitApply(o),
+                "apply" => Event::Apply(o),
+                _ => Event::Delete(o),
+            };
+            assert_eq!(kind(only_kept(&keep, |_| cached, e)), want, "{ev} {name} cached={cached}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! request budget), one informer cache, work queues, events, leader election.
 //! Controller modules use these; none of them opens its own watch.
 
+pub mod cached;
 pub mod client;
 pub mod events;
 pub mod finalizers;
@@ -10,6 +11,7 @@ pub mod leader;
 pub mod quantity;
 pub mod queue;
 pub mod secrets;
+pub mod shared_lease;
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -30,6 +32,8 @@ pub struct LeaderSettings {
     pub retry_period: Option<Duration>,
     /// `--leader-election-labels`.
     pub labels: BTreeMap<String, String>,
+    /// `--leader-election-shared-lease`: one Lease for every module.
+    pub shared_lease: Option<String>,
 }
 
 /// The Kubernetes side of the host, built once when a module needs it.
@@ -45,6 +49,9 @@ pub struct KubeContext {
     pub leader: LeaderSettings,
     /// The Lease health of every module, served at `/healthz/leader-election`.
     pub leader_health: LeaderHealth,
+    /// The process-wide election with `--leader-election-shared-lease`,
+    /// started by the first module that asks.
+    shared_lease: std::sync::Arc<tokio::sync::OnceCell<shared_lease::SharedLease>>,
 }
 
 /// All modules' Lease health checks as one: healthy only if each is.
@@ -102,6 +109,7 @@ impl KubeContext {
             renew_deadline: shared.leader_election_renew_deadline,
             retry_period: shared.leader_election_retry_period,
             labels,
+            shared_lease: shared.leader_election_shared_lease.clone().filter(|n| !n.is_empty()),
         };
         Ok(KubeContext {
             informers: informers::Informers::new(client.clone()),
@@ -109,6 +117,7 @@ impl KubeContext {
             leader_client,
             leader,
             leader_health: LeaderHealth::default(),
+            shared_lease: std::sync::Arc::default(),
         })
     }
 
@@ -135,6 +144,27 @@ impl KubeContext {
         cfg.labels = self.leader.labels.clone();
         cfg.validate()?;
         Ok(Some(leader::LeaderElector::new(self.leader_client.clone(), cfg)))
+    }
+}
+
+impl KubeContext {
+    /// The process-wide election when `--leader-election-shared-lease` is
+    /// set (and `--leader-election` on): one elector for all modules, started
+    /// on first use and stopped by `shutdown`.
+    pub async fn shared_lease(
+        &self,
+        shutdown: &tokio_util::sync::CancellationToken,
+    ) -> Result<Option<shared_lease::SharedLease>, leader::LeaderError> {
+        let Some(name) = self.leader.shared_lease.clone() else { return Ok(None) };
+        let Some(elector) = self.elector(&name)? else { return Ok(None) };
+        let lease = self
+            .shared_lease
+            .get_or_init(|| async {
+                self.leader_health.add(elector.health_check());
+                shared_lease::SharedLease::start(elector, shutdown.clone())
+            })
+            .await;
+        Ok(Some(lease.clone()))
     }
 }
 

@@ -225,7 +225,8 @@ impl ModuleConfig {
 
 /// Runs `work` now, or, with `--leader-election`, only while this process
 /// holds the module's Lease `lock_name` (upstream's name: one Lease per
-/// module, so csi-sidecar and upstream sidecars can be mixed in a rollout).
+/// module, so csi-sidecar and upstream sidecars can be mixed in a rollout),
+/// or, with `--leader-election-shared-lease`, the process's one Lease.
 /// Every module's Lease health is served together at
 /// `/healthz/leader-election` (and per module at
 /// `/healthz/leader-election-<module>`).
@@ -241,6 +242,13 @@ where
 {
     let fatal = |message: String| ModuleError::Fatal { module, message };
     let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    if let Some(shared) = kube.shared_lease(&ctx.shutdown).await.map_err(|e| fatal(e.to_string()))? {
+        ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
+        tracing::info!(module, "Waiting for the process's shared Lease");
+        let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
+        work(token.clone()).await;
+        return if token.is_cancelled() { shared.outcome().await.map_err(fatal) } else { Ok(()) };
+    }
     match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
         Some(elector) => {
             let check = elector.health_check();
@@ -260,21 +268,22 @@ where
 /// process serves the one driver behind `--csi-address`, so objects of other
 /// drivers are never read and are not cached.
 pub mod cache_filters {
-    use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::VolumeAttachment};
-
-    use crate::compat::provisioner::ANN_PROVISIONED_BY;
+    use crate::{
+        compat::provisioner::ANN_PROVISIONED_BY,
+        kube::cached::{CachedPv, CachedVa},
+    };
 
     /// PVs of the driver (by CSI source or by provisioner annotation).
-    pub fn driver_pvs(driver: &str) -> impl Fn(&PersistentVolume) -> bool + Send + Sync + 'static {
+    pub fn driver_pvs(driver: &str) -> impl Fn(&CachedPv) -> bool + Send + Sync + 'static {
         let driver = driver.to_string();
         move |pv| {
-            pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_some_and(|c| c.driver == driver)
-                || pv.metadata.annotations.as_ref().and_then(|a| a.get(ANN_PROVISIONED_BY)) == Some(&driver)
+            pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(driver.as_str())
+                || pv.annotation(ANN_PROVISIONED_BY) == Some(driver.as_str())
         }
     }
 
     /// VolumeAttachments the driver attaches.
-    pub fn driver_vas(driver: &str) -> impl Fn(&VolumeAttachment) -> bool + Send + Sync + 'static {
+    pub fn driver_vas(driver: &str) -> impl Fn(&CachedVa) -> bool + Send + Sync + 'static {
         let driver = driver.to_string();
         move |va| va.spec.attacher == driver
     }

@@ -88,6 +88,16 @@ struct Args {
     /// PVCs and PVs in the cache for the idle-memory measurement (default 10000; 0 skips it)
     #[argh(option, default = "10_000")]
     cache_objects: usize,
+    /// whose objects fill the idle cache: "own" (the sidecar's driver: PVCs
+    /// annotated for it and pre-bound, CSI PVs of it; every one is cached) or
+    /// "other" (another driver's: filtered out) (default "own")
+    #[argh(option, default = "String::from(\"own\")")]
+    cache_driver: String,
+    /// the idle cache's PVCs (own driver only): "bound" (spec.volumeName set:
+    /// the steady state of a cluster) or "pending" (a WaitForFirstConsumer
+    /// class of the driver and no selected node: waiting for a pod) (default "bound")
+    #[argh(option, default = "String::from(\"bound\")")]
+    cache_pvcs: String,
     /// concurrent creators (default 16)
     #[argh(option, default = "16")]
     creators: usize,
@@ -924,6 +934,8 @@ struct CacheResult {
     hwm: f64,
     stop: String,
     problems: Vec<(String, usize)>,
+    driver: String,
+    pvcs: String,
 }
 
 async fn cache_idle(env: &Env, count: usize) -> Result<CacheResult> {
@@ -935,25 +947,65 @@ async fn cache_idle(env: &Env, count: usize) -> Result<CacheResult> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns_name);
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
     let errors = Mutex::new(0usize);
+    let own = match env.args.cache_driver.as_str() {
+        "own" => true,
+        "other" => false,
+        x => anyhow::bail!("--cache-driver must be own or other, not {x:?}"),
+    };
+    let pending = match env.args.cache_pvcs.as_str() {
+        "bound" => false,
+        "pending" => true,
+        x => anyhow::bail!("--cache-pvcs must be bound or pending, not {x:?}"),
+    };
+    let wffc = format!("{ns_name}-wffc");
+    if pending {
+        let mut sc = storage_class(&wffc, DRIVER);
+        sc.volume_binding_mode = Some("WaitForFirstConsumer".into());
+        Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &sc).await?;
+    }
     let t = Instant::now();
     let done = std::sync::atomic::AtomicUsize::new(0);
     stream::iter(0..2 * count)
         .map(|j| {
-            let (pvcs, pvs, errors, done, ns_name) = (&pvcs, &pvs, &errors, &done, &ns_name);
+            let (pvcs, pvs, errors, done, ns_name, wffc) = (&pvcs, &pvs, &errors, &done, &ns_name, &wffc);
             async move {
                 let i = j / 2;
                 if j % 2 == 0 {
                     // Class "" and a spec.volumeName that does not exist: nothing
                     // provisions it and the PV binder only keeps it Pending (no
                     // matching against the PVs below, no events).
-                    let mut c = pvc(&format!("cache-pvc-{i:05}"), None, "1Mi");
-                    if let Some(s) = c.spec.as_mut() {
+                    let mut c = pvc(&format!("cache-pvc-{i:05}"), pending.then_some(wffc.as_str()), "1Mi");
+                    if let Some(s) = c.spec.as_mut()
+                        && !pending
+                    {
                         s.volume_name = Some(format!("{ns_name}-missing-{i:05}"));
+                    }
+                    if own {
+                        // Annotated for the sidecar's driver; pre-bound (not
+                        // cached: a claim with a volume never needs one) or of
+                        // a WaitForFirstConsumer class without a selected node
+                        // (cached, waiting); never provisioned either way.
+                        c.metadata.annotations =
+                            Some([("volume.kubernetes.io/storage-provisioner".to_string(), DRIVER.to_string())].into());
                     }
                     create_retrying(pvcs, &c, errors).await?;
                 } else {
                     let name = format!("{ns_name}-pv-{i:05}");
-                    create_retrying(pvs, &csi_pv(&name, OTHER_DRIVER, &format!("vol-{i:05}"), "1Mi"), errors).await?;
+                    let driver = if own { DRIVER } else { OTHER_DRIVER };
+                    let mut pv = csi_pv(&name, driver, &format!("vol-{i:05}"), "1Mi");
+                    // What a dynamically provisioned volume carries (Retain:
+                    // nothing for the sidecar to do with it).
+                    if let Some(c) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+                        c.fs_type = Some("ext4".into());
+                        c.volume_attributes = Some(
+                            [(
+                                "storage.kubernetes.io/csiProvisionerIdentity".to_string(),
+                                format!("1764460000000-{i}-{driver}"),
+                            )]
+                            .into(),
+                        );
+                    }
+                    create_retrying(pvs, &pv, errors).await?;
                     // Set phase Available ourselves (unthrottled), so that the PV
                     // binder (20 qps) has nothing left to write afterwards.
                     let patch = serde_json::json!({"status": {"phase": "Available"}});
@@ -984,6 +1036,8 @@ async fn cache_idle(env: &Env, count: usize) -> Result<CacheResult> {
     let json_mb = (pvc_bytes + pv_bytes) as f64 / 1e6;
     Ok(CacheResult {
         objects: count,
+        driver: env.args.cache_driver.clone(),
+        pvcs: env.args.cache_pvcs.clone(),
         create_s,
         pvcs_in_cluster,
         pvs_in_cluster,
@@ -1181,9 +1235,11 @@ async fn run(args: Args) -> Result<()> {
         );
         let _ = writeln!(
             out,
-            "| {} PVCs + {} PVs | {:.0} | {} / {} | {:.1} | {:.2} | {:.1} | {:.1} |\n",
+            "| {} PVCs ({}) + {} PVs ({} driver) | {:.0} | {} / {} | {:.1} | {:.2} | {:.1} | {:.1} |\n",
             c.objects,
+            c.pvcs,
             c.objects,
+            c.driver,
             c.create_s,
             c.pvcs_in_cluster,
             c.pvs_in_cluster,

@@ -2,9 +2,12 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::{
-    core::v1::PersistentVolume,
-    storage::v1::{CSINode, VolumeAttachment},
+use k8s_openapi::{
+    api::{
+        core::v1::PersistentVolume,
+        storage::v1::{CSINode, VolumeAttachment},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 use crate::{
@@ -155,6 +158,41 @@ pub fn publish_request(
     })
 }
 
+/// Where a VolumeAttachment's volume is described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeSource {
+    /// A PersistentVolume, by name.
+    Pv(String),
+    /// `spec.source.inlineVolumeSpec` (an inline volume the attach-detach
+    /// controller translated for CSI migration): it has no PV, so no PV
+    /// finalizer.
+    Inline,
+}
+
+/// Which source describes the volume: exactly one of a PV name and an inline
+/// CSI spec (upstream's rule; both or neither is an error).
+pub fn volume_source(va: &VolumeAttachment) -> Result<VolumeSource, String> {
+    let name = va.metadata.name.as_deref().unwrap_or_default();
+    let src = &va.spec.source;
+    match (&src.persistent_volume_name, &src.inline_volume_spec) {
+        (Some(pv), None) if !pv.is_empty() => Ok(VolumeSource::Pv(pv.clone())),
+        (None, Some(spec)) if spec.csi.is_some() => Ok(VolumeSource::Inline),
+        (None, Some(_)) => Err(format!("VolumeAttachment {name}: the inline volume spec has no CSI source")),
+        (Some(_), Some(_)) => {
+            Err(format!("VolumeAttachment {name}: both persistentVolumeName and inlineVolumeSpec are set"))
+        }
+        _ => Err(format!("VolumeAttachment {name}: neither persistentVolumeName nor inlineVolumeSpec is set")),
+    }
+}
+
+/// The volume of an inline source as a PersistentVolume without metadata
+/// other than a name for messages (the VolumeAttachment's).
+pub fn inline_volume(va: &VolumeAttachment) -> Option<PersistentVolume> {
+    let spec = va.spec.source.inline_volume_spec.clone()?;
+    let metadata = ObjectMeta { name: va.metadata.name.clone(), ..Default::default() };
+    Some(PersistentVolume { metadata, spec: Some(spec), status: None })
+}
+
 /// Whether the PV finalizer can go: the PV is being deleted and no
 /// VolumeAttachment references it.
 pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str) -> bool {
@@ -208,6 +246,36 @@ mod tests {
             crate::kube::leader::sanitize_lease_name(&up::lease_lock_name(D)),
             "external-attacher-leader-hostpath-csi-k8s-io"
         );
+    }
+
+    #[test]
+    fn volume_source_table() {
+        let csi_spec = || PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource { driver: D.into(), volume_handle: "h".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let with = |pv: Option<&str>, inline: Option<PersistentVolumeSpec>| {
+            let mut v = va(D, false, false, false);
+            v.spec.source =
+                VolumeAttachmentSource { persistent_volume_name: pv.map(Into::into), inline_volume_spec: inline };
+            v
+        };
+        assert_eq!(volume_source(&with(Some("pv-1"), None)), Ok(VolumeSource::Pv("pv-1".into())));
+        assert_eq!(volume_source(&with(None, Some(csi_spec()))), Ok(VolumeSource::Inline));
+        let err = |v: &VolumeAttachment| volume_source(v).unwrap_err();
+        assert!(err(&with(None, None)).contains("neither"), "{}", err(&with(None, None)));
+        assert!(err(&with(Some(""), None)).contains("neither"));
+        assert!(err(&with(Some("pv-1"), Some(csi_spec()))).contains("both"));
+        let in_tree = PersistentVolumeSpec::default();
+        assert!(err(&with(None, Some(in_tree))).contains("no CSI source"));
+        // Errors name the object.
+        assert!(err(&with(None, None)).contains("csi-123"));
+
+        let inline = inline_volume(&with(None, Some(csi_spec()))).unwrap();
+        assert_eq!(inline.metadata.name.as_deref(), Some("csi-123"));
+        let req = publish_request(&inline, "node-id", &driver(&[Rpc::PublishUnpublishVolume]), "ext4");
+        // No access modes on the inline spec: an error naming the combination, not a panic.
+        assert!(req.is_err());
     }
 
     #[test]

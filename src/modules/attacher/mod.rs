@@ -40,13 +40,14 @@ use crate::{
     },
     kube::{
         KubeContext,
+        cached::{CachedPv, CachedVa},
         informers::Change,
         queue::{Backoff, Outcome, WorkQueue},
     },
     modules::{ModuleContext, ModuleError},
 };
 use config::AttacherFlags;
-use decide::{Handler, VaAction};
+use decide::{Handler, VaAction, VolumeSource};
 
 const NAME: &str = "attacher";
 
@@ -57,8 +58,8 @@ struct Attacher {
     finalizer: String,
     csi: Connection,
     client: Client,
-    vas: Store<VolumeAttachment>,
-    pvs: Store<PersistentVolume>,
+    vas: Store<CachedVa>,
+    pvs: Store<CachedPv>,
     csinodes: Store<CSINode>,
     /// VAs the reconciler found out of sync with the driver.
     forced: Mutex<HashSet<String>>,
@@ -105,8 +106,29 @@ impl Attacher {
         crate::kube::secrets::secret_data(&self.client, &name, &ns).await
     }
 
+    fn pv(&self, name: &str) -> Option<PersistentVolume> {
+        self.pvs.get(&ObjectRef::new(name)).map(|p| p.to_full())
+    }
+
+    /// The volume of an attachment being attached: its PV, which must exist
+    /// and not be deleting, or its inline spec.
+    fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), String> {
+        let source = decide::volume_source(va)?;
+        let pv = match &source {
+            VolumeSource::Pv(name) => {
+                let pv = self.pv(name).ok_or_else(|| format!("persistentvolume \"{name}\" not found"))?;
+                if pv.metadata.deletion_timestamp.is_some() {
+                    return Err(format!("PersistentVolume {name} is marked for deletion"));
+                }
+                pv
+            }
+            VolumeSource::Inline => decide::inline_volume(va).ok_or("the inline volume spec is gone")?,
+        };
+        Ok((pv, source))
+    }
+
     async fn sync(&self, name: String) -> Outcome {
-        let Some(va) = self.vas.get(&ObjectRef::new(&name)) else { return Outcome::Done };
+        let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else { return Outcome::Done };
         let forced = self.forced.lock().unwrap_or_else(|e| e.into_inner()).contains(&name);
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
             VaAction::Ignore => Outcome::Done,
@@ -131,15 +153,11 @@ impl Attacher {
             self.error_status(&name, "attachError", &msg, code).await;
             Outcome::Retry
         };
-        let Some(pv_name) = va.spec.source.persistent_volume_name.clone() else {
-            return fail("inline volume specs are not supported by csi-sidecar yet".into(), None).await;
+        let (pv, source) = match self.volume_to_attach(va) {
+            Ok(v) => v,
+            Err(e) => return fail(e, None).await,
         };
-        let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)) else {
-            return fail(format!("persistentvolume \"{pv_name}\" not found"), None).await;
-        };
-        if pv.metadata.deletion_timestamp.is_some() {
-            return fail(format!("PersistentVolume {pv_name} is marked for deletion"), None).await;
-        }
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let node_id = match decide::node_id(
             self.csinodes.get(&ObjectRef::new(&va.spec.node_name)).as_deref(),
             &va.spec.node_name,
@@ -153,7 +171,10 @@ impl Attacher {
             Err(e) => return fail(e, None).await,
         };
         // Finalizers first: from now on a detach is owed.
-        if let Err(e) = add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await {
+        if source != VolumeSource::Inline
+            && let Err(e) =
+                add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await
+        {
             return fail(format!("could not add PersistentVolume finalizer: {e}"), None).await;
         }
         let meta = serde_json::json!({"metadata": {
@@ -183,7 +204,7 @@ impl Attacher {
                     return Outcome::Retry;
                 }
                 self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
-                tracing::info!(va = %name, pv = %pv_name, node = %va.spec.node_name, "Attached");
+                tracing::info!(va = %name, volume = %pv_name, node = %va.spec.node_name, "Attached");
                 Outcome::Done
             }
             Err(s) => fail(compat::grpc_error_text(&s), Some(s.code())).await,
@@ -202,7 +223,12 @@ impl Attacher {
             Ok(id) => id,
             Err(e) => return fail(e).await,
         };
-        let pv = va.spec.source.persistent_volume_name.as_ref().and_then(|n| self.pvs.get(&ObjectRef::new(n)));
+        // A PV being deleted is still detached (its finalizer holds it).
+        let pv = match decide::volume_source(va) {
+            Ok(VolumeSource::Pv(n)) => self.pv(&n),
+            Ok(VolumeSource::Inline) => decide::inline_volume(va),
+            Err(e) => return fail(e).await,
+        };
         let volume_id = pv.as_ref().and_then(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone()));
         let Some(volume_id) = volume_id else {
             return fail("cannot find the volume handle: the PersistentVolume is gone".into()).await;
@@ -240,13 +266,12 @@ impl Attacher {
     }
 
     async fn sync_pv(&self, name: String) -> Outcome {
-        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)) else { return Outcome::Done };
-        let referenced =
-            self.vas.state().iter().any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
+        let Some(pv) = self.pv(&name) else { return Outcome::Done };
+        let referenced = self.vas.state().iter().any(|va| va.pv_name() == Some(name.as_str()));
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer) {
             return Outcome::Done;
         }
-        match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &*pv, &self.finalizer)
+        match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
             .await
         {
             Ok(()) => Outcome::Done,
@@ -284,17 +309,18 @@ impl Attacher {
             }
             token = resp.next_token;
         }
-        for va in self.vas.state() {
-            if va.spec.attacher != *self.driver.name {
+        for cached in self.vas.state() {
+            if cached.spec.attacher != *self.driver.name {
                 continue;
             }
+            let va = cached.to_full();
             let name = va.metadata.name.clone().unwrap_or_default();
-            let Some(pv) =
-                va.spec.source.persistent_volume_name.as_ref().and_then(|n| self.pvs.get(&ObjectRef::new(n)))
-            else {
-                continue;
+            let pv = match decide::volume_source(&va) {
+                Ok(VolumeSource::Pv(n)) => self.pv(&n),
+                Ok(VolumeSource::Inline) => decide::inline_volume(&va),
+                Err(_) => None,
             };
-            let Some(handle) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()) else {
+            let Some(handle) = pv.and_then(|p| p.spec?.csi.map(|c| c.volume_handle)) else {
                 continue;
             };
             let Some(nodes) = published.get(&handle) else { continue };
@@ -342,10 +368,8 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let handler = decide::handler(&driver);
     tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
-    let va_inf =
-        kube.informers.get_filtered::<VolumeAttachment>(crate::modules::cache_filters::driver_vas(&driver.name));
-    let pv_inf =
-        kube.informers.get_filtered::<PersistentVolume>(crate::modules::cache_filters::driver_pvs(&driver.name));
+    let va_inf = kube.informers.get_filtered::<CachedVa>(crate::modules::cache_filters::driver_vas(&driver.name));
+    let pv_inf = kube.informers.get_filtered::<CachedPv>(crate::modules::cache_filters::driver_pvs(&driver.name));
     let csinode_inf = kube.informers.get::<CSINode>();
     kube.informers.start(&ctx.shutdown);
 

@@ -43,15 +43,16 @@ pub struct Settings {
     pub controller_publish_readonly: bool,
 }
 
-/// The provisioner (driver) name a PVC asks for.
-pub fn requested_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    let ann = pvc.metadata.annotations.as_ref()?;
+/// The provisioner (driver) name a PVC (by its metadata) asks for.
+pub fn requested_provisioner(pvc: &ObjectMeta) -> Option<&str> {
+    let ann = pvc.annotations.as_ref()?;
     ann.get(up::ANN_STORAGE_PROVISIONER).or_else(|| ann.get(up::ANN_BETA_STORAGE_PROVISIONER)).map(String::as_str)
 }
 
-/// Whether `pvc` is for `driver` (by provisioner annotation or CSI migration).
-pub fn is_for_driver(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
-    let migrated = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_MIGRATED_TO)).map(String::as_str);
+/// Whether a PVC (by its metadata) is for `driver` (by provisioner
+/// annotation or CSI migration).
+pub fn is_for_driver(pvc: &ObjectMeta, driver: &str) -> bool {
+    let migrated = pvc.annotations.as_ref().and_then(|a| a.get(up::ANN_MIGRATED_TO)).map(String::as_str);
     requested_provisioner(pvc) == Some(driver) || migrated == Some(driver)
 }
 
@@ -94,7 +95,7 @@ pub fn decide_claim(
     if spec.and_then(|s| s.volume_name.as_deref()).is_some_and(|v| !v.is_empty()) {
         return ClaimDecision::Ignore("already bound to a volume");
     }
-    if !is_for_driver(pvc, driver) {
+    if !is_for_driver(&pvc.metadata, driver) {
         return ClaimDecision::Ignore("not for this driver");
     }
     if pvc.metadata.deletion_timestamp.is_some() {

@@ -21,12 +21,12 @@ use std::{
 use ::kube::core::PartialObjectMeta;
 use ::kube::{
     Api, Client,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::reflector::{ObjectRef, Store},
 };
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::{CSINode, StorageClass, VolumeAttachment},
+    storage::v1::{CSINode, StorageClass},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -42,6 +42,7 @@ use crate::{
     },
     kube::{
         KubeContext,
+        cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
         informers::Change,
         queue::{Backoff, Outcome, WorkQueue},
@@ -76,10 +77,10 @@ struct Provisioner {
     csi: Connection,
     client: Client,
     events: Recorder,
-    pvcs: Store<PersistentVolumeClaim>,
-    pvs: Store<PersistentVolume>,
+    pvcs: Store<CachedPvc>,
+    pvs: Store<CachedPv>,
     classes: Store<StorageClass>,
-    attachments: Option<Store<VolumeAttachment>>,
+    attachments: Option<Store<CachedVa>>,
     /// Node labels (metadata-only watch) and CSINodes, with a topology-aware driver.
     topology: Option<(Store<PartialObjectMeta<Node>>, Store<CSINode>)>,
     in_flight: Mutex<HashMap<String, InFlight>>,
@@ -89,12 +90,8 @@ struct Provisioner {
     volume_deleted: Mutex<HashMap<String, std::time::Instant>>,
 }
 
-fn claim_key(pvc: &PersistentVolumeClaim) -> String {
-    format!(
-        "{}/{}",
-        pvc.metadata.namespace.as_deref().unwrap_or_default(),
-        pvc.metadata.name.as_deref().unwrap_or_default()
-    )
+fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!("{}/{}", pvc.namespace.as_deref().unwrap_or_default(), pvc.name.as_deref().unwrap_or_default())
 }
 
 /// `<unix millis>-<0..9999>-<driver>`, upstream's provisioner identity.
@@ -108,9 +105,9 @@ fn status_text(s: &tonic::Status) -> String {
 }
 
 impl Provisioner {
-    fn claim(&self, key: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    fn claim(&self, key: &str) -> Option<PersistentVolumeClaim> {
         let (ns, name) = key.split_once('/')?;
-        self.pvcs.get(&ObjectRef::new(name).within(ns))
+        self.pvcs.get(&ObjectRef::new(name).within(ns)).map(|c| c.to_full())
     }
 
     fn event_pvc(&self, pvc: &PersistentVolumeClaim, kind: EventType, reason: &str, message: &str) {
@@ -363,6 +360,24 @@ impl Provisioner {
     /// The PVC went away while its CreateVolume was undecided: get a final
     /// answer, and delete what it created.
     async fn finish_orphaned(&self, key: &str, f: &InFlight) -> Outcome {
+        // The claim left the cache: deleted, or bound (bound claims are not
+        // cached). If the PV was saved after all (a create whose answer was
+        // lost), the volume is the PV's, and its reclaim policy decides.
+        // Read live (a list by name: the `list` verb the role has anyway).
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let by_name = ListParams::default().fields(&format!("metadata.name={}", f.plan.pv_name));
+        match pvs.list_metadata(&by_name).await {
+            Ok(l) if !l.items.is_empty() => {
+                tracing::info!(claim = %key, pv = %f.plan.pv_name, "The volume's PV exists; it owns the volume");
+                self.forget_in_flight(key);
+                return Outcome::Done;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(claim = %key, error = %e, "Cannot check for the PV of an orphaned volume; retrying");
+                return Outcome::Retry;
+            }
+        }
         let mut request = f.plan.request.clone();
         if let Some(r) = &f.plan.provisioner_secret {
             request.secrets = self.secret(r).await.unwrap_or_default();
@@ -409,7 +424,7 @@ impl Provisioner {
 
     /// Handles one PV name.
     async fn sync_volume(&self, name: String) -> Outcome {
-        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)) else { return Outcome::Done };
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)).map(|p| p.to_full()) else { return Outcome::Done };
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match decide::decide_volume(&pv, &self.driver.name) {
             VolumeDecision::Ignore => Outcome::Done,
@@ -424,8 +439,7 @@ impl Provisioner {
         let failed =
             |msg: &str| self.events.publish(reference(pv), EventType::Warning, up::REASON_VOLUME_FAILED_DELETE, msg);
         if let Some(vas) = &self.attachments
-            && let Some(va) =
-                vas.state().into_iter().find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(&name))
+            && let Some(va) = vas.state().into_iter().find(|va| va.pv_name() == Some(name.as_str()))
         {
             failed(&format!("persistentvolume {name} is still attached to node {}", va.spec.node_name));
             return Outcome::Retry;
@@ -544,12 +558,18 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     tracing::info!(driver = %driver.name, "Provisioner starting");
     let informers = &kube.informers;
     let name = driver.name.to_string();
-    let pvc_inf = informers.get_filtered::<PersistentVolumeClaim>(move |c| decide::is_for_driver(c, &name));
-    let pv_inf = informers.get_filtered::<PersistentVolume>(crate::modules::cache_filters::driver_pvs(&driver.name));
+    // Only claims that may still need a volume: a claim with spec.volumeName
+    // (bound, or pre-bound by its author) never does, so a cluster's
+    // thousands of bound claims cost no memory.
+    let pvc_inf = informers.get_filtered::<CachedPvc>(move |c| {
+        decide::is_for_driver(&c.metadata, &name)
+            && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty)
+    });
+    let pv_inf = informers.get_filtered::<CachedPv>(crate::modules::cache_filters::driver_pvs(&driver.name));
     let sc_inf = informers.get::<StorageClass>();
     let va_inf = driver
         .has_controller_capability(Rpc::PublishUnpublishVolume)
-        .then(|| informers.get_filtered::<VolumeAttachment>(crate::modules::cache_filters::driver_vas(&driver.name)));
+        .then(|| informers.get_filtered::<CachedVa>(crate::modules::cache_filters::driver_vas(&driver.name)));
     let topology_gate = config::parse_feature_gates(&cfg.feature_gates)
         .unwrap_or_default()
         .into_iter()
@@ -569,8 +589,8 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
             let pvc = match c {
                 Change::Applied(p) | Change::Deleted(p) => p,
             };
-            if decide::is_for_driver(pvc, &name) {
-                claims.add(claim_key(pvc));
+            if decide::is_for_driver(&pvc.metadata, &name) {
+                claims.add(claim_key(&pvc.metadata));
             }
         });
     }
@@ -578,8 +598,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (volumes, name) = (volumes.clone(), driver.name.clone());
         pv_inf.on_change(move |c| {
             if let Change::Applied(pv) = c
-                && pv.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_PROVISIONED_BY))
-                    == Some(&name.to_string())
+                && pv.annotation(up::ANN_PROVISIONED_BY) == Some(&*name)
             {
                 volumes.add(pv.metadata.name.clone().unwrap_or_default());
             }

@@ -1,0 +1,427 @@
+//! Compact cached forms of the kinds a CSI driver can have thousands of.
+//!
+//! k8s-openapi's `PersistentVolume` is 3.4 KB before any string is allocated
+//! (every in-tree volume source is an inline `Option`), and a
+//! `VolumeAttachment` embeds a whole `PersistentVolumeSpec` for inline
+//! volumes. The watch decodes straight into these types, which keep only
+//! the fields the modules read (unknown fields are skipped by serde), so a
+//! cached CSI PV costs a few hundred bytes plus its strings. Modules turn a
+//! cached object back into the k8s-openapi type with `to_full` where they
+//! need one; the fields not kept are then `None`.
+
+use std::{borrow::Cow, collections::BTreeMap};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{
+            CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+            PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus, SecretReference,
+            TypedLocalObjectReference, TypedObjectReference, VolumeNodeAffinity, VolumeResourceRequirements,
+        },
+        storage::v1::{VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus},
+    },
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{LabelSelector, ObjectMeta},
+    },
+};
+use kube::Resource;
+use serde::{Deserialize, Deserializer};
+
+/// `ObjectMeta` as decoded for the cache: `managedFields` (often half of
+/// an object's JSON) and `selfLink` are skipped by serde instead of being
+/// allocated and dropped, so the initial list does not leave the heap
+/// fragmented with their remains.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+    resource_version: Option<String>,
+    uid: Option<String>,
+}
+
+fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m: Option<WireMeta> = Deserialize::deserialize(d)?;
+    let Some(m) = m else { return Ok(ObjectMeta::default()) };
+    Ok(ObjectMeta {
+        annotations: m.annotations,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: m.labels,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: None,
+        uid: m.uid,
+    })
+}
+
+/// A string map as a boxed slice: a `BTreeMap` node costs ~540 bytes even
+/// for one entry.
+pub type SmallMap = Box<[(String, String)]>;
+
+fn small_map<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SmallMap>, D::Error> {
+    let m: Option<BTreeMap<String, String>> = Deserialize::deserialize(d)?;
+    Ok(m.map(|m| m.into_iter().collect()))
+}
+
+/// Only the `storage` entry of a resource list (all a CSI sidecar reads).
+fn storage_of<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Quantity>, D::Error> {
+    let m: Option<BTreeMap<String, Quantity>> = Deserialize::deserialize(d)?;
+    Ok(m.and_then(|mut m| m.remove("storage")))
+}
+
+fn storage_map(q: &Option<Quantity>) -> Option<BTreeMap<String, Quantity>> {
+    q.as_ref().map(|q| BTreeMap::from([("storage".to_string(), q.clone())]))
+}
+
+/// Implements [`Resource`] for a cached form by borrowing the real kind's
+/// identity, so URLs, kinds and object references are the real ones.
+macro_rules! resource_as {
+    ($cached:ty, $real:ty) => {
+        impl Resource for $cached {
+            type DynamicType = ();
+            type Scope = <$real as Resource>::Scope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$real as Resource>::kind(&())
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$real as Resource>::group(&())
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$real as Resource>::version(&())
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$real as Resource>::plural(&())
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+/// A PersistentVolume as cached: metadata, the CSI-relevant spec, status.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedPv {
+    #[serde(default, deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    pub spec: Option<CachedPvSpec>,
+    pub status: Option<PersistentVolumeStatus>,
+}
+
+/// The parts of a `PersistentVolumeSpec` a CSI sidecar reads. In-tree
+/// volume sources are not kept: the attach-detach controller translates
+/// migrated inline volumes to a CSI source before they reach a
+/// VolumeAttachment.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPvSpec {
+    pub access_modes: Option<Vec<String>>,
+    /// `capacity.storage`.
+    #[serde(rename = "capacity", default, deserialize_with = "storage_of")]
+    pub capacity_storage: Option<Quantity>,
+    pub claim_ref: Option<Box<ObjectReference>>,
+    pub csi: Option<Box<CachedCsiSource>>,
+    pub mount_options: Option<Vec<String>>,
+    pub node_affinity: Option<Box<VolumeNodeAffinity>>,
+    pub persistent_volume_reclaim_policy: Option<String>,
+    pub storage_class_name: Option<String>,
+    pub volume_attributes_class_name: Option<String>,
+    pub volume_mode: Option<String>,
+}
+
+resource_as!(CachedPv, PersistentVolume);
+
+/// `CSIPersistentVolumeSource` with its attributes in a [`SmallMap`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedCsiSource {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub volume_handle: String,
+    pub fs_type: Option<String>,
+    pub read_only: Option<bool>,
+    #[serde(default, deserialize_with = "small_map")]
+    pub volume_attributes: Option<SmallMap>,
+    pub controller_expand_secret_ref: Option<Box<SecretReference>>,
+    pub controller_publish_secret_ref: Option<Box<SecretReference>>,
+    pub node_expand_secret_ref: Option<Box<SecretReference>>,
+    pub node_publish_secret_ref: Option<Box<SecretReference>>,
+    pub node_stage_secret_ref: Option<Box<SecretReference>>,
+}
+
+impl CachedCsiSource {
+    /// The k8s-openapi form.
+    pub fn to_full(&self) -> CSIPersistentVolumeSource {
+        let secret = |r: &Option<Box<SecretReference>>| r.as_deref().cloned();
+        CSIPersistentVolumeSource {
+            driver: self.driver.clone(),
+            volume_handle: self.volume_handle.clone(),
+            fs_type: self.fs_type.clone(),
+            read_only: self.read_only,
+            volume_attributes: self.volume_attributes.as_ref().map(|m| m.iter().cloned().collect()),
+            controller_expand_secret_ref: secret(&self.controller_expand_secret_ref),
+            controller_publish_secret_ref: secret(&self.controller_publish_secret_ref),
+            node_expand_secret_ref: secret(&self.node_expand_secret_ref),
+            node_publish_secret_ref: secret(&self.node_publish_secret_ref),
+            node_stage_secret_ref: secret(&self.node_stage_secret_ref),
+        }
+    }
+}
+
+/// A PersistentVolumeClaim as cached: metadata and the spec fields a
+/// provisioner reads (no status: it decides from the spec and annotations).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedPvc {
+    #[serde(default, deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    pub spec: Option<CachedPvcSpec>,
+}
+
+/// The parts of a `PersistentVolumeClaimSpec` kept.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPvcSpec {
+    pub access_modes: Option<Vec<String>>,
+    pub data_source: Option<Box<TypedLocalObjectReference>>,
+    pub data_source_ref: Option<Box<TypedObjectReference>>,
+    /// `resources.requests.storage`.
+    #[serde(rename = "resources", default, deserialize_with = "requested_storage")]
+    pub requested_storage: Option<Quantity>,
+    pub selector: Option<Box<LabelSelector>>,
+    pub storage_class_name: Option<String>,
+    pub volume_attributes_class_name: Option<String>,
+    pub volume_mode: Option<String>,
+    pub volume_name: Option<String>,
+}
+
+fn requested_storage<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Quantity>, D::Error> {
+    #[derive(Deserialize)]
+    struct Resources {
+        #[serde(default, deserialize_with = "storage_of")]
+        requests: Option<Quantity>,
+    }
+    let r: Option<Resources> = Deserialize::deserialize(d)?;
+    Ok(r.and_then(|r| r.requests))
+}
+
+resource_as!(CachedPvc, PersistentVolumeClaim);
+
+impl CachedPvc {
+    /// The PersistentVolumeClaim with the kept fields (no status).
+    pub fn to_full(&self) -> PersistentVolumeClaim {
+        let spec = self.spec.as_ref().map(|s| PersistentVolumeClaimSpec {
+            access_modes: s.access_modes.clone(),
+            data_source: s.data_source.as_deref().cloned(),
+            data_source_ref: s.data_source_ref.as_deref().cloned(),
+            resources: s
+                .requested_storage
+                .as_ref()
+                .map(|q| VolumeResourceRequirements { requests: storage_map(&Some(q.clone())), ..Default::default() }),
+            selector: s.selector.as_deref().cloned(),
+            storage_class_name: s.storage_class_name.clone(),
+            volume_attributes_class_name: s.volume_attributes_class_name.clone(),
+            volume_mode: s.volume_mode.clone(),
+            volume_name: s.volume_name.clone(),
+        });
+        PersistentVolumeClaim { metadata: self.metadata.clone(), spec, status: None }
+    }
+}
+
+impl CachedPvSpec {
+    /// The full spec with the kept fields.
+    pub fn to_full(&self) -> PersistentVolumeSpec {
+        PersistentVolumeSpec {
+            access_modes: self.access_modes.clone(),
+            capacity: storage_map(&self.capacity_storage),
+            claim_ref: self.claim_ref.as_deref().cloned(),
+            csi: self.csi.as_deref().map(CachedCsiSource::to_full),
+            mount_options: self.mount_options.clone(),
+            node_affinity: self.node_affinity.as_deref().cloned(),
+            persistent_volume_reclaim_policy: self.persistent_volume_reclaim_policy.clone(),
+            storage_class_name: self.storage_class_name.clone(),
+            volume_attributes_class_name: self.volume_attributes_class_name.clone(),
+            volume_mode: self.volume_mode.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The CSI driver of the volume, if it is a CSI volume.
+    pub fn csi_driver(&self) -> Option<&str> {
+        self.csi.as_deref().map(|c| c.driver.as_str())
+    }
+}
+
+impl CachedPv {
+    /// The PersistentVolume with the kept fields.
+    pub fn to_full(&self) -> PersistentVolume {
+        PersistentVolume {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(CachedPvSpec::to_full),
+            status: self.status.clone(),
+        }
+    }
+
+    /// An annotation's value.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+}
+
+/// A VolumeAttachment as cached.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CachedVa {
+    #[serde(default, deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: CachedVaSpec,
+    pub status: Option<VolumeAttachmentStatus>,
+}
+
+/// `VolumeAttachmentSpec` with the inline volume spec boxed and compact.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedVaSpec {
+    #[serde(default)]
+    pub attacher: String,
+    #[serde(default)]
+    pub node_name: String,
+    #[serde(default)]
+    pub source: CachedVaSource,
+}
+
+/// `VolumeAttachmentSource`: a PV name or an inline (migrated) volume spec.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedVaSource {
+    pub persistent_volume_name: Option<String>,
+    pub inline_volume_spec: Option<Box<CachedPvSpec>>,
+}
+
+resource_as!(CachedVa, VolumeAttachment);
+
+impl CachedVa {
+    /// The VolumeAttachment with the kept fields.
+    pub fn to_full(&self) -> VolumeAttachment {
+        VolumeAttachment {
+            metadata: self.metadata.clone(),
+            spec: VolumeAttachmentSpec {
+                attacher: self.spec.attacher.clone(),
+                node_name: self.spec.node_name.clone(),
+                source: VolumeAttachmentSource {
+                    persistent_volume_name: self.spec.source.persistent_volume_name.clone(),
+                    inline_volume_spec: self.spec.source.inline_volume_spec.as_deref().map(CachedPvSpec::to_full),
+                },
+            },
+            status: self.status.clone(),
+        }
+    }
+
+    /// The name of the PV this attachment is for, if it is not inline.
+    pub fn pv_name(&self) -> Option<&str> {
+        self.spec.source.persistent_volume_name.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_forms_are_small() {
+        // The point of this module: an order of magnitude below k8s-openapi's.
+        assert!(std::mem::size_of::<CachedPv>() * 4 < std::mem::size_of::<PersistentVolume>());
+        assert!(std::mem::size_of::<CachedVa>() * 4 < std::mem::size_of::<VolumeAttachment>());
+        assert!(std::mem::size_of::<CachedPvc>() < std::mem::size_of::<PersistentVolumeClaim>());
+    }
+
+    #[test]
+    fn decodes_the_wire_form_and_round_trips_kept_fields() {
+        let pv: CachedPv = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv1", "annotations": {"pv.kubernetes.io/provisioned-by": "d"},
+                         "managedFields": [{"manager": "kcm", "fieldsV1": {"f:spec": {}}}], "finalizers": ["f"]},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"},
+                "csi": {"driver": "d", "volumeHandle": "h", "fsType": "ext4", "volumeAttributes": {"a": "b"}},
+                "hostPath": {"path": "/ignored"},
+                "persistentVolumeReclaimPolicy": "Delete", "mountOptions": ["ro"],
+                "claimRef": {"namespace": "ns", "name": "c", "uid": "u"}
+            },
+            "status": {"phase": "Bound"}
+        }))
+        .unwrap();
+        assert_eq!(pv.annotation("pv.kubernetes.io/provisioned-by"), Some("d"));
+        assert!(pv.metadata.managed_fields.is_none());
+        assert_eq!(pv.metadata.finalizers.as_deref(), Some(&["f".to_string()][..]));
+        let full = pv.to_full();
+        let spec = full.spec.unwrap();
+        assert_eq!(spec.csi.as_ref().unwrap().volume_handle, "h");
+        assert_eq!(spec.csi.unwrap().volume_attributes.unwrap()["a"], "b");
+        assert_eq!(spec.claim_ref.unwrap().uid.as_deref(), Some("u"));
+        assert_eq!(spec.mount_options.unwrap(), ["ro"]);
+        assert!(spec.host_path.is_none());
+        assert_eq!(spec.capacity.unwrap()["storage"].0, "1Gi");
+        assert_eq!(full.status.unwrap().phase.as_deref(), Some("Bound"));
+
+        let pvc: CachedPvc = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns", "annotations": {"volume.kubernetes.io/storage-provisioner": "d"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast", "volumeMode": "Block",
+                     "resources": {"requests": {"storage": "5Gi", "other": "1"}, "limits": {"storage": "9Gi"}},
+                     "dataSource": {"kind": "VolumeSnapshot", "name": "s", "apiGroup": "snapshot.storage.k8s.io"}},
+            "status": {"phase": "Pending"}
+        }))
+        .unwrap();
+        let full = pvc.to_full();
+        let spec = full.spec.unwrap();
+        assert_eq!(
+            spec.resources.unwrap().requests.unwrap().into_iter().collect::<Vec<_>>(),
+            [("storage".to_string(), Quantity("5Gi".into()))]
+        );
+        assert_eq!(spec.data_source.unwrap().name, "s");
+        assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+        assert_eq!(full.metadata.annotations.unwrap()["volume.kubernetes.io/storage-provisioner"], "d");
+
+        let va: CachedVa = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "va1"},
+            "spec": {"attacher": "d", "nodeName": "n1", "source": {"inlineVolumeSpec": {
+                "csi": {"driver": "d", "volumeHandle": "inline"}, "accessModes": ["ReadOnlyMany"]}}},
+            "status": {"attached": true, "attachmentMetadata": {"k": "v"}}
+        }))
+        .unwrap();
+        assert_eq!(va.pv_name(), None);
+        let full = va.to_full();
+        assert_eq!(full.spec.node_name, "n1");
+        assert_eq!(full.spec.source.inline_volume_spec.unwrap().csi.unwrap().volume_handle, "inline");
+        assert!(full.status.unwrap().attached);
+    }
+
+    #[test]
+    fn resource_identity_is_the_real_kinds() {
+        assert_eq!(CachedPv::url_path(&(), None), PersistentVolume::url_path(&(), None));
+        assert_eq!(CachedVa::url_path(&(), None), VolumeAttachment::url_path(&(), None));
+        assert_eq!(CachedVa::kind(&()), "VolumeAttachment");
+    }
+}
