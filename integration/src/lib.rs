@@ -5,6 +5,7 @@
 //!
 //! Everything listens on 127.0.0.1 or on unix sockets in temporary dirs.
 
+pub mod bench;
 pub mod cluster;
 pub mod fault_driver;
 pub mod http;

@@ -40,20 +40,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
+    bench::{Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, mib, settled_snapshot, setup_identity, snapshot},
     cluster::{ControlPlane, Identity},
     component_bin,
     kube_support::{csi_pv, pvc, storage_class, unique_name},
     process::Proc,
+    process::status_kib,
     sidecar_bin,
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{
     core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim},
-    flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
-    rbac::v1::ClusterRoleBinding,
     storage::v1::StorageClass,
 };
 use kube::{
@@ -66,8 +66,6 @@ use serde::de::DeserializeOwned;
 
 const DRIVER: &str = "bench.csi.example.com";
 const OTHER_DRIVER: &str = "other.csi.example.com";
-const SIDECAR_USER: &str = "csi-sidecar-bench";
-const FLOW_SCHEMA: &str = "csi-sidecar-bench";
 /// Set on a PVC by kube-controller-manager's PV binder; the provisioner acts only on PVCs carrying it.
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 
@@ -113,301 +111,6 @@ struct Args {
     /// keep the sidecar and driver logs in this directory (default: a temporary directory)
     #[argh(option)]
     log_dir: Option<PathBuf>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-enum Qps {
-    Default,
-    Unlimited,
-    Fixed(f64),
-}
-
-impl Qps {
-    fn parse(s: &str) -> Result<Qps> {
-        match s.trim() {
-            "default" => Ok(Qps::Default),
-            "unlimited" | "-1" => Ok(Qps::Unlimited),
-            q => Ok(Qps::Fixed(q.parse().with_context(|| format!("--qps: {q:?}"))?)),
-        }
-    }
-    fn label(&self) -> String {
-        match self {
-            Qps::Default => "default (5/10)".into(),
-            Qps::Unlimited => "unlimited (-1)".into(),
-            Qps::Fixed(q) => format!("{q}/{}", q * 2.0),
-        }
-    }
-    fn short(&self) -> String {
-        match self {
-            Qps::Default => "default".into(),
-            Qps::Unlimited => "unlimited".into(),
-            Qps::Fixed(q) => format!("{q}"),
-        }
-    }
-    fn flags(&self) -> Vec<String> {
-        match self {
-            Qps::Default => vec![],
-            Qps::Unlimited => vec!["--kube-api-qps=-1".into()],
-            Qps::Fixed(q) => vec![format!("--kube-api-qps={q}"), format!("--kube-api-burst={}", (q * 2.0).ceil())],
-        }
-    }
-}
-
-use csi_sidecar_integration::process::status_kib;
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-// ---------------------------------------------------------------------------
-// Prometheus text format
-// ---------------------------------------------------------------------------
-
-struct Sample {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: f64,
-}
-
-impl Sample {
-    fn label(&self, k: &str) -> &str {
-        self.labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or("")
-    }
-}
-
-/// Parses the samples of the metrics named in `keep` (exact names).
-fn parse_metrics(text: &str, keep: &[&str]) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        if !keep.contains(&name) {
-            continue;
-        }
-        let mut labels = Vec::new();
-        let mut rest = &line[name_end..];
-        if let Some(body) = rest.strip_prefix('{') {
-            // key="value" pairs; values may contain escaped quotes and commas.
-            let mut chars = body.char_indices().peekable();
-            let mut key = String::new();
-            let mut end = body.len();
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' | ' ' => {}
-                    '=' => {
-                        let mut val = String::new();
-                        if chars.next().map(|(_, c)| c) == Some('"') {
-                            while let Some((_, c)) = chars.next() {
-                                match c {
-                                    '\\' => {
-                                        if let Some((_, e)) = chars.next() {
-                                            val.push(if e == 'n' { '\n' } else { e });
-                                        }
-                                    }
-                                    '"' => break,
-                                    c => val.push(c),
-                                }
-                            }
-                        }
-                        labels.push((std::mem::take(&mut key), val));
-                    }
-                    c => key.push(c),
-                }
-            }
-            rest = &body[end..];
-        }
-        let Some(value) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        out.push(Sample { name: name.to_string(), labels, value });
-    }
-    out
-}
-
-/// What the apiserver (and kube-controller-manager) counted at one moment.
-#[derive(Default, Clone)]
-struct Snap {
-    /// apiserver_request_total by "VERB resource[/subresource] code".
-    requests: BTreeMap<String, f64>,
-    /// APF: requests of the sidecar's FlowSchema dispatched / rejected, wait sum and count.
-    sidecar_dispatched: f64,
-    sidecar_rejected: f64,
-    sidecar_wait_sum: f64,
-    sidecar_wait_count: f64,
-    /// kube-controller-manager's client: requests, and seconds spent in its client-side rate limiter.
-    kcm_requests: Option<f64>,
-    kcm_throttled_secs: Option<f64>,
-}
-
-struct Delta {
-    requests: Vec<(String, f64)>,
-    all_requests: f64,
-    sidecar: f64,
-    sidecar_rejected: f64,
-    sidecar_mean_wait_ms: f64,
-    kcm_requests: Option<f64>,
-    kcm_throttled_secs: Option<f64>,
-}
-
-impl Snap {
-    fn delta(&self, before: &Snap) -> Delta {
-        let mut requests: Vec<(String, f64)> = self
-            .requests
-            .iter()
-            .map(|(k, v)| (k.clone(), v - before.requests.get(k).copied().unwrap_or(0.0)))
-            .filter(|(_, d)| *d > 0.0)
-            .collect();
-        requests.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let wait_n = self.sidecar_wait_count - before.sidecar_wait_count;
-        Delta {
-            all_requests: requests.iter().map(|(_, d)| d).sum(),
-            requests,
-            sidecar: self.sidecar_dispatched - before.sidecar_dispatched,
-            sidecar_rejected: self.sidecar_rejected - before.sidecar_rejected,
-            sidecar_mean_wait_ms: if wait_n > 0.0 {
-                (self.sidecar_wait_sum - before.sidecar_wait_sum) / wait_n * 1000.0
-            } else {
-                0.0
-            },
-            kcm_requests: self.kcm_requests.zip(before.kcm_requests).map(|(a, b)| a - b),
-            kcm_throttled_secs: self.kcm_throttled_secs.zip(before.kcm_throttled_secs).map(|(a, b)| a - b),
-        }
-    }
-}
-
-async fn get_text(client: &Client, path: &str) -> Result<String> {
-    let req = http::Request::get(path).body(Vec::new())?;
-    Ok(client.request_text(req).await?)
-}
-
-/// Snapshots once the sidecar has made no request for a second (at most 60 s):
-/// requests it still had queued (events behind its rate limiter) count for the
-/// phase that caused them.
-async fn settled_snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
-    let start = Instant::now();
-    let mut prev = snapshot(api, kcm).await?;
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let next = snapshot(api, kcm).await?;
-        if next.sidecar_dispatched == prev.sidecar_dispatched || start.elapsed() > Duration::from_secs(60) {
-            return Ok(next);
-        }
-        prev = next;
-    }
-}
-
-async fn snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
-    let text = get_text(api, "/metrics").await.context("GET apiserver /metrics")?;
-    let samples = parse_metrics(
-        &text,
-        &[
-            "apiserver_request_total",
-            "apiserver_flowcontrol_dispatched_requests_total",
-            "apiserver_flowcontrol_rejected_requests_total",
-            "apiserver_flowcontrol_request_wait_duration_seconds_sum",
-            "apiserver_flowcontrol_request_wait_duration_seconds_count",
-        ],
-    );
-    let mut snap = Snap::default();
-    for s in &samples {
-        let ours = s.label("flow_schema") == FLOW_SCHEMA;
-        match s.name.as_str() {
-            "apiserver_request_total" => {
-                let res = match (s.label("resource"), s.label("subresource")) {
-                    ("", _) => "(non-resource)".to_string(),
-                    (r, "") => r.to_string(),
-                    (r, sub) => format!("{r}/{sub}"),
-                };
-                *snap.requests.entry(format!("{} {res} {}", s.label("verb"), s.label("code"))).or_default() += s.value;
-            }
-            "apiserver_flowcontrol_dispatched_requests_total" if ours => snap.sidecar_dispatched += s.value,
-            "apiserver_flowcontrol_rejected_requests_total" if ours => snap.sidecar_rejected += s.value,
-            "apiserver_flowcontrol_request_wait_duration_seconds_sum" if ours => snap.sidecar_wait_sum += s.value,
-            "apiserver_flowcontrol_request_wait_duration_seconds_count" if ours => snap.sidecar_wait_count += s.value,
-            _ => {}
-        }
-    }
-    if let Some(kcm) = kcm
-        && let Ok(text) = get_text(kcm, "/metrics").await
-    {
-        let samples =
-            parse_metrics(&text, &["rest_client_requests_total", "rest_client_rate_limiter_duration_seconds_sum"]);
-        let sum = |n: &str| samples.iter().filter(|s| s.name == n).map(|s| s.value).sum::<f64>();
-        snap.kcm_requests = Some(sum("rest_client_requests_total"));
-        snap.kcm_throttled_secs = Some(sum("rest_client_rate_limiter_duration_seconds_sum"));
-    }
-    Ok(snap)
-}
-
-// ---------------------------------------------------------------------------
-// Cluster setup
-// ---------------------------------------------------------------------------
-
-async fn kcm_client(cp: &ControlPlane) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(cp.kubeconfig())?;
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
-    cfg.cluster_url = cp.info().kcm_url.parse()?;
-    Ok(Client::try_from(cfg)?)
-}
-
-/// RBAC for the sidecar's user, and an APF FlowSchema matching only that user
-/// (on a priority level of its own, large enough never to queue it).
-async fn setup_identity(client: &Client) -> Result<()> {
-    let crb: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "csi-sidecar-bench"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SIDECAR_USER}],
-    }))?;
-    Api::<ClusterRoleBinding>::all(client.clone()).create(&PostParams::default(), &crb).await?;
-    let plc: PriorityLevelConfiguration = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": FLOW_SCHEMA},
-        "spec": {"type": "Limited", "limited": {
-            "nominalConcurrencyShares": 100, "lendablePercent": 0,
-            "limitResponse": {"type": "Queue", "queuing": {"queues": 64, "handSize": 8, "queueLengthLimit": 200}}}},
-    }))?;
-    Api::<PriorityLevelConfiguration>::all(client.clone()).create(&PostParams::default(), &plc).await?;
-    let fs: FlowSchema = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": FLOW_SCHEMA},
-        "spec": {
-            "priorityLevelConfiguration": {"name": FLOW_SCHEMA},
-            "matchingPrecedence": 50,
-            "distinguisherMethod": {"type": "ByUser"},
-            "rules": [{
-                "subjects": [{"kind": "User", "user": {"name": SIDECAR_USER}}],
-                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
-                                   "clusterScope": true, "namespaces": ["*"]}],
-                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-            }],
-        },
-    }))?;
-    Api::<FlowSchema>::all(client.clone()).create(&PostParams::default(), &fs).await?;
-    Ok(())
-}
-
-/// Waits until requests of the sidecar's user are counted under its FlowSchema
-/// (the APF configuration is picked up asynchronously).
-async fn check_accounting(admin: &Client, as_sidecar: &Client) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let before = snapshot(admin, None).await?;
-        for _ in 0..5 {
-            Api::<Namespace>::all(as_sidecar.clone()).list(&ListParams::default().limit(1)).await?;
-        }
-        let after = snapshot(admin, None).await?;
-        let d = after.sidecar_dispatched - before.sidecar_dispatched;
-        if d == 5.0 {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("APF accounting does not work: 5 requests of {SIDECAR_USER} counted as {d} under {FLOW_SCHEMA}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------
