@@ -1009,19 +1009,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_prometheus_text() {
-        let text = "# HELP x\napiserver_request_total{code=\"201\",resource=\"persistentvolumes\",verb=\"POST\"} 7\n\
-                    apiserver_flowcontrol_dispatched_requests_total{flow_schema=\"a,b\\\"c\",priority_level=\"p\"} 3e0\n\
-                    other 1\n";
-        let s = parse_metrics(text, &["apiserver_request_total", "apiserver_flowcontrol_dispatched_requests_total"]);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s[0].label("verb"), "POST");
-        assert_eq!(s[0].value, 7.0);
-        assert_eq!(s[1].label("flow_schema"), "a,b\"c");
-        assert_eq!(s[1].label("priority_level"), "p");
-    }
-
-    #[test]
     fn normalizes_ids() {
         assert_eq!(
             normalize("WARN volume{pv=pvc-872b831a-acff-4b94-1234}: failed after 12 tries, added"),
