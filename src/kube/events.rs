@@ -67,6 +67,10 @@ pub struct Recorder {
     source: EventSource,
     seen: Arc<Mutex<HashMap<AggregateKey, Seen>>>,
     spam: Arc<Mutex<HashMap<String, Arc<TokenBucket>>>>,
+    /// One write at a time per aggregate key: a repeat published while the
+    /// first Event is still being created waits for it and patches its
+    /// count, instead of creating a second Event.
+    writing: Arc<Mutex<HashMap<AggregateKey, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 /// A reference to `obj` for `involvedObject`.
@@ -91,6 +95,7 @@ impl Recorder {
             source: EventSource { component: Some(component.to_string()), host: Some(host.to_string()) },
             seen: Arc::default(),
             spam: Arc::default(),
+            writing: Arc::default(),
         }
     }
 
@@ -111,7 +116,14 @@ impl Recorder {
         let key = AggregateKey { uid, reason: reason.to_string(), message: message.to_string(), kind };
         let this = self.clone();
         let (reason, message) = (reason.to_string(), message.to_string());
+        let lock = {
+            let mut writing = this.writing.lock().unwrap_or_else(|e| e.into_inner());
+            // Locks nobody holds or waits for are dropped.
+            writing.retain(|_, l| Arc::strong_count(l) > 1);
+            writing.entry(key.clone()).or_default().clone()
+        };
         tokio::spawn(async move {
+            let _turn = lock.lock().await;
             if let Err(e) = this.write(key, object, kind, &reason, &message).await {
                 tracing::warn!(reason, error = %e, "Cannot write event");
             }

@@ -64,6 +64,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- with $le.retryPeriod }}
 - --leader-election-retry-period={{ . }}
 {{- end }}
+{{- if and $le.sharedLease (eq .Values.layout "combined") }}
+- --leader-election-shared-lease={{ $le.sharedLease }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
