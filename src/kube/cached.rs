@@ -72,6 +72,61 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     })
 }
 
+/// Values with few distinct spellings across a cluster (access modes,
+/// volume modes, reclaim policies, class and driver names, fs types) are
+/// interned: each cached object holds a pointer to one shared copy instead of
+/// its own allocations. The interner only grows by distinct values.
+pub type Shared = std::sync::Arc<str>;
+/// An interned list of such values.
+pub type SharedList = std::sync::Arc<[Shared]>;
+
+fn intern(s: &str) -> Shared {
+    static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<Shared>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = seen.get(s) {
+        return v.clone();
+    }
+    let v: Shared = s.into();
+    seen.insert(v.clone());
+    v
+}
+
+fn intern_list(items: Vec<String>) -> SharedList {
+    static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<SharedList>>> =
+        std::sync::LazyLock::new(Default::default);
+    let list: SharedList = items.iter().map(|s| intern(s)).collect();
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = seen.get(&list) {
+        return v.clone();
+    }
+    seen.insert(list.clone());
+    list
+}
+
+fn shared<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shared>, D::Error> {
+    let v: Option<String> = Deserialize::deserialize(d)?;
+    Ok(v.map(|v| intern(&v)))
+}
+
+fn shared_required<'de, D: Deserializer<'de>>(d: D) -> Result<Shared, D::Error> {
+    let v: Option<String> = Deserialize::deserialize(d)?;
+    Ok(intern(v.as_deref().unwrap_or_default()))
+}
+
+fn shared_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SharedList>, D::Error> {
+    let v: Option<Vec<String>> = Deserialize::deserialize(d)?;
+    Ok(v.map(intern_list))
+}
+
+fn owned(v: &Option<Shared>) -> Option<String> {
+    v.as_deref().map(str::to_string)
+}
+
+fn owned_list(v: &Option<SharedList>) -> Option<Vec<String>> {
+    v.as_ref().map(|l| l.iter().map(|s| s.to_string()).collect())
+}
+
 /// A string map as a boxed slice: a `BTreeMap` node costs ~540 bytes even
 /// for one entry.
 pub type SmallMap = Box<[(String, String)]>;
@@ -137,7 +192,8 @@ pub struct CachedPv {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedPvSpec {
-    pub access_modes: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "shared_list")]
+    pub access_modes: Option<SharedList>,
     /// `capacity.storage`.
     #[serde(rename = "capacity", default, deserialize_with = "storage_of")]
     pub capacity_storage: Option<Quantity>,
@@ -145,10 +201,13 @@ pub struct CachedPvSpec {
     pub csi: Option<Box<CachedCsiSource>>,
     pub mount_options: Option<Vec<String>>,
     pub node_affinity: Option<Box<VolumeNodeAffinity>>,
-    pub persistent_volume_reclaim_policy: Option<String>,
-    pub storage_class_name: Option<String>,
+    #[serde(default, deserialize_with = "shared")]
+    pub persistent_volume_reclaim_policy: Option<Shared>,
+    #[serde(default, deserialize_with = "shared")]
+    pub storage_class_name: Option<Shared>,
     pub volume_attributes_class_name: Option<String>,
-    pub volume_mode: Option<String>,
+    #[serde(default, deserialize_with = "shared")]
+    pub volume_mode: Option<Shared>,
 }
 
 resource_as!(CachedPv, PersistentVolume);
@@ -157,11 +216,12 @@ resource_as!(CachedPv, PersistentVolume);
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedCsiSource {
-    #[serde(default)]
-    pub driver: String,
+    #[serde(default, deserialize_with = "shared_required")]
+    pub driver: Shared,
     #[serde(default)]
     pub volume_handle: String,
-    pub fs_type: Option<String>,
+    #[serde(default, deserialize_with = "shared")]
+    pub fs_type: Option<Shared>,
     pub read_only: Option<bool>,
     #[serde(default, deserialize_with = "small_map")]
     pub volume_attributes: Option<SmallMap>,
@@ -177,9 +237,9 @@ impl CachedCsiSource {
     pub fn to_full(&self) -> CSIPersistentVolumeSource {
         let secret = |r: &Option<Box<SecretReference>>| r.as_deref().cloned();
         CSIPersistentVolumeSource {
-            driver: self.driver.clone(),
+            driver: self.driver.to_string(),
             volume_handle: self.volume_handle.clone(),
-            fs_type: self.fs_type.clone(),
+            fs_type: owned(&self.fs_type),
             read_only: self.read_only,
             volume_attributes: self.volume_attributes.as_ref().map(|m| m.iter().cloned().collect()),
             controller_expand_secret_ref: secret(&self.controller_expand_secret_ref),
@@ -204,16 +264,19 @@ pub struct CachedPvc {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedPvcSpec {
-    pub access_modes: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "shared_list")]
+    pub access_modes: Option<SharedList>,
     pub data_source: Option<Box<TypedLocalObjectReference>>,
     pub data_source_ref: Option<Box<TypedObjectReference>>,
     /// `resources.requests.storage`.
     #[serde(rename = "resources", default, deserialize_with = "requested_storage")]
     pub requested_storage: Option<Quantity>,
     pub selector: Option<Box<LabelSelector>>,
-    pub storage_class_name: Option<String>,
+    #[serde(default, deserialize_with = "shared")]
+    pub storage_class_name: Option<Shared>,
     pub volume_attributes_class_name: Option<String>,
-    pub volume_mode: Option<String>,
+    #[serde(default, deserialize_with = "shared")]
+    pub volume_mode: Option<Shared>,
     pub volume_name: Option<String>,
 }
 
@@ -233,7 +296,7 @@ impl CachedPvc {
     /// The PersistentVolumeClaim with the kept fields (no status).
     pub fn to_full(&self) -> PersistentVolumeClaim {
         let spec = self.spec.as_ref().map(|s| PersistentVolumeClaimSpec {
-            access_modes: s.access_modes.clone(),
+            access_modes: owned_list(&s.access_modes),
             data_source: s.data_source.as_deref().cloned(),
             data_source_ref: s.data_source_ref.as_deref().cloned(),
             resources: s
@@ -241,9 +304,9 @@ impl CachedPvc {
                 .as_ref()
                 .map(|q| VolumeResourceRequirements { requests: storage_map(&Some(q.clone())), ..Default::default() }),
             selector: s.selector.as_deref().cloned(),
-            storage_class_name: s.storage_class_name.clone(),
+            storage_class_name: owned(&s.storage_class_name),
             volume_attributes_class_name: s.volume_attributes_class_name.clone(),
-            volume_mode: s.volume_mode.clone(),
+            volume_mode: owned(&s.volume_mode),
             volume_name: s.volume_name.clone(),
         });
         PersistentVolumeClaim { metadata: self.metadata.clone(), spec, status: None }
@@ -254,23 +317,23 @@ impl CachedPvSpec {
     /// The full spec with the kept fields.
     pub fn to_full(&self) -> PersistentVolumeSpec {
         PersistentVolumeSpec {
-            access_modes: self.access_modes.clone(),
+            access_modes: owned_list(&self.access_modes),
             capacity: storage_map(&self.capacity_storage),
             claim_ref: self.claim_ref.as_deref().cloned(),
             csi: self.csi.as_deref().map(CachedCsiSource::to_full),
             mount_options: self.mount_options.clone(),
             node_affinity: self.node_affinity.as_deref().cloned(),
-            persistent_volume_reclaim_policy: self.persistent_volume_reclaim_policy.clone(),
-            storage_class_name: self.storage_class_name.clone(),
+            persistent_volume_reclaim_policy: owned(&self.persistent_volume_reclaim_policy),
+            storage_class_name: owned(&self.storage_class_name),
             volume_attributes_class_name: self.volume_attributes_class_name.clone(),
-            volume_mode: self.volume_mode.clone(),
+            volume_mode: owned(&self.volume_mode),
             ..Default::default()
         }
     }
 
     /// The CSI driver of the volume, if it is a CSI volume.
     pub fn csi_driver(&self) -> Option<&str> {
-        self.csi.as_deref().map(|c| c.driver.as_str())
+        self.csi.as_deref().map(|c| &*c.driver)
     }
 }
 
@@ -304,8 +367,8 @@ pub struct CachedVa {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedVaSpec {
-    #[serde(default)]
-    pub attacher: String,
+    #[serde(default, deserialize_with = "shared_required")]
+    pub attacher: Shared,
     #[serde(default)]
     pub node_name: String,
     #[serde(default)]
@@ -328,7 +391,7 @@ impl CachedVa {
         VolumeAttachment {
             metadata: self.metadata.clone(),
             spec: VolumeAttachmentSpec {
-                attacher: self.spec.attacher.clone(),
+                attacher: self.spec.attacher.to_string(),
                 node_name: self.spec.node_name.clone(),
                 source: VolumeAttachmentSource {
                     persistent_volume_name: self.spec.source.persistent_volume_name.clone(),
@@ -416,6 +479,25 @@ mod tests {
         assert_eq!(full.spec.node_name, "n1");
         assert_eq!(full.spec.source.inline_volume_spec.unwrap().csi.unwrap().volume_handle, "inline");
         assert!(full.status.unwrap().attached);
+    }
+
+    #[test]
+    fn low_cardinality_values_are_shared() {
+        let pv = |name: &str| -> CachedPv {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                         "csi": {"driver": "d.example.com", "volumeHandle": name, "fsType": "ext4"}}
+            }))
+            .unwrap()
+        };
+        let (a, b) = (pv("a"), pv("b"));
+        let (sa, sb) = (a.spec.as_ref().unwrap(), b.spec.as_ref().unwrap());
+        assert!(std::sync::Arc::ptr_eq(&sa.csi.as_ref().unwrap().driver, &sb.csi.as_ref().unwrap().driver));
+        assert!(std::sync::Arc::ptr_eq(sa.access_modes.as_ref().unwrap(), sb.access_modes.as_ref().unwrap()));
+        assert!(std::sync::Arc::ptr_eq(sa.volume_mode.as_ref().unwrap(), sb.volume_mode.as_ref().unwrap()));
+        assert_eq!(a.to_full().spec.unwrap().access_modes.unwrap(), ["ReadWriteOnce"]);
+        assert_eq!(b.to_full().spec.unwrap().csi.unwrap().fs_type.as_deref(), Some("ext4"));
     }
 
     #[test]

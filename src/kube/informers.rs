@@ -21,7 +21,7 @@ use ::kube::{
     core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
+        reflector::ObjectRef,
         watcher::{self, Event},
     },
 };
@@ -29,6 +29,8 @@ use futures::{StreamExt, future::BoxFuture};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use super::cache::{Applied, Cache, Writer};
 
 /// The annotation kubectl keeps a whole copy of the object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -47,8 +49,8 @@ struct Shared<K: Resource + Clone + 'static>
 where
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
-    store: Store<K>,
-    writer: Mutex<Option<reflector::store::Writer<K>>>,
+    store: Cache<K>,
+    writer: Mutex<Option<Writer<K>>>,
     handlers: RwLock<Vec<Handler<K>>>,
     synced: watch::Sender<bool>,
 }
@@ -75,7 +77,7 @@ where
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
     /// The shared read-only store.
-    pub fn store(&self) -> Store<K> {
+    pub fn store(&self) -> Cache<K> {
         self.shared.store.clone()
     }
 
@@ -152,7 +154,8 @@ impl Informers {
                 Err(_) => panic!("{kind} is already cached as another Rust type; use {}", e.type_name),
             }
         }
-        let (store, writer) = reflector::store::<K>();
+        let store = Cache::<K>::default();
+        let writer = Writer::new(store.clone());
         let (synced, _) = watch::channel(false);
         let shared = Arc::new(Shared { store, writer: Mutex::new(Some(writer)), handlers: RwLock::default(), synced });
         let for_task = shared.clone();
@@ -216,7 +219,7 @@ async fn run_watch<K>(client: Client, shared: Arc<Shared<K>>, keep: Keep<K>, shu
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let Some(writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    let Some(mut writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     let reader = shared.store.clone();
     let api: Api<K> = Api::all(client);
     let stream = watcher::watcher(api, watcher::Config::default())
@@ -226,8 +229,7 @@ where
             let (keep, store) = (keep.clone(), reader.clone());
             let cached = move |o: &K| store.get(&ObjectRef::from_obj(o)).is_some();
             async move { e.map(|e| only_kept(&keep, cached, e)).transpose() }
-        })
-        .reflect(writer);
+        });
     let mut stream = std::pin::pin!(stream);
     let kind = K::kind(&());
     loop {
@@ -236,25 +238,28 @@ where
             n = stream.next() => n,
         };
         let Some(event) = next else { return };
-        let change = match &event {
-            Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => Some(Change::Applied(o)),
-            Ok(Event::Delete(o)) => Some(Change::Deleted(o)),
-            Ok(Event::InitDone) => {
-                shared.synced.send_replace(true);
-                tracing::info!(kind = %kind, objects = shared.store.state().len(), "Watch synced");
-                None
-            }
-            Ok(Event::Init) => None,
+        let event = match event {
+            Ok(e) => e,
             Err(e) => {
                 tracing::warn!(kind = %kind, error = %e, "Watch failed; retrying with backoff");
-                None
+                continue;
             }
         };
-        if let Some(change) = change {
-            let handlers = shared.handlers.read().unwrap_or_else(|e| e.into_inner()).clone();
-            for h in handlers {
-                h(&change);
-            }
+        let init_done = matches!(event, Event::InitDone);
+        // Stored first, then announced: a handler's reader finds the object.
+        let applied = writer.apply(event);
+        if init_done {
+            shared.synced.send_replace(true);
+            tracing::info!(kind = %kind, objects = shared.store.len(), "Watch synced");
+        }
+        let Some(applied) = applied else { continue };
+        let handlers = shared.handlers.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let change = match &applied {
+            Applied::Stored(o) => Change::Applied(o.as_ref()),
+            Applied::Removed(o) => Change::Deleted(o),
+        };
+        for h in handlers {
+            h(&change);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! request budget), one informer cache, work queues, events, leader election.
 //! Controller modules use these; none of them opens its own watch.
 
+pub mod cache;
 pub mod cached;
 pub mod client;
 pub mod events;

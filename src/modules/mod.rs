@@ -285,6 +285,6 @@ pub mod cache_filters {
     /// VolumeAttachments the driver attaches.
     pub fn driver_vas(driver: &str) -> impl Fn(&CachedVa) -> bool + Send + Sync + 'static {
         let driver = driver.to_string();
-        move |va| va.spec.attacher == driver
+        move |va| *va.spec.attacher == *driver
     }
 }

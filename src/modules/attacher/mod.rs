@@ -18,7 +18,7 @@ use std::{
 use ::kube::{
     Api, Client,
     api::{Patch, PatchParams},
-    runtime::reflector::{ObjectRef, Store},
+    runtime::reflector::ObjectRef,
 };
 use k8s_openapi::{
     api::{
@@ -39,6 +39,7 @@ use crate::{
         },
     },
     kube::{
+        cache::Cache,
         KubeContext,
         cached::{CachedPv, CachedVa},
         informers::Change,
@@ -58,9 +59,9 @@ struct Attacher {
     finalizer: String,
     csi: Connection,
     client: Client,
-    vas: Store<CachedVa>,
-    pvs: Store<CachedPv>,
-    csinodes: Store<CSINode>,
+    vas: Cache<CachedVa>,
+    pvs: Cache<CachedPv>,
+    csinodes: Cache<CSINode>,
     /// VAs the reconciler found out of sync with the driver.
     forced: Mutex<HashSet<String>>,
     pv_queue: WorkQueue<String>,
@@ -310,7 +311,7 @@ impl Attacher {
             token = resp.next_token;
         }
         for cached in self.vas.state() {
-            if cached.spec.attacher != *self.driver.name {
+            if *cached.spec.attacher != *self.driver.name {
                 continue;
             }
             let va = cached.to_full();
@@ -381,7 +382,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         let (attach_q, detach_q, name) = (attach_q.clone(), detach_q.clone(), driver.name.clone());
         va_inf.on_change(move |c| {
             if let Change::Applied(va) = c
-                && va.spec.attacher == *name
+                && *va.spec.attacher == *name
             {
                 let key = va.metadata.name.clone().unwrap_or_default();
                 if va.metadata.deletion_timestamp.is_some() { detach_q.add(key) } else { attach_q.add(key) }

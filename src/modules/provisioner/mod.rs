@@ -22,7 +22,7 @@ use ::kube::core::PartialObjectMeta;
 use ::kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
-    runtime::reflector::{ObjectRef, Store},
+    runtime::reflector::ObjectRef,
 };
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
@@ -41,6 +41,7 @@ use crate::{
         },
     },
     kube::{
+        cache::Cache,
         KubeContext,
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
@@ -77,12 +78,12 @@ struct Provisioner {
     csi: Connection,
     client: Client,
     events: Recorder,
-    pvcs: Store<CachedPvc>,
-    pvs: Store<CachedPv>,
-    classes: Store<StorageClass>,
-    attachments: Option<Store<CachedVa>>,
+    pvcs: Cache<CachedPvc>,
+    pvs: Cache<CachedPv>,
+    classes: Cache<StorageClass>,
+    attachments: Option<Cache<CachedVa>>,
     /// Node labels (metadata-only watch) and CSINodes, with a topology-aware driver.
-    topology: Option<(Store<PartialObjectMeta<Node>>, Store<CSINode>)>,
+    topology: Option<(Cache<PartialObjectMeta<Node>>, Cache<CSINode>)>,
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
