@@ -222,10 +222,8 @@ where
     let Some(mut writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     let reader = shared.store.clone();
     let api: Api<K> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(trim::<K>)
-        .filter_map(move |e| {
+    let stream =
+        watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).filter_map(move |e| {
             let (keep, store) = (keep.clone(), reader.clone());
             let cached = move |o: &K| store.get(&ObjectRef::from_obj(o)).is_some();
             async move { e.map(|e| only_kept(&keep, cached, e)).transpose() }

@@ -39,8 +39,8 @@ use crate::{
         },
     },
     kube::{
-        cache::Cache,
         KubeContext,
+        cache::Cache,
         cached::{CachedPv, CachedVa},
         informers::Change,
         queue::{Backoff, Outcome, WorkQueue},

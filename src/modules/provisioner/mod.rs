@@ -41,8 +41,8 @@ use crate::{
         },
     },
     kube::{
-        cache::Cache,
         KubeContext,
+        cache::Cache,
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
         informers::Change,
