@@ -678,18 +678,23 @@ impl Cycle {
                             && e.reason.as_deref() == Some("ProvisioningFailed")
                     })
                     .collect();
-                match failed.as_slice() {
-                    [one] if one.count.unwrap_or(0) >= 2 => Some(Ok(())),
+                // Aggregation is per message: a first failure with another
+                // message (the class not yet in the cache) is its own Event.
+                let mut per_message: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+                for e in &failed {
+                    per_message.entry(e.message.as_deref().unwrap_or_default()).or_default().push(e);
+                }
+                if let Some(dup) = per_message.values().find(|v| v.len() > 1) {
                     // A second Event object for the same repeat: the count
                     // could not be patched.
-                    [_, _, ..] => Some(Err(failed.len())),
-                    _ => None,
+                    return Some(Err(dup.len()));
                 }
+                per_message.values().any(|v| v[0].count.unwrap_or(0) >= 2).then_some(Ok(()))
             })
             .await?;
         if let Err(n) = aggregated {
             return Err(self.fail(format!(
-                "{n} ProvisioningFailed Events for one repeated failure: the aggregation PATCH failed"
+                "{n} ProvisioningFailed Events with one message for one repeated failure: the aggregation PATCH failed"
             )));
         }
         self.until("selected-node removed from PVC moved", async |_| {
