@@ -253,6 +253,42 @@ pub async fn snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
     Ok(snap)
 }
 
+/// Open WATCH requests per resource, from the apiserver's
+/// `apiserver_longrunning_requests` gauge.
+pub async fn open_watches(client: &Client) -> Result<BTreeMap<String, i64>> {
+    let text = get_text(client, "/metrics").await.context("GET apiserver /metrics")?;
+    let mut out = BTreeMap::new();
+    for s in parse_metrics(&text, &["apiserver_longrunning_requests"]).iter().filter(|s| s.label("verb") == "WATCH") {
+        *out.entry(s.label("resource").to_string()).or_insert(0) += s.value as i64;
+    }
+    Ok(out)
+}
+
+/// Starts the CSI mock driver (attach enabled) serving `driver` on `csi` and
+/// waits for its socket.
+pub async fn start_mock_driver(
+    csi: &std::path::Path,
+    driver: &str,
+    node_id: &str,
+    log_dir: &std::path::Path,
+) -> Result<crate::process::Proc> {
+    let args = vec![
+        format!("--endpoint=unix://{}", csi.display()),
+        format!("--name={driver}"),
+        format!("--node-id={node_id}"),
+    ];
+    let mut proc =
+        crate::process::Proc::spawn("csi-mock-driver", &crate::component_bin("csi-mock-driver"), &args, log_dir);
+    let t = Instant::now();
+    while !csi.exists() {
+        if proc.try_exit().is_some() || t.elapsed() > Duration::from_secs(30) {
+            bail!("the CSI mock driver did not come up; log:\n{}", proc.logs());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(proc)
+}
+
 // ---------------------------------------------------------------------------
 // Cluster setup
 // ---------------------------------------------------------------------------

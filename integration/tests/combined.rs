@@ -5,10 +5,11 @@
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use csi_sidecar_integration::{
+    bench::open_watches,
     cluster::ControlPlane,
     component_bin, free_port,
     http::get,
-    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_for},
+    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, volume_attachment, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
 };
@@ -16,7 +17,7 @@ use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
         core::v1::PersistentVolumeClaim,
-        storage::v1::{StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec},
+        storage::v1::{StorageClass, VolumeAttachment},
     },
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
@@ -29,19 +30,9 @@ use kube::{
 const RESOURCES: &[&str] =
     &["persistentvolumes", "persistentvolumeclaims", "storageclasses", "volumeattachments", "csinodes"];
 
-/// Open WATCH requests per resource, from the apiserver's `apiserver_longrunning_requests`.
+/// Open WATCH requests per resource, from the apiserver's own metrics.
 async fn watches(client: &Client) -> BTreeMap<String, i64> {
-    let req = http::Request::get("/metrics").body(Vec::new()).expect("request");
-    let text = client.request_text(req).await.expect("apiserver /metrics");
-    let mut out = BTreeMap::new();
-    for line in
-        text.lines().filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
-    {
-        let Some(res) = line.split("resource=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
-        let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        *out.entry(res.to_string()).or_insert(0) += n as i64;
-    }
-    out
+    open_watches(client).await.expect("apiserver /metrics")
 }
 
 fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str) -> i64 {
@@ -183,18 +174,8 @@ async fn a_foreign_attacher_lease_keeps_only_the_attacher_standby() {
     // foreign holder renews.
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let va_name = ns.scoped("va");
-    let va = VolumeAttachment {
-        metadata: ObjectMeta { name: Some(va_name.clone()), ..Default::default() },
-        spec: VolumeAttachmentSpec {
-            attacher: driver_name.clone(),
-            node_name: "nowhere".into(),
-            source: VolumeAttachmentSource {
-                persistent_volume_name: bound.spec.and_then(|s| s.volume_name),
-                ..Default::default()
-            },
-        },
-        status: None,
-    };
+    let pv = bound.spec.and_then(|s| s.volume_name).expect("volumeName");
+    let va = volume_attachment(&va_name, &driver_name, "nowhere", &pv);
     create(&vas, &va).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let still = vas.get(&va_name).await.expect("va");
@@ -283,18 +264,8 @@ async fn one_shared_lease_leads_every_module_of_the_process() {
     // without a CSINode gets its attach error.
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let va_name = ns.scoped("va");
-    let va = VolumeAttachment {
-        metadata: ObjectMeta { name: Some(va_name.clone()), ..Default::default() },
-        spec: VolumeAttachmentSpec {
-            attacher: driver_name.clone(),
-            node_name: "nowhere".into(),
-            source: VolumeAttachmentSource {
-                persistent_volume_name: first.spec.and_then(|s| s.volume_name),
-                ..Default::default()
-            },
-        },
-        status: None,
-    };
+    let pv = first.spec.and_then(|s| s.volume_name).expect("volumeName");
+    let va = volume_attachment(&va_name, &driver_name, "nowhere", &pv);
     create(&vas, &va).await;
     wait_for(&vas, &va_name, Duration::from_secs(30), |v| {
         v.status.as_ref().and_then(|s| s.attach_error.as_ref()).is_some()

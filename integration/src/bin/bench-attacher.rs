@@ -32,10 +32,11 @@ use csi_sidecar::csi::proto::csi::v1::{
     CreateVolumeRequest, VolumeCapability, controller_client::ControllerClient, volume_capability,
 };
 use csi_sidecar_integration::{
-    bench::{Qps, SIDECAR_USER, Snap, check_accounting, get_text, mib, setup_identity, snapshot},
+    bench::{
+        Qps, SIDECAR_USER, Snap, check_accounting, mib, open_watches, setup_identity, snapshot, start_mock_driver,
+    },
     cluster::{ControlPlane, Identity},
-    component_bin,
-    kube_support::{csi_node, csi_pv, pvc, storage_class, unique_name, volume_attachment},
+    kube_support::{attached_count, csi_node, csi_pv, pvc, storage_class, unique_name, volume_attachment},
     process::{Proc, status_kib},
     sidecar_bin, uds_channel,
 };
@@ -107,14 +108,20 @@ struct Phase {
     requests_per_volume: f64,
 }
 
-/// Open WATCH requests per resource (the apiserver's `apiserver_longrunning_requests`).
+impl Phase {
+    /// `n` volumes in `secs`; the sidecar's requests between two snapshots.
+    fn of(secs: f64, n: usize, before: &Snap, after: &Snap) -> Phase {
+        Phase {
+            secs,
+            per_sec: n as f64 / secs,
+            requests_per_volume: (after.sidecar_dispatched - before.sidecar_dispatched) / n as f64,
+        }
+    }
+}
+
+/// Open WATCH requests, all resources together.
 async fn watches(admin: &Client) -> Result<i64> {
-    let text = get_text(admin, "/metrics").await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as i64)
+    Ok(open_watches(admin).await?.values().sum())
 }
 
 fn lists(after: &Snap, before: &Snap) -> f64 {
@@ -269,11 +276,7 @@ async fn scenario(env: &Env, qps: &Qps, layout: &str) -> Result<Outcome> {
         let s0 = snapshot(&env.admin, None).await?;
         let (names, secs) = provisioned_volumes(env, &ns, n, timeout).await?;
         let s1 = snapshot(&env.admin, None).await?;
-        out.provision = Some(Phase {
-            secs,
-            per_sec: n as f64 / secs,
-            requests_per_volume: (s1.sidecar_dispatched - s0.sidecar_dispatched) / n as f64,
-        });
+        out.provision = Some(Phase::of(secs, n, &s0, &s1));
         names
     } else {
         static_volumes(env, &ns, n).await?
@@ -281,18 +284,6 @@ async fn scenario(env: &Env, qps: &Qps, layout: &str) -> Result<Outcome> {
 
     let vas: Api<VolumeAttachment> = Api::all(env.admin.clone());
     let prefix = format!("{ns}-va");
-    let count_attached = || async {
-        vas.list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .filter(|v| v.metadata.name.as_deref().is_some_and(|x| x.starts_with(&prefix)))
-                    .filter(|v| v.status.as_ref().is_some_and(|s| s.attached))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
     let count_left = || async {
         vas.list(&ListParams::default())
             .await
@@ -315,14 +306,10 @@ async fn scenario(env: &Env, qps: &Qps, layout: &str) -> Result<Outcome> {
         }
     })
     .await?;
-    wait_count("attached", n, timeout, count_attached).await?;
+    wait_count("attached", n, timeout, || attached_count(&vas, &prefix)).await?;
     let secs = t.elapsed().as_secs_f64();
     let s1 = snapshot(&env.admin, None).await?;
-    out.attach = Phase {
-        secs,
-        per_sec: n as f64 / secs,
-        requests_per_volume: (s1.sidecar_dispatched - s0.sidecar_dispatched) / n as f64,
-    };
+    out.attach = Phase::of(secs, n, &s0, &s1);
 
     let t = Instant::now();
     for_all(items, env.args.creators, |(i, _)| {
@@ -337,11 +324,7 @@ async fn scenario(env: &Env, qps: &Qps, layout: &str) -> Result<Outcome> {
     wait_count("detached", 0, timeout, count_left).await?;
     let secs = t.elapsed().as_secs_f64();
     let s2 = snapshot(&env.admin, None).await?;
-    out.detach = Phase {
-        secs,
-        per_sec: n as f64 / secs,
-        requests_per_volume: (s2.sidecar_dispatched - s1.sidecar_dispatched) / n as f64,
-    };
+    out.detach = Phase::of(secs, n, &s1, &s2);
     out.peak_rss = rss("VmHWM:");
     for mut p in procs {
         p.terminate().await;
@@ -399,19 +382,7 @@ async fn run(args: Args) -> Result<()> {
     let kubeconfig = cp.mint(&identity);
     check_accounting(&admin, &cp.client_as(&identity).await).await?;
     let csi = tmp.path().join("csi.sock");
-    let driver_args = vec![
-        format!("--endpoint=unix://{}", csi.display()),
-        format!("--name={DRIVER}"),
-        format!("--node-id={NODE_ID}"),
-    ];
-    let mut driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, tmp.path());
-    let t = Instant::now();
-    while !csi.exists() {
-        if driver.try_exit().is_some() || t.elapsed() > Duration::from_secs(30) {
-            bail!("the CSI mock driver did not come up; log:\n{}", driver.logs());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut driver = start_mock_driver(&csi, DRIVER, NODE_ID, tmp.path()).await?;
     let csinodes: Api<CSINode> = Api::all(admin.clone());
     for i in 0..args.nodes {
         csinodes.create(&PostParams::default(), &csi_node(&format!("bench-node-{i}"), DRIVER, NODE_ID, &[])).await?;

@@ -43,9 +43,11 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, mib, settled_snapshot, setup_identity, snapshot},
+    bench::{
+        Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, mib, settled_snapshot, setup_identity, snapshot,
+        start_mock_driver,
+    },
     cluster::{ControlPlane, Identity},
-    component_bin,
     kube_support::{csi_pv, pvc, storage_class, unique_name},
     process::Proc,
     process::status_kib,
@@ -851,7 +853,6 @@ async fn run(args: Args) -> Result<()> {
         None => tmp.path().to_path_buf(),
     };
     let bin = sidecar_bin();
-    let driver_bin = component_bin("csi-mock-driver");
 
     eprintln!("starting the control plane ...");
     let cp = ControlPlane::try_start()?;
@@ -871,19 +872,7 @@ async fn run(args: Args) -> Result<()> {
     check_accounting(&admin, &cp.client_as(&identity).await).await?;
 
     let csi_sock = tmp.path().join("csi.sock");
-    let driver_args = vec![
-        format!("--endpoint=unix://{}", csi_sock.display()),
-        format!("--name={DRIVER}"),
-        "--node-id=node-1".into(),
-    ];
-    let mut driver = Proc::spawn("csi-mock-driver", &driver_bin, &driver_args, &log_dir);
-    let t = Instant::now();
-    while !csi_sock.exists() {
-        if driver.try_exit().is_some() || t.elapsed() > Duration::from_secs(30) {
-            bail!("the CSI mock driver did not come up; log:\n{}", driver.logs());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut driver = start_mock_driver(&csi_sock, DRIVER, "node-1", &log_dir).await?;
     eprintln!("control plane ready in {} ms; sidecar {}", cp.info().startup_ms.kcm, bin.display());
 
     let env = Env { cp, admin, kcm, sidecar_kubeconfig, csi_sock, log_dir: log_dir.clone(), bin: bin.clone(), args };
