@@ -11,6 +11,7 @@ pub mod fault_driver;
 pub mod http;
 pub mod kube_support;
 pub mod process;
+pub mod yaml;
 
 use std::{
     path::{Path, PathBuf},

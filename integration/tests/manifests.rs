@@ -12,6 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use csi_sidecar_integration::yaml::{documents as load, kind};
 use csi_sidecar_integration::{cluster::launcher_bin, free_port, sidecar_bin, symlinked_bin, workspace_root};
 use serde_json::Value;
 
@@ -20,17 +21,6 @@ const DRIVER_IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.18.0";
 
 fn manifests() -> PathBuf {
     workspace_root().join("manifests")
-}
-
-fn load(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn kind(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
 }
 
 /// (file, workload) for every Deployment/DaemonSet of manifests/examples.

@@ -19,10 +19,11 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
+use csi_sidecar_integration::yaml::{documents as load, kind};
 use csi_sidecar_integration::{
     cluster::{ControlPlane, Identity},
     component_bin,
@@ -53,18 +54,6 @@ type Triple = (String, String, String);
 
 fn rbac_file(name: &str) -> PathBuf {
     workspace_root().join("manifests/rbac").join(name)
-}
-
-/// The YAML documents of a file (empty documents dropped).
-fn load(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
-    docs.into_iter().filter(|d| !d.is_null()).collect()
-}
-
-fn kind(doc: &Value) -> &str {
-    doc["kind"].as_str().unwrap_or_default()
 }
 
 fn name(doc: &Value) -> &str {
