@@ -479,3 +479,47 @@ impl Drop for FaultDriver {
         let _ = std::fs::remove_file(&self.socket);
     }
 }
+
+/// What a fault-driver test needs around the driver: a namespace on the
+/// shared control plane, a fresh driver name and a directory for the sockets
+/// and logs.
+pub struct FaultEnv {
+    /// Sockets and logs.
+    pub dir: tempfile::TempDir,
+    /// `<unique>.fault.example.com`.
+    pub driver_name: String,
+    /// The test's namespace (deleted on drop).
+    pub ns: crate::kube_support::TestNamespace,
+}
+
+impl FaultEnv {
+    /// A namespace and a driver name, both from `prefix`.
+    pub async fn new(prefix: &str) -> FaultEnv {
+        let cp = crate::cluster::ControlPlane::shared();
+        let ns = crate::kube_support::TestNamespace::new(&cp.client().await, prefix).await;
+        let driver_name = format!("{}.fault.example.com", crate::kube_support::unique_name(prefix));
+        FaultEnv { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns }
+    }
+
+    /// The driver's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+
+    /// A script for this driver name with the controller service.
+    pub fn script(&self) -> Script {
+        Script { name: self.driver_name.clone(), controller: true, ..Script::default() }
+    }
+
+    /// Starts csi-sidecar (`program`: the binary or an upstream-named
+    /// symlink) on the driver's socket and the shared control plane, with
+    /// `args` after those two flags.
+    pub fn sidecar(&self, name: &str, program: &Path, args: &[&str]) -> crate::process::Proc {
+        let mut all = vec![
+            format!("--csi-address={}", self.socket().display()),
+            format!("--kubeconfig={}", crate::cluster::ControlPlane::shared().kubeconfig().display()),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        crate::process::Proc::spawn(name, program, &all, self.dir.path())
+    }
+}

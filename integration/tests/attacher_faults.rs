@@ -5,16 +5,12 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use csi_sidecar_integration::{
-    cluster::ControlPlane,
-    fault_driver::{FaultDriver, Script, Transport},
-    kube_support::{
-        TestNamespace, attached_count, create, csi_node, csi_pv, unique_name, volume_attachment, wait_deleted, wait_for,
-    },
+    fault_driver::{FaultDriver, FaultEnv, Script, Transport},
+    kube_support::{attached_count, create, csi_node, csi_pv, volume_attachment, wait_deleted, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
 };
@@ -30,42 +26,30 @@ use kube::{
 
 const T: Duration = Duration::from_secs(60);
 
-struct Env {
-    dir: tempfile::TempDir,
-    driver_name: String,
-    ns: TestNamespace,
+struct Env(FaultEnv);
+
+impl std::ops::Deref for Env {
+    type Target = FaultEnv;
+    fn deref(&self) -> &FaultEnv {
+        &self.0
+    }
 }
 
 impl Env {
     async fn new(prefix: &str) -> Env {
-        let cp = ControlPlane::shared();
-        let ns = TestNamespace::new(&cp.client().await, prefix).await;
-        let driver_name = format!("{}.fault.example.com", unique_name(prefix));
-        Env { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("csi.sock")
+        Env(FaultEnv::new(prefix).await)
     }
 
     fn driver(&self, f: impl FnOnce(&mut Script)) -> FaultDriver {
-        let mut script =
-            Script { name: self.driver_name.clone(), controller: true, publish: true, ..Script::default() };
+        let mut script = Script { publish: true, ..self.script() };
         f(&mut script);
         FaultDriver::start(&self.socket(), Transport::Grpc, script)
     }
 
     fn attacher(&self, name: &str, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            format!("--csi-address={}", self.socket().display()),
-            format!("--kubeconfig={}", ControlPlane::shared().kubeconfig().display()),
-            "attacher".to_string(),
-            "--retry-interval-start=200ms".to_string(),
-            "--retry-interval-max=2s".to_string(),
-            "-v=4".to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Proc::spawn(name, &sidecar_bin(), &args, self.dir.path())
+        let base = ["attacher", "--retry-interval-start=200ms", "--retry-interval-max=2s", "-v=4"];
+        let args: Vec<&str> = base.into_iter().chain(extra.iter().copied()).collect();
+        self.sidecar(name, &sidecar_bin(), &args)
     }
 
     fn vas(&self) -> Api<VolumeAttachment> {

@@ -4,9 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use csi_sidecar_integration::{
-    cluster::ControlPlane,
-    fault_driver::{FaultDriver, Script, Transport},
-    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_for},
+    fault_driver::{FaultDriver, FaultEnv, Script, Transport},
+    kube_support::{create, pvc, storage_class, wait_for},
     process::Proc,
     symlinked_bin, wait_until,
 };
@@ -22,39 +21,30 @@ use tonic::Code;
 
 const T: Duration = Duration::from_secs(60);
 
+/// The fault-driver environment plus a StorageClass of the driver.
 struct Env {
-    dir: tempfile::TempDir,
-    driver_name: String,
-    ns: TestNamespace,
+    base: FaultEnv,
     sc: String,
+}
+
+impl std::ops::Deref for Env {
+    type Target = FaultEnv;
+    fn deref(&self) -> &FaultEnv {
+        &self.base
+    }
 }
 
 impl Env {
     async fn new(prefix: &str) -> Env {
-        let cp = ControlPlane::shared();
-        let ns = TestNamespace::new(&cp.client().await, prefix).await;
-        let driver_name = format!("{}.fault.example.com", unique_name("f"));
-        let sc = ns.scoped("sc");
-        create(&Api::<StorageClass>::all(ns.client().clone()), &storage_class(&sc, &driver_name)).await;
-        Env { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns, sc }
-    }
-
-    fn socket(&self) -> std::path::PathBuf {
-        self.dir.path().join("csi.sock")
-    }
-
-    fn script(&self) -> Script {
-        Script { name: self.driver_name.clone(), controller: true, ..Script::default() }
+        let base = FaultEnv::new(prefix).await;
+        let sc = base.ns.scoped("sc");
+        create(&Api::<StorageClass>::all(base.ns.client().clone()), &storage_class(&sc, &base.driver_name)).await;
+        Env { base, sc }
     }
 
     fn provisioner(&self, name: &str, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            format!("--csi-address={}", self.socket().display()),
-            format!("--kubeconfig={}", ControlPlane::shared().kubeconfig().display()),
-            "-v=4".to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Proc::spawn(name, &symlinked_bin(self.dir.path(), "csi-provisioner"), &args, self.dir.path())
+        let args: Vec<&str> = ["-v=4"].into_iter().chain(extra.iter().copied()).collect();
+        self.sidecar(name, &symlinked_bin(self.dir.path(), "csi-provisioner"), &args)
     }
 
     async fn events(&self, reason: &str) -> Vec<String> {
