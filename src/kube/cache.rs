@@ -116,17 +116,17 @@ impl<K: Resource> Writer<K> {
     /// change handlers), like kube's reflector: a relist replaces the whole
     /// content at its end.
     pub fn apply(&mut self, event: Event<K>) -> Option<Applied<K>> {
-        let hasher = self.cache.hasher.clone();
+        let hasher = &self.cache.hasher;
         match event {
             Event::Apply(o) => {
                 let o = Arc::new(o);
                 let mut table = self.cache.table.write().unwrap_or_else(|e| e.into_inner());
-                Cache::insert_into(&hasher, &mut table, o.clone());
+                Cache::insert_into(hasher, &mut table, o.clone());
                 Some(Applied::Stored(o))
             }
             Event::Delete(o) => {
                 let (ns, name) = names(&o);
-                let h = key_hash(&hasher, ns, name);
+                let h = key_hash(hasher, ns, name);
                 let mut table = self.cache.table.write().unwrap_or_else(|e| e.into_inner());
                 if let Ok(entry) = table.find_entry(h, |x| same(x.as_ref(), ns, name)) {
                     entry.remove();
@@ -140,7 +140,7 @@ impl<K: Resource> Writer<K> {
             Event::InitApply(o) => {
                 let o = Arc::new(o);
                 let relist = self.relist.get_or_insert_with(Table::new);
-                Cache::insert_into(&hasher, relist, o.clone());
+                Cache::insert_into(hasher, relist, o.clone());
                 Some(Applied::Stored(o))
             }
             Event::InitDone => {

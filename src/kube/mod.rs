@@ -127,6 +127,11 @@ impl KubeContext {
         if !self.leader.enabled {
             return Ok(None);
         }
+        self.new_elector(lock_name).map(Some)
+    }
+
+    /// An elector for `lock_name` with the `--leader-election-*` settings.
+    fn new_elector(&self, lock_name: &str) -> Result<leader::LeaderElector, leader::LeaderError> {
         let mut cfg = leader::LeaderElectionConfig::resolve(lock_name, self.leader.namespace.as_deref())?;
         // Upstream uses the bare host name, so two replicas sharing a host
         // name (hostNetwork pods on one node, or processes on one machine)
@@ -144,7 +149,7 @@ impl KubeContext {
         }
         cfg.labels = self.leader.labels.clone();
         cfg.validate()?;
-        Ok(Some(leader::LeaderElector::new(self.leader_client.clone(), cfg)))
+        Ok(leader::LeaderElector::new(self.leader_client.clone(), cfg))
     }
 }
 
@@ -156,15 +161,15 @@ impl KubeContext {
         &self,
         shutdown: &tokio_util::sync::CancellationToken,
     ) -> Result<Option<shared_lease::SharedLease>, leader::LeaderError> {
-        let Some(name) = self.leader.shared_lease.clone() else { return Ok(None) };
-        let Some(elector) = self.elector(&name)? else { return Ok(None) };
+        let Some(name) = self.leader.shared_lease.as_deref().filter(|_| self.leader.enabled) else { return Ok(None) };
         let lease = self
             .shared_lease
-            .get_or_init(|| async {
+            .get_or_try_init(|| async {
+                let elector = self.new_elector(name)?;
                 self.leader_health.add(elector.health_check());
-                shared_lease::SharedLease::start(elector, shutdown.clone())
+                Ok::<_, leader::LeaderError>(shared_lease::SharedLease::start(elector, shutdown.clone()))
             })
-            .await;
+            .await?;
         Ok(Some(lease.clone()))
     }
 }
