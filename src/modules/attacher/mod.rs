@@ -111,19 +111,28 @@ impl Attacher {
         self.pvs.get(&ObjectRef::new(name)).map(|p| p.to_full())
     }
 
+    /// The volume of an attachment, from its source: the cached PV (`None`
+    /// if not cached) or the inline spec. Err: the source is invalid.
+    fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), String> {
+        let source = decide::volume_source(va)?;
+        let pv = match &source {
+            VolumeSource::Pv(name) => self.pv(name),
+            VolumeSource::Inline => decide::inline_volume(va),
+        };
+        Ok((pv, source))
+    }
+
     /// The volume of an attachment being attached: its PV, which must exist
     /// and not be deleting, or its inline spec.
     fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), String> {
-        let source = decide::volume_source(va)?;
-        let pv = match &source {
-            VolumeSource::Pv(name) => {
-                let pv = self.pv(name).ok_or_else(|| format!("persistentvolume \"{name}\" not found"))?;
-                if pv.metadata.deletion_timestamp.is_some() {
-                    return Err(format!("PersistentVolume {name} is marked for deletion"));
-                }
-                pv
+        let (pv, source) = self.volume_of(va)?;
+        let pv = match (&source, pv) {
+            (VolumeSource::Pv(name), None) => return Err(format!("persistentvolume \"{name}\" not found")),
+            (VolumeSource::Pv(name), Some(pv)) if pv.metadata.deletion_timestamp.is_some() => {
+                return Err(format!("PersistentVolume {name} is marked for deletion"));
             }
-            VolumeSource::Inline => decide::inline_volume(va).ok_or("the inline volume spec is gone")?,
+            (_, Some(pv)) => pv,
+            (VolumeSource::Inline, None) => return Err("the inline volume spec is gone".into()),
         };
         Ok((pv, source))
     }
@@ -225,9 +234,8 @@ impl Attacher {
             Err(e) => return fail(e).await,
         };
         // A PV being deleted is still detached (its finalizer holds it).
-        let pv = match decide::volume_source(va) {
-            Ok(VolumeSource::Pv(n)) => self.pv(&n),
-            Ok(VolumeSource::Inline) => decide::inline_volume(va),
+        let pv = match self.volume_of(va) {
+            Ok((pv, _)) => pv,
             Err(e) => return fail(e).await,
         };
         let volume_id = pv.as_ref().and_then(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone()));
@@ -316,11 +324,7 @@ impl Attacher {
             }
             let va = cached.to_full();
             let name = va.metadata.name.clone().unwrap_or_default();
-            let pv = match decide::volume_source(&va) {
-                Ok(VolumeSource::Pv(n)) => self.pv(&n),
-                Ok(VolumeSource::Inline) => decide::inline_volume(&va),
-                Err(_) => None,
-            };
+            let pv = self.volume_of(&va).ok().and_then(|(pv, _)| pv);
             let Some(handle) = pv.and_then(|p| p.spec?.csi.map(|c| c.volume_handle)) else {
                 continue;
             };
