@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod failover;
 pub mod fault_driver;
 pub mod http;
 pub mod kube_support;

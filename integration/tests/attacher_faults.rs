@@ -3,12 +3,10 @@
 //! killed mid-burst, inline (migrated) volume specs, detach after the CSINode
 //! is gone, and readonly publishing.
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use csi_sidecar_integration::{
+    failover::{assert_lease_held, fast_leader_election, kill_leader, wait_one_leader},
     fault_driver::{FaultDriver, FaultEnv, Script, Transport},
     kube_support::{attached_count, create, csi_node, csi_pv, volume_attachment, wait_deleted, wait_for},
     process::Proc,
@@ -84,23 +82,13 @@ async fn leader_killed_mid_burst_attaches_everything_once() {
     for i in 0..6 {
         nodes.push(env.node(&format!("n{i}"), &format!("id-{i}")).await);
     }
-    let le = [
-        "--leader-election",
-        &format!("--leader-election-namespace={}", env.ns.name()),
-        "--leader-election-lease-duration=4s",
-        "--leader-election-renew-deadline=3s",
-        "--leader-election-retry-period=1s",
-        &format!("--worker-threads={WORKERS}"),
-    ];
+    let mut le = fast_leader_election(env.ns.name());
+    le.push(format!("--worker-threads={WORKERS}"));
+    let le: Vec<&str> = le.iter().map(String::as_str).collect();
     let mut a = env.attacher("attacher-a", &le);
     let mut b = env.attacher("attacher-b", &le);
-    let leads = |p: &Proc| p.logs().contains("successfully acquired lease");
-    wait_until("one leader", T, async || (leads(&a) || leads(&b), ())).await;
-    assert!(!(leads(&a) && leads(&b)), "exactly one leader");
-    let lease = format!("external-attacher-leader-{}", env.driver_name.replace('.', "-"));
-    let held: k8s_openapi::api::coordination::v1::Lease =
-        Api::namespaced(env.ns.client().clone(), env.ns.name()).get(&lease).await.expect("upstream's Lease name");
-    assert!(held.spec.and_then(|s| s.holder_identity).is_some_and(|h| !h.is_empty()));
+    wait_one_leader(&a, &b).await;
+    assert_lease_held(&env.ns, &format!("external-attacher-leader-{}", env.driver_name.replace('.', "-"))).await;
 
     let (vas, pvs) = (env.vas(), env.pvs());
     let prefix = format!("{}-va", env.ns.name());
@@ -124,12 +112,7 @@ async fn leader_killed_mid_burst_attaches_everything_once() {
         (n >= 10, n)
     })
     .await;
-    let (leader, standby) = if leads(&a) { (&mut a, &b) } else { (&mut b, &a) };
-    leader.signal(nix::sys::signal::Signal::SIGKILL);
-    let killed_at = Instant::now();
-    wait_until("the standby to take over", T, async || (leads(standby), ())).await;
-    let handover = killed_at.elapsed();
-    assert!(handover < Duration::from_secs(10), "took over after {handover:?} (lease 4s, retry 1s)");
+    let handover = kill_leader(&mut a, &mut b).await;
     wait_until("all attached", Duration::from_secs(120), async || {
         let n = attached_count(&vas, &prefix).await;
         (n == N, n)

@@ -7,7 +7,9 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use csi_sidecar_integration::{
     bench::open_watches,
     cluster::ControlPlane,
-    component_bin, free_port,
+    component_bin,
+    failover::{fast_leader_election, leads, wait_one_leader},
+    free_port,
     http::get,
     kube_support::{TestNamespace, create, pvc, storage_class, unique_name, volume_attachment, wait_for},
     process::Proc,
@@ -144,18 +146,13 @@ async fn a_foreign_attacher_lease_keeps_only_the_attacher_standby() {
         })
     };
     let addr = format!("127.0.0.1:{}", free_port());
-    let args = vec![
+    let mut args = vec![
         format!("--csi-address={}", csi.display()),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
         format!("--http-endpoint={addr}"),
-        "--leader-election".to_string(),
-        format!("--leader-election-namespace={}", ns.name()),
-        "--leader-election-lease-duration=4s".to_string(),
-        "--leader-election-renew-deadline=3s".to_string(),
-        "--leader-election-retry-period=1s".to_string(),
-        "provisioner".to_string(),
-        "attacher".to_string(),
     ];
+    args.extend(fast_leader_election(ns.name()));
+    args.extend(["provisioner", "attacher"].map(String::from));
     let p = Proc::spawn("csi-sidecar", &sidecar_bin(), &args, dir.path());
 
     // The provisioner leads with its own Lease (the driver name) and provisions.
@@ -217,24 +214,16 @@ async fn one_shared_lease_leads_every_module_of_the_process() {
         dir.path(),
     );
     let replica = |name: &str| {
-        let args = vec![
-            format!("--csi-address={}", csi.display()),
-            format!("--kubeconfig={}", cp.kubeconfig().display()),
-            "--leader-election".to_string(),
-            format!("--leader-election-namespace={}", ns.name()),
-            "--leader-election-shared-lease=my-driver-sidecars".to_string(),
-            "--leader-election-lease-duration=4s".to_string(),
-            "--leader-election-renew-deadline=3s".to_string(),
-            "--leader-election-retry-period=1s".to_string(),
-            "provisioner".to_string(),
-            "attacher".to_string(),
-        ];
+        let mut args =
+            vec![format!("--csi-address={}", csi.display()), format!("--kubeconfig={}", cp.kubeconfig().display())];
+        args.extend(fast_leader_election(ns.name()));
+        args.extend(["--leader-election-shared-lease=my-driver-sidecars", "provisioner", "attacher"].map(String::from));
         Proc::spawn(name, &sidecar_bin(), &args, dir.path())
     };
     let mut a = replica("replica-a");
     let mut b = replica("replica-b");
-    let leads = |p: &Proc| p.logs().contains("successfully acquired lease");
-    wait_until("one leader", Duration::from_secs(60), async || (leads(&a) || leads(&b), ())).await;
+    wait_one_leader(&a, &b).await;
+    // Still one, a couple of retry periods later.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!(leads(&a) && leads(&b)), "exactly one replica leads");
 
