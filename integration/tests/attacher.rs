@@ -93,6 +93,20 @@ impl Setup {
         .expect("VolumeAttachment")
     }
 
+    /// A bound claim "data" used by a Pod "app" on the node: the
+    /// attach-detach controller's VolumeAttachment for it. Returns the PV's
+    /// and the VolumeAttachment's names.
+    async fn pod_attachment(&self) -> (String, String) {
+        let pv = self.bound_claim("data").await;
+        create(&self.ns.api(), &pod("app", &self.node, "data")).await;
+        let va = self.va_for(&pv).await;
+        (pv, va.metadata.name.expect("name"))
+    }
+
+    fn vas(&self) -> Api<VolumeAttachment> {
+        Api::all(self.ns.client().clone())
+    }
+
     async fn force_delete_pod(&self, name: &str) {
         let pods: Api<Pod> = self.ns.api();
         pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
@@ -110,12 +124,8 @@ async fn attach_and_detach_through_the_attach_detach_controller() {
     let s = Setup::start("attach", &[], None).await;
     let node_name = s.node.clone();
     create(&Api::<CSINode>::all(s.ns.client().clone()), &csi_node(&node_name, &s.driver_name, &node_name, &[])).await;
-    let pv = s.bound_claim("data").await;
-    create(&s.ns.api(), &pod("app", &s.node, "data")).await;
-
-    let va = s.va_for(&pv).await;
-    let name = va.metadata.name.clone().expect("name");
-    let vas: Api<VolumeAttachment> = Api::all(s.ns.client().clone());
+    let (pv, name) = s.pod_attachment().await;
+    let vas = s.vas();
     let va = wait_for(&vas, &name, T, |v| v.status.as_ref().is_some_and(|st| st.attached)).await;
     let finalizer = format!("external-attacher/{}", sanitized(&s.driver_name));
     assert!(va.metadata.finalizers.iter().flatten().any(|f| *f == finalizer), "{:?}", va.metadata.finalizers);
@@ -149,11 +159,8 @@ async fn attach_and_detach_through_the_attach_detach_controller() {
 async fn publish_failure_is_recorded_with_its_code_and_retried() {
     // The CSINode names a node ID the driver does not know: publish fails.
     let s = Setup::start("attfail", &[], Some("no-such-node")).await;
-    let pv = s.bound_claim("data").await;
-    create(&s.ns.api(), &pod("app", &s.node, "data")).await;
-    let va = s.va_for(&pv).await;
-    let name = va.metadata.name.clone().expect("name");
-    let vas: Api<VolumeAttachment> = Api::all(s.ns.client().clone());
+    let (_, name) = s.pod_attachment().await;
+    let vas = s.vas();
     let failed =
         wait_for(&vas, &name, T, |v| v.status.as_ref().and_then(|st| st.attach_error.as_ref()).is_some()).await;
     let err = failed.status.and_then(|st| st.attach_error).expect("attachError");
@@ -172,11 +179,8 @@ async fn publish_failure_is_recorded_with_its_code_and_retried() {
 #[tokio::test]
 async fn without_publish_capability_the_trivial_handler_marks_attached() {
     let s = Setup::start("trivial", &["--disable-attach"], None).await;
-    let pv = s.bound_claim("data").await;
-    create(&s.ns.api(), &pod("app", &s.node, "data")).await;
-    let va = s.va_for(&pv).await;
-    let name = va.metadata.name.clone().expect("name");
-    let vas: Api<VolumeAttachment> = Api::all(s.ns.client().clone());
+    let (_, name) = s.pod_attachment().await;
+    let vas = s.vas();
     let va = wait_for(&vas, &name, T, |v| v.status.as_ref().is_some_and(|st| st.attached)).await;
     assert!(va.metadata.finalizers.unwrap_or_default().is_empty(), "the trivial handler adds no finalizer");
     assert!(!s.driver.logs().contains("ControllerPublishVolume"), "no publish call");
