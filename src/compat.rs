@@ -234,6 +234,9 @@ pub mod provisioner {
     pub const QUEUE_CLAIMS: &str = "claims";
     /// See [`QUEUE_CLAIMS`].
     pub const QUEUE_VOLUMES: &str = "volumes";
+    /// Resync period of the claim and volume handlers (fixed upstream: the
+    /// provisioner library's 15 minutes; there is no flag).
+    pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 }
 
 /// external-attacher.

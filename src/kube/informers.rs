@@ -1,8 +1,21 @@
 //! The one informer cache of the process (invariant: only this module opens
-//! watches). A module asks for the kinds it reads, before [`Informers::start`];
-//! each kind is listed and watched once however many modules read it, every
-//! module reads the same [`Store`], and change handlers fan events out to the
-//! modules' work queues.
+//! watches). A module asks for the kinds it reads; each kind is listed and
+//! watched once however many modules read it, and change handlers fan
+//! events out to the modules' work queues.
+//!
+//! client-go's contract, which upstream's controllers rely on, holds here:
+//! - handlers run after the store holds the change, so a handler's reader
+//!   finds what it was told about;
+//! - a relist (after 410 Gone) announces, once it is complete, every object
+//!   added, changed or gone compared with the content it replaced;
+//! - a handler registered late first sees every object already cached;
+//! - periodic resync ([`Informer::on_change_with_resync`]);
+//! - a watch stream that ends, or a watch task that dies, is opened again.
+//!
+//! Modules may ask for one kind with different filters ([`Informers::view`]):
+//! the store holds the union, and each view (by name) sees, and is told
+//! about, only what its own filter keeps. A filter added after the watch
+//! started makes the watch relist, so the new view's objects are listed.
 //!
 //! Stored objects are trimmed to what modules read: `managedFields` and the
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped,
@@ -14,6 +27,7 @@ use std::{
     collections::HashMap,
     fmt::Debug,
     sync::{Arc, Mutex, RwLock},
+    time::Duration,
 };
 
 use ::kube::{
@@ -21,75 +35,173 @@ use ::kube::{
     core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
-        reflector::ObjectRef,
         watcher::{self, Event},
     },
 };
-use futures::{StreamExt, future::BoxFuture};
+use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::cache::{Applied, Cache, Writer};
+use super::cache::{Cache, Keep, Transition, Writer};
 
 /// The annotation kubectl keeps a whole copy of the object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A change seen by the watch.
+/// Pause before a watch that ended or died is opened again.
+const REOPEN_DELAY: Duration = Duration::from_secs(1);
+
+/// A change as one view sees it.
 pub enum Change<'a, K> {
-    /// Created or updated (also every object of the initial list).
-    Applied(&'a K),
-    /// Deleted.
+    /// New to the view: listed, created, started matching its filter, or
+    /// replayed to a handler registered after it was cached.
+    Added(&'a K),
+    /// Changed (a new resourceVersion).
+    Updated {
+        /// The version the view held before.
+        old: &'a K,
+        /// The version it holds now.
+        new: &'a K,
+    },
+    /// Periodic resync of an unchanged object.
+    Resync(&'a K),
+    /// Gone from the view (deleted, or stopped matching): its last version.
     Deleted(&'a K),
+}
+
+impl<K> Change<'_, K> {
+    /// The object concerned (for `Updated`, its new version).
+    pub fn object(&self) -> &K {
+        match self {
+            Change::Added(o) | Change::Resync(o) | Change::Deleted(o) => o,
+            Change::Updated { new, .. } => new,
+        }
+    }
+
+    /// Whether the object left the view.
+    pub fn is_deleted(&self) -> bool {
+        matches!(self, Change::Deleted(_))
+    }
+}
+
+/// What one store transition means to a view with filter `keep` (pure).
+fn view_change<'a, K>(keep: &dyn Fn(&K) -> bool, old: Option<&'a K>, new: Option<&'a K>) -> Option<Change<'a, K>> {
+    match (old.filter(|o| keep(o)), new.filter(|n| keep(n))) {
+        (None, None) => None,
+        (None, Some(n)) => Some(Change::Added(n)),
+        (Some(o), Some(n)) => Some(Change::Updated { old: o, new: n }),
+        (Some(o), None) => Some(Change::Deleted(o)),
+    }
 }
 
 type Handler<K> = Arc<dyn Fn(&Change<'_, K>) + Send + Sync>;
 
-struct Shared<K: Resource + Clone + 'static>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    store: Cache<K>,
-    writer: Mutex<Option<Writer<K>>>,
-    handlers: RwLock<Vec<Handler<K>>>,
+/// One filter's subscribers.
+struct View<K> {
+    name: String,
+    keep: Keep<K>,
+    handlers: Vec<Handler<K>>,
     synced: watch::Sender<bool>,
 }
 
-/// One kind's shared cache.
-pub struct Informer<K: Resource + Clone + 'static>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
+struct Shared<K: Resource + 'static> {
+    store: Cache<K>,
+    /// Held for reading while the watch applies and announces one event, and
+    /// for writing while a view or handler is added (and replayed to), so
+    /// no handler misses or double-counts a change.
+    views: RwLock<Vec<View<K>>>,
+    /// Set once the watch runs: a new filter then needs a relist.
+    started: std::sync::atomic::AtomicBool,
+    relist: Notify,
+}
+
+impl<K: Resource + 'static> Shared<K> {
+    fn views(&self) -> std::sync::RwLockReadGuard<'_, Vec<View<K>>> {
+        self.views.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn views_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<View<K>>> {
+        self.views.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One view of one kind's shared cache.
+pub struct Informer<K: Resource + 'static> {
     shared: Arc<Shared<K>>,
+    view: usize,
+    keep: Keep<K>,
+    synced: watch::Receiver<bool>,
 }
 
-impl<K: Resource + Clone + 'static> Clone for Informer<K>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
+impl<K: Resource + 'static> Clone for Informer<K> {
     fn clone(&self) -> Self {
-        Informer { shared: self.shared.clone() }
+        Informer { shared: self.shared.clone(), view: self.view, keep: self.keep.clone(), synced: self.synced.clone() }
     }
 }
 
-impl<K: Resource + Clone + 'static> Informer<K>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    /// The shared read-only store.
+impl<K: Resource + 'static> Informer<K> {
+    fn new(shared: Arc<Shared<K>>, view: usize, v: &View<K>) -> Self {
+        Informer { view, keep: v.keep.clone(), synced: v.synced.subscribe(), shared }
+    }
+
+    /// The shared read-only store, seen through this view's filter (safe to
+    /// call from a handler: takes no informer lock).
     pub fn store(&self) -> Cache<K> {
-        self.shared.store.clone()
+        self.shared.store.view(self.keep.clone())
     }
 
-    /// Calls `handler` for every change, in the watch task: keep it cheap
-    /// (enqueue a key).
+    /// Calls `handler` for every change of this view, in the watch task:
+    /// keep it cheap (enqueue a key). Objects already cached are replayed to
+    /// it first, as `Added`.
     pub fn on_change(&self, handler: impl Fn(&Change<'_, K>) + Send + Sync + 'static) {
-        self.shared.handlers.write().unwrap_or_else(|e| e.into_inner()).push(Arc::new(handler));
+        self.add_handler(Arc::new(handler));
     }
 
-    /// Waits until the initial list is in the store.
+    fn add_handler(&self, handler: Handler<K>) {
+        let mut views = self.shared.views_mut();
+        for o in self.shared.store.state() {
+            if (self.keep)(&o) {
+                handler(&Change::Added(&o));
+            }
+        }
+        views[self.view].handlers.push(handler);
+    }
+
+    /// Like [`Informer::on_change`], and every `period` (unless zero) the
+    /// handler is also called with `Resync` for every object of the view,
+    /// until `shutdown`: a change lost anywhere is acted on at the latest
+    /// one period later (client-go's resync).
+    pub fn on_change_with_resync(
+        &self,
+        period: Duration,
+        shutdown: &CancellationToken,
+        handler: impl Fn(&Change<'_, K>) + Send + Sync + 'static,
+    ) where
+        K: Send + Sync,
+    {
+        let handler: Handler<K> = Arc::new(handler);
+        self.add_handler(handler.clone());
+        if period.is_zero() {
+            return;
+        }
+        let (store, shutdown) = (self.store(), shutdown.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                for o in store.state() {
+                    handler(&Change::Resync(&o));
+                }
+            }
+        });
+    }
+
+    /// Waits until this view's objects are listed into the store.
     pub async fn synced(&self) {
-        let mut rx = self.shared.synced.subscribe();
+        let mut rx = self.synced.clone();
         let _ = rx.wait_for(|s| *s).await;
     }
 }
@@ -103,9 +215,7 @@ fn trim<K: Resource>(obj: &mut K) {
     }
 }
 
-type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
-
-type Starter = Box<dyn FnOnce(Client, CancellationToken) -> BoxFuture<'static, ()> + Send>;
+type Starter = Box<dyn FnOnce(Client, Option<Box<dyn Any + Send>>, CancellationToken) -> BoxFuture<'static, ()> + Send>;
 
 struct Entry {
     informer: Arc<dyn Any + Send + Sync>,
@@ -119,49 +229,82 @@ struct Entry {
 pub struct Informers {
     client: Client,
     entries: Arc<Mutex<HashMap<String, Entry>>>,
+    /// Event sources replacing the apiserver for some kinds (tests).
+    sources: Arc<Mutex<HashMap<String, Box<dyn Any + Send>>>>,
 }
+
+/// The name of the view that sees every object of a kind.
+const ALL: &str = "";
 
 impl Informers {
     /// No kinds yet.
     pub fn new(client: Client) -> Self {
-        Informers { client, entries: Arc::default() }
+        Informers { client, entries: Arc::default(), sources: Arc::default() }
     }
 
-    /// The shared informer of full `K` objects (cluster-wide).
+    /// The shared informer of full `K` objects (cluster-wide), unfiltered.
     pub fn get<K>(&self) -> Informer<K>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        self.get_filtered(|_: &K| true)
+        self.view(ALL, |_: &K| true)
     }
 
-    /// Like [`Informers::get`], caching only the objects `keep` accepts (an
-    /// object that stops matching leaves the cache, as if deleted). All
-    /// modules of a process serve one driver, so they ask for the same
-    /// filter; the first request's filter is the one used.
-    pub fn get_filtered<K>(&self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Informer<K>
+    /// The view `name` of `K`: only the objects `keep` accepts are cached for
+    /// it and announced to its handlers (an object that stops matching is
+    /// announced as deleted). Views are told apart by name: asking again for
+    /// a name returns that view (its first filter); another name adds a
+    /// filter, and the store holds what any view keeps.
+    pub fn view<K>(&self, name: &str, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Informer<K>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let kind = format!("{}/{}", K::api_version(&()), K::kind(&()));
+        let shared = self.shared::<K>();
+        let mut views = shared.views_mut();
+        if let Some(i) = views.iter().position(|v| v.name == name) {
+            return Informer::new(shared.clone(), i, &views[i]);
+        }
+        let (synced, _) = watch::channel(false);
+        views.push(View { name: name.to_string(), keep: Arc::new(keep), handlers: Vec::new(), synced });
+        let view = views.len() - 1;
+        let informer = Informer::new(shared.clone(), view, &views[view]);
+        drop(views);
+        if shared.started.load(std::sync::atomic::Ordering::SeqCst) {
+            tracing::info!(kind = %K::kind(&()), view = name, "New cache filter; relisting");
+            shared.relist.notify_one();
+        }
+        informer
+    }
+
+    fn shared<K>(&self) -> Arc<Shared<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let kind = kind_key::<K>();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = entries.get(&kind) {
             match e.informer.clone().downcast::<Shared<K>>() {
-                Ok(shared) => return Informer { shared },
+                Ok(shared) => return shared,
                 // A programming error caught by any test that starts the
                 // modules together: two representations of one resource
                 // would mean two watches of it.
                 Err(_) => panic!("{kind} is already cached as another Rust type; use {}", e.type_name),
             }
         }
-        let store = Cache::<K>::default();
-        let writer = Writer::new(store.clone());
-        let (synced, _) = watch::channel(false);
-        let shared = Arc::new(Shared { store, writer: Mutex::new(Some(writer)), handlers: RwLock::default(), synced });
+        let shared = Arc::new(Shared {
+            store: Cache::<K>::default(),
+            views: RwLock::default(),
+            started: Default::default(),
+            relist: Notify::new(),
+        });
         let for_task = shared.clone();
-        let keep: Keep<K> = Arc::new(keep);
-        let starter: Starter =
-            Box::new(move |client, shutdown| Box::pin(run_watch::<K>(client, for_task, keep, shutdown)));
+        let starter: Starter = Box::new(move |client, injected, shutdown| {
+            let source: Source<K> = match injected.and_then(|s| s.downcast::<Source<K>>().ok()) {
+                Some(s) => *s,
+                None => Arc::new(move || api_source::<K>(client.clone())),
+            };
+            Box::pin(supervise::<K>(for_task, source, shutdown))
+        });
         let entry = Entry {
             informer: shared.clone(),
             kind: kind.clone(),
@@ -169,7 +312,7 @@ impl Informers {
             starter: Some(starter),
         };
         entries.insert(kind, entry);
-        Informer { shared }
+        shared
     }
 
     /// The shared informer of `K`'s metadata only (names, labels, annotations).
@@ -180,6 +323,16 @@ impl Informers {
         self.get::<PartialObjectMeta<K>>()
     }
 
+    /// Test hook: `K` is watched from `source` instead of the apiserver
+    /// (called before the kind is started).
+    #[cfg(test)]
+    pub(crate) fn inject_source<K>(&self, source: Source<K>)
+    where
+        K: Resource<DynamicType = ()> + 'static,
+    {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).insert(kind_key::<K>(), Box::new(source));
+    }
+
     /// The kinds watched, for tests and logs (`v1/PersistentVolume`, ...).
     pub fn kinds(&self) -> Vec<String> {
         let mut k: Vec<_> =
@@ -188,54 +341,114 @@ impl Informers {
         k
     }
 
-    /// Starts one watch per kind requested so far; they run until `shutdown`.
-    /// Kinds requested later are started by a later call.
-    pub fn start(&self, shutdown: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    /// Starts one watch per kind requested so far; they run until `shutdown`
+    /// (each restarted if it ends or dies). Kinds requested later are
+    /// started by a later call.
+    pub fn start(&self, shutdown: &CancellationToken) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .values_mut()
-            .filter_map(|e| {
-                let starter = e.starter.take()?;
-                tracing::info!(kind = %e.kind, "Starting watch");
-                Some(tokio::spawn(starter(self.client.clone(), shutdown.clone())))
-            })
-            .collect()
+        for e in entries.values_mut() {
+            let Some(starter) = e.starter.take() else { continue };
+            tracing::info!(kind = %e.kind, "Starting watch");
+            let injected = self.sources.lock().unwrap_or_else(|e| e.into_inner()).remove(&e.kind);
+            tokio::spawn(starter(self.client.clone(), injected, shutdown.clone()));
+        }
     }
 }
 
-/// Drops objects the modules do not read: during the initial list they are
-/// skipped; later an object that stops matching is turned into a delete,
-/// and changes of objects that never matched are dropped.
-fn only_kept<K>(keep: &Keep<K>, cached: impl Fn(&K) -> bool, event: Event<K>) -> Option<Event<K>> {
-    match event {
-        Event::InitApply(o) if !keep(&o) => None,
-        Event::Apply(o) if !keep(&o) => cached(&o).then_some(Event::Delete(o)),
-        Event::Delete(o) if !keep(&o) && !cached(&o) => None,
-        other => Some(other),
-    }
+fn kind_key<K: Resource<DynamicType = ()>>() -> String {
+    format!("{}/{}", K::api_version(&()), K::kind(&()))
 }
 
-async fn run_watch<K>(client: Client, shared: Arc<Shared<K>>, keep: Keep<K>, shutdown: CancellationToken)
+/// The events of one watch: the apiserver's in production, scripted ones in tests.
+type EventStream<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
+
+/// Opens a watch's event stream (again, when one ends).
+pub(crate) type Source<K> = Arc<dyn Fn() -> EventStream<K> + Send + Sync>;
+
+/// The trimmed list-and-watch of all `K` in the cluster, with backoff.
+fn api_source<K>(client: Client) -> EventStream<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let Some(mut writer) = shared.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
-    let reader = shared.store.clone();
     let api: Api<K> = Api::all(client);
-    let stream =
-        watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).filter_map(move |e| {
-            let (keep, store) = (keep.clone(), reader.clone());
-            let cached = move |o: &K| store.get(&ObjectRef::from_obj(o)).is_some();
-            async move { e.map(|e| only_kept(&keep, cached, e)).transpose() }
-        });
-    let mut stream = std::pin::pin!(stream);
+    watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).boxed()
+}
+
+/// Runs the watch task, and runs it again if it dies (a panicking handler)
+/// before `shutdown`.
+async fn supervise<K>(shared: Arc<Shared<K>>, source: Source<K>, shutdown: CancellationToken)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    shared.started.store(true, std::sync::atomic::Ordering::SeqCst);
     let kind = K::kind(&());
     loop {
-        let next = tokio::select! {
+        let task = tokio::spawn(run_watch::<K>(shared.clone(), source.clone(), shutdown.clone()));
+        let outcome = task.await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match outcome {
+            Ok(()) => tracing::error!(kind = %kind, "Watch task ended; starting it again"),
+            Err(e) => tracing::error!(kind = %kind, error = %e, "Watch task died; starting it again"),
+        }
+        tokio::select! {
             _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(REOPEN_DELAY) => {}
+        }
+    }
+}
+
+/// Why one stream of a watch stopped.
+enum StreamEnd {
+    Shutdown,
+    /// A new filter: list again.
+    Relist,
+    /// The stream ended by itself.
+    Ended,
+}
+
+/// Applies the watch's events to the store and announces them, opening the
+/// stream again whenever it ends; returns at shutdown.
+async fn run_watch<K>(shared: Arc<Shared<K>>, source: Source<K>, shutdown: CancellationToken)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    let kind = K::kind(&());
+    loop {
+        let mut writer = Writer::new(shared.store.clone());
+        match drive(&shared, &mut writer, source(), &shutdown).await {
+            StreamEnd::Shutdown => return,
+            StreamEnd::Relist => continue,
+            StreamEnd::Ended => {
+                tracing::warn!(kind = %kind, "Watch stream ended; opening it again");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(REOPEN_DELAY) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn drive<K>(
+    shared: &Shared<K>,
+    writer: &mut Writer<K>,
+    stream: EventStream<K>,
+    shutdown: &CancellationToken,
+) -> StreamEnd
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    let kind = K::kind(&());
+    let mut stream = stream;
+    loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => return StreamEnd::Shutdown,
+            _ = shared.relist.notified() => return StreamEnd::Relist,
             n = stream.next() => n,
         };
-        let Some(event) = next else { return };
+        let Some(event) = next else { return StreamEnd::Ended };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -244,20 +457,30 @@ where
             }
         };
         let init_done = matches!(event, Event::InitDone);
-        // Stored first, then announced: a handler's reader finds the object.
-        let applied = writer.apply(event);
+        let views = shared.views();
+        let keep_any = |o: &K| views.iter().any(|v| (v.keep)(o));
+        // Stored first, then announced: a handler's reader finds the change.
+        let transitions = writer.apply(event, &keep_any);
+        announce(&views, &transitions);
         if init_done {
-            shared.synced.send_replace(true);
+            for v in views.iter() {
+                v.synced.send_replace(true);
+            }
             tracing::info!(kind = %kind, objects = shared.store.len(), "Watch synced");
         }
-        let Some(applied) = applied else { continue };
-        let handlers = shared.handlers.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let change = match &applied {
-            Applied::Stored(o) => Change::Applied(o.as_ref()),
-            Applied::Removed(o) => Change::Deleted(o),
-        };
-        for h in handlers {
-            h(&change);
+    }
+}
+
+fn announce<K>(views: &[View<K>], transitions: &[Transition<K>]) {
+    for t in transitions {
+        for v in views {
+            if v.handlers.is_empty() {
+                continue;
+            }
+            let Some(change) = view_change(v.keep.as_ref(), t.old.as_deref(), t.new.as_deref()) else { continue };
+            for h in &v.handlers {
+                h(&change);
+            }
         }
     }
 }
@@ -292,38 +515,298 @@ mod tests {
     }
 
     #[test]
-    fn only_kept_table() {
+    fn view_change_table() {
         let pvc = |name: &str| PersistentVolumeClaim {
             metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
             ..Default::default()
         };
-        let keep: Keep<PersistentVolumeClaim> = Arc::new(|c| c.metadata.name.as_deref() == Some("mine"));
-        let kind = |e: Option<Event<PersistentVolumeClaim>>| match e {
-            None => "dropped",
-            Some(Event::Apply(_)) => "apply",
-            Some(Event::InitApply(_)) => "init-apply",
-            Some(Event::Delete(_)) => "delete",
-            Some(_) => "other",
+        let mine = |c: &PersistentVolumeClaim| c.metadata.name.as_deref() == Some("mine");
+        let (m, o) = (pvc("mine"), pvc("other"));
+        let what = |c: Option<Change<'_, PersistentVolumeClaim>>| match c {
+            None => "nothing",
+            Some(Change::Added(_)) => "added",
+            Some(Change::Updated { .. }) => "updated",
+            Some(Change::Resync(_)) => "resync",
+            Some(Change::Deleted(_)) => "deleted",
         };
         let table = [
-            // (event, name, in the cache, expected)
-            ("init", "mine", false, "init-apply"),
-            ("init", "other", false, "dropped"),
-            ("apply", "mine", true, "apply"),
-            ("apply", "other", true, "delete"),
-            ("apply", "other", false, "dropped"),
-            ("delete", "other", false, "dropped"),
-            ("delete", "other", true, "delete"),
-            ("delete", "mine", true, "delete"),
+            // (old, new, what the view is told)
+            (None, Some(&m), "added"),
+            (None, Some(&o), "nothing"),
+            (Some(&m), Some(&m), "updated"),
+            (Some(&m), Some(&o), "deleted"),
+            (Some(&o), Some(&m), "added"),
+            (Some(&o), Some(&o), "nothing"),
+            (Some(&m), None, "deleted"),
+            (Some(&o), None, "nothing"),
         ];
-        for (ev, name, cached, want) in table {
-            let o = pvc(name);
-            let e = match ev {
-                "init" => Event::InitApply(o),
-                "apply" => Event::Apply(o),
-                _ => Event::Delete(o),
-            };
-            assert_eq!(kind(only_kept(&keep, |_| cached, e)), want, "{ev} {name} cached={cached}");
+        for (old, new, want) in table {
+            let name = |x: Option<&PersistentVolumeClaim>| x.and_then(|p| p.metadata.name.clone());
+            assert_eq!(what(view_change(&mine, old, new)), want, "{:?} -> {:?}", name(old), name(new));
         }
+    }
+}
+
+#[cfg(test)]
+mod contract_tests {
+    //! client-go's informer contract, driven by scripted watch streams.
+
+    use std::time::Duration;
+
+    use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn cm(name: &str, rv: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn offline_client() -> Client {
+        let config = ::kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        Client::try_from(config).expect("client")
+    }
+
+    /// Scripted watch streams: each `open` of the watch takes the next
+    /// channel's receiver; events are pushed into the current one.
+    type Item = Result<Event<ConfigMap>, watcher::Error>;
+
+    struct Script {
+        streams: Arc<Mutex<Vec<mpsc::UnboundedReceiver<Item>>>>,
+        senders: Vec<mpsc::UnboundedSender<Item>>,
+        opened: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Script {
+        fn new(streams: usize) -> Script {
+            let (senders, receivers): (Vec<_>, Vec<_>) = (0..streams).map(|_| mpsc::unbounded_channel()).unzip();
+            Script {
+                streams: Arc::new(Mutex::new(receivers.into_iter().rev().collect())),
+                senders,
+                opened: Arc::default(),
+            }
+        }
+
+        fn source(&self) -> Source<ConfigMap> {
+            let (streams, opened) = (self.streams.clone(), self.opened.clone());
+            Arc::new(move || {
+                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                match streams.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+                    Some(rx) => tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed(),
+                    None => futures::stream::pending().boxed(),
+                }
+            })
+        }
+
+        fn send(&self, stream: usize, events: Vec<Event<ConfigMap>>) {
+            for e in events {
+                self.senders[stream].send(Ok(e)).expect("watch task alive");
+            }
+        }
+
+        fn list(&self, stream: usize, objects: &[ConfigMap]) {
+            let mut events = vec![Event::Init];
+            events.extend(objects.iter().cloned().map(Event::InitApply));
+            events.push(Event::InitDone);
+            self.send(stream, events);
+        }
+    }
+
+    /// What a handler saw: ("applied"|"deleted", name, whether the store
+    /// held the object at that moment).
+    type Seen = Arc<Mutex<Vec<(&'static str, String, bool)>>>;
+
+    fn record(inf: &Informer<ConfigMap>) -> Seen {
+        let seen: Seen = Arc::default();
+        let (log, store) = (seen.clone(), inf.store());
+        inf.on_change(move |c| {
+            let what = if c.is_deleted() { "deleted" } else { "applied" };
+            let o = c.object();
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let held = store.get_named(Some("ns"), &name).is_some();
+            log.lock().unwrap_or_else(|e| e.into_inner()).push((what, name, held));
+        });
+        seen
+    }
+
+    fn take(seen: &Seen) -> Vec<(&'static str, String, bool)> {
+        let mut v = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+        v.sort();
+        v
+    }
+
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn setup(script: &Script) -> (Informers, CancellationToken) {
+        let informers = Informers::new(offline_client());
+        informers.inject_source::<ConfigMap>(script.source());
+        (informers, CancellationToken::new())
+    }
+
+    #[tokio::test]
+    async fn a_relist_announces_every_difference_after_the_store_holds_it() {
+        let script = Script::new(1);
+        let (informers, stop) = setup(&script);
+        let inf = informers.get::<ConfigMap>();
+        let seen = record(&inf);
+        informers.start(&stop);
+        script.list(0, &[cm("kept", "1"), cm("changed", "1"), cm("vanished", "1")]);
+        inf.synced().await;
+        until("the first list announced", || seen.lock().map(|s| s.len() == 3).unwrap_or(false)).await;
+        take(&seen);
+        // A relist (after 410 Gone): one object changed, one created and one
+        // deleted while the watch was down.
+        script.list(0, &[cm("kept", "1"), cm("changed", "2"), cm("created", "1")]);
+        script.send(0, vec![Event::Apply(cm("marker", "1"))]);
+        until("the relist announced", || seen.lock().map(|s| s.iter().any(|e| e.1 == "marker")).unwrap_or(false)).await;
+        let got: Vec<_> = take(&seen).into_iter().filter(|e| e.1 != "marker").collect();
+        assert_eq!(
+            got,
+            vec![
+                ("applied", "changed".to_string(), true),
+                ("applied", "created".to_string(), true),
+                ("deleted", "vanished".to_string(), false),
+            ],
+            "each difference announced once, with the store already holding the new state"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_handler_registered_after_the_list_sees_every_existing_object() {
+        let script = Script::new(1);
+        let (informers, stop) = setup(&script);
+        let inf = informers.get::<ConfigMap>();
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1"), cm("b", "1")]);
+        inf.synced().await;
+        let late = record(&inf);
+        script.send(0, vec![Event::Apply(cm("c", "1"))]);
+        until("c announced", || late.lock().map(|s| s.iter().any(|e| e.1 == "c")).unwrap_or(false)).await;
+        assert_eq!(
+            take(&late),
+            vec![
+                ("applied", "a".to_string(), true),
+                ("applied", "b".to_string(), true),
+                ("applied", "c".to_string(), true)
+            ]
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn two_filters_on_one_kind_each_see_only_their_objects() {
+        let script = Script::new(2);
+        let (informers, stop) = setup(&script);
+        let starts_with = |p: char| move |c: &ConfigMap| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(p));
+        let starts_a = informers.view::<ConfigMap>("a", starts_with('a'));
+        let starts_b = informers.view::<ConfigMap>("b", starts_with('b'));
+        let (seen_a, seen_b) = (record(&starts_a), record(&starts_b));
+        informers.start(&stop);
+        script.list(0, &[cm("a1", "1"), cm("b1", "1"), cm("c1", "1")]);
+        starts_a.synced().await;
+        starts_b.synced().await;
+        until("both views announced", || {
+            seen_a.lock().map(|s| !s.is_empty()).unwrap_or(false)
+                && seen_b.lock().map(|s| !s.is_empty()).unwrap_or(false)
+        })
+        .await;
+        assert_eq!(take(&seen_a), vec![("applied", "a1".to_string(), true)]);
+        assert_eq!(take(&seen_b).into_iter().map(|e| e.1).collect::<Vec<_>>(), vec!["b1".to_string()]);
+        assert!(starts_b.store().get_named(Some("ns"), "b1").is_some(), "b's view holds b1");
+        assert!(starts_a.store().get_named(Some("ns"), "b1").is_none(), "a's view does not");
+        assert!(starts_a.store().get_named(Some("ns"), "c1").is_none(), "nobody's objects are not cached");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_watch_stream_that_ends_is_opened_again() {
+        let script = Script::new(2);
+        let (informers, stop) = setup(&script);
+        let inf = informers.get::<ConfigMap>();
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1")]);
+        inf.synced().await;
+        // The first stream ends (its sender dropped): the watch must open a
+        // new one, whose list brings the current state.
+        let Script { senders, opened, streams } = script;
+        let mut senders = senders.into_iter();
+        drop(senders.next());
+        let second = senders.next().expect("second stream");
+        until("the watch reopened", || opened.load(std::sync::atomic::Ordering::SeqCst) == 2).await;
+        for e in [Event::Init, Event::InitApply(cm("b", "1")), Event::InitDone] {
+            second.send(Ok(e)).expect("second stream open");
+        }
+        let store = inf.store();
+        until("b cached from the new stream", || store.get_named(Some("ns"), "b").is_some()).await;
+        assert!(store.get_named(Some("ns"), "a").is_none(), "the relist replaced the content");
+        drop(streams);
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_object_is_resynced_each_period() {
+        let script = Script::new(1);
+        let (informers, stop) = setup(&script);
+        let inf = informers.get::<ConfigMap>();
+        let resyncs: Arc<Mutex<Vec<String>>> = Arc::default();
+        let log = resyncs.clone();
+        inf.on_change_with_resync(Duration::from_secs(60), &stop, move |c| {
+            if let Change::Resync(o) = c {
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(o.metadata.name.clone().unwrap_or_default());
+            }
+        });
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1"), cm("b", "1")]);
+        inf.synced().await;
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(resyncs.lock().map(|r| r.is_empty()).unwrap_or(false), "not before the period");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut got = resyncs.lock().map(|r| r.clone()).unwrap_or_default();
+        got.sort();
+        assert_eq!(got, vec!["a", "b"], "each object once per period");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(resyncs.lock().map(|r| r.len()).unwrap_or(0), 4, "and again a period later");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_filter_added_after_the_start_relists_for_its_objects() {
+        let script = Script::new(2);
+        let (informers, stop) = setup(&script);
+        let only_a = informers.view::<ConfigMap>("a", |c| c.metadata.name.as_deref() == Some("a"));
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1"), cm("b", "1")]);
+        only_a.synced().await;
+        assert_eq!(only_a.store().len(), 1);
+        // A second module asks for b after the watch started: the watch
+        // must list again (b was never cached), and b's view is synced only
+        // then.
+        let only_b = informers.view::<ConfigMap>("b", |c| c.metadata.name.as_deref() == Some("b"));
+        let seen = record(&only_b);
+        let Script { senders, opened, .. } = &script;
+        until("the watch relisted", || opened.load(std::sync::atomic::Ordering::SeqCst) == 2).await;
+        for e in [Event::Init, Event::InitApply(cm("a", "1")), Event::InitApply(cm("b", "1")), Event::InitDone] {
+            senders[1].send(Ok(e)).expect("second stream");
+        }
+        only_b.synced().await;
+        until("b announced", || seen.lock().map(|s| !s.is_empty()).unwrap_or(false)).await;
+        assert_eq!(take(&seen), vec![("applied", "b".to_string(), true)]);
+        assert!(only_a.store().get_named(Some("ns"), "b").is_none(), "a's view still sees only a");
+        stop.cancel();
     }
 }

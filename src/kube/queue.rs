@@ -121,6 +121,11 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         }
     }
 
+    /// TEMPORARY stand-in until the grouped queue lands: an independent queue.
+    pub fn sibling(&self, name: &'static str) -> WorkQueue<K> {
+        WorkQueue::new(name, self.inner.backoff)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -2,9 +2,11 @@
 //! them. argv[0] and the subcommand both resolve through [`MODULES`].
 
 pub mod attacher;
+pub mod led;
 pub mod prober;
 pub mod provisioner;
 pub mod registrar;
+pub mod views;
 
 use argh::{ArgsInfo, FromArgs};
 
@@ -220,71 +222,5 @@ impl ModuleConfig {
             ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
             ModuleConfig::Attacher(c) => attacher::run(*c, ctx).await,
         }
-    }
-}
-
-/// Runs `work` now, or, with `--leader-election`, only while this process
-/// holds the module's Lease `lock_name` (upstream's name: one Lease per
-/// module, so csi-sidecar and upstream sidecars can be mixed in a rollout),
-/// or, with `--leader-election-shared-lease`, the process's one Lease.
-/// Every module's Lease health is served together at
-/// `/healthz/leader-election` (and per module at
-/// `/healthz/leader-election-<module>`).
-pub async fn run_led<F, Fut>(
-    ctx: &ModuleContext,
-    module: &'static str,
-    lock_name: &str,
-    work: F,
-) -> Result<(), ModuleError>
-where
-    F: FnOnce(tokio_util::sync::CancellationToken) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let fatal = |message: String| ModuleError::Fatal { module, message };
-    let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    if let Some(shared) = kube.shared_lease(&ctx.shutdown).await.map_err(|e| fatal(e.to_string()))? {
-        ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
-        tracing::info!(module, "Waiting for the process's shared Lease");
-        let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
-        work(token.clone()).await;
-        return if token.is_cancelled() { shared.outcome().await.map_err(fatal) } else { Ok(()) };
-    }
-    match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
-        Some(elector) => {
-            let check = elector.health_check();
-            ctx.health.register(&format!("leader-election-{module}"), check.clone());
-            kube.leader_health.add(check);
-            ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
-            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
-        }
-        None => {
-            work(ctx.shutdown.clone()).await;
-            Ok(())
-        }
-    }
-}
-
-/// Cache filters shared by the controller modules: every module of a
-/// process serves the one driver behind `--csi-address`, so objects of other
-/// drivers are never read and are not cached.
-pub mod cache_filters {
-    use crate::{
-        compat::provisioner::ANN_PROVISIONED_BY,
-        kube::cached::{CachedPv, CachedVa},
-    };
-
-    /// PVs of the driver (by CSI source or by provisioner annotation).
-    pub fn driver_pvs(driver: &str) -> impl Fn(&CachedPv) -> bool + Send + Sync + 'static {
-        let driver = driver.to_string();
-        move |pv| {
-            pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(driver.as_str())
-                || pv.annotation(ANN_PROVISIONED_BY) == Some(driver.as_str())
-        }
-    }
-
-    /// VolumeAttachments the driver attaches.
-    pub fn driver_vas(driver: &str) -> impl Fn(&CachedVa) -> bool + Send + Sync + 'static {
-        let driver = driver.to_string();
-        move |va| *va.spec.attacher == *driver
     }
 }

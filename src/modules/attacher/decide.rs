@@ -19,6 +19,7 @@ use crate::{
             plugin_capability::service::Type as Svc, volume_capability,
         },
     },
+    kube::cached::CachedVa,
 };
 
 /// Which handler the driver's capabilities call for.
@@ -199,6 +200,40 @@ pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer
     pv.metadata.deletion_timestamp.is_some()
         && !referenced
         && pv.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// Whether a change of a VolumeAttachment needs a sync. Changes this
+/// module makes itself and that need no action are filtered out: only the
+/// attach/detach error, the attachment metadata, or this driver's own
+/// finalizer and node-id annotation changed. Re-syncing on those would retry
+/// a failed attach at once, bypassing its backoff (upstream filters the
+/// error fields the same way).
+pub fn va_change_needs_sync(old: &CachedVa, new: &CachedVa, finalizer: &str) -> bool {
+    let (om, nm) = (&old.metadata, &new.metadata);
+    let others = |f: &Option<Vec<String>>| -> Vec<String> {
+        f.iter().flatten().filter(|x| x.as_str() != finalizer).cloned().collect()
+    };
+    let other_annotations = |a: &Option<std::collections::BTreeMap<String, String>>| {
+        a.iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != up::ANN_NODE_ID)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    let attached = |v: &CachedVa| v.status.as_ref().is_some_and(|s| s.attached);
+    let spec = |v: &CachedVa| {
+        (
+            v.spec.attacher.clone(),
+            v.spec.node_name.clone(),
+            v.spec.source.persistent_volume_name.clone(),
+            v.spec.source.inline_volume_spec.is_some(),
+        )
+    };
+    om.deletion_timestamp != nm.deletion_timestamp
+        || spec(old) != spec(new)
+        || attached(old) != attached(new)
+        || others(&om.finalizers) != others(&nm.finalizers)
+        || other_annotations(&om.annotations) != other_annotations(&nm.annotations)
 }
 
 #[cfg(test)]
@@ -392,5 +427,59 @@ mod tests {
         assert!(
             publish_request(&pv(&["ReadWriteOnce", "ReadOnlyMany"], false, false), "n1", &driver(&[]), "").is_err()
         );
+    }
+
+    #[test]
+    fn own_writes_do_not_resync_an_attachment() {
+        use k8s_openapi::{
+            api::storage::v1::{VolumeAttachmentStatus, VolumeError},
+            apimachinery::pkg::apis::meta::v1::Time,
+        };
+        let fin = "external-attacher/driver";
+        let base = || {
+            let mut va = CachedVa::default();
+            va.metadata.name = Some("va".into());
+            va.spec.node_name = "node".into();
+            va.spec.source.persistent_volume_name = Some("pv".into());
+            va
+        };
+        type Edit = fn(&mut CachedVa);
+        let table: &[(&str, Edit, bool)] = &[
+            ("nothing but the resourceVersion", |v| v.metadata.resource_version = Some("2".into()), false),
+            (
+                "attachError written",
+                |v| {
+                    v.status = Some(VolumeAttachmentStatus {
+                        attach_error: Some(VolumeError { message: Some("boom".into()), ..Default::default() }),
+                        ..Default::default()
+                    })
+                },
+                false,
+            ),
+            ("our finalizer added", |v| v.metadata.finalizers = Some(vec!["external-attacher/driver".into()]), false),
+            (
+                "our node-id annotation added",
+                |v| v.metadata.annotations = Some([(up::ANN_NODE_ID.to_string(), "n1".to_string())].into()),
+                false,
+            ),
+            ("another finalizer added", |v| v.metadata.finalizers = Some(vec!["example.com/x".into()]), true),
+            (
+                "deletion requested",
+                |v| v.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+                true,
+            ),
+            (
+                "attached flipped",
+                |v| v.status = Some(VolumeAttachmentStatus { attached: true, ..Default::default() }),
+                true,
+            ),
+            ("node changed", |v| v.spec.node_name = "other".into(), true),
+        ];
+        for (what, edit, want) in table {
+            let old = base();
+            let mut new = base();
+            edit(&mut new);
+            assert_eq!(va_change_needs_sync(&old, &new, fin), *want, "{what}");
+        }
     }
 }

@@ -137,6 +137,24 @@ impl Attacher {
         Ok((pv, source))
     }
 
+    /// The finalizer and node-id annotation, unless present: one strategic
+    /// merge patch without a resourceVersion (the finalizer list merges, so
+    /// another controller's finalizer is kept and nothing conflicts).
+    async fn mark_attaching(&self, va: &VolumeAttachment, node_id: &str) -> Result<(), ::kube::Error> {
+        let has_finalizer = va.metadata.finalizers.iter().flatten().any(|f| *f == self.finalizer);
+        let annotated =
+            va.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_NODE_ID)).map(String::as_str) == Some(node_id);
+        if has_finalizer && annotated {
+            return Ok(());
+        }
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {
+            "finalizers": [self.finalizer],
+            "annotations": {up::ANN_NODE_ID: node_id},
+        }});
+        self.va_api().patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
+    }
+
     async fn sync(&self, name: String) -> Outcome {
         let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else { return Outcome::Done };
         let forced = self.forced.lock().unwrap_or_else(|e| e.into_inner()).contains(&name);
@@ -187,12 +205,7 @@ impl Attacher {
         {
             return fail(format!("could not add PersistentVolume finalizer: {e}"), None).await;
         }
-        let meta = serde_json::json!({"metadata": {
-            "finalizers": with(&va.metadata.finalizers, &self.finalizer),
-            "annotations": {up::ANN_NODE_ID: node_id},
-            "resourceVersion": va.metadata.resource_version,
-        }});
-        if let Err(e) = self.va_api().patch(&name, &PatchParams::default(), &Patch::Merge(&meta)).await {
+        if let Err(e) = self.mark_attaching(va, &node_id).await {
             return fail(format!("could not add finalizer: {e}"), None).await;
         }
         match self.secrets(&pv).await {
@@ -276,7 +289,7 @@ impl Attacher {
 
     async fn sync_pv(&self, name: String) -> Outcome {
         let Some(pv) = self.pv(&name) else { return Outcome::Done };
-        let referenced = self.vas.state().iter().any(|va| va.pv_name() == Some(name.as_str()));
+        let referenced = !self.vas.by_index(crate::modules::views::VA_BY_PV, &name).is_empty();
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer) {
             return Outcome::Done;
         }
@@ -349,14 +362,6 @@ impl Attacher {
     }
 }
 
-fn with(list: &Option<Vec<String>>, item: &str) -> Vec<String> {
-    let mut v = list.clone().unwrap_or_default();
-    if !v.iter().any(|f| f == item) {
-        v.push(item.to_string());
-    }
-    v
-}
-
 async fn add_finalizer(
     api: &Api<PersistentVolume>,
     pv: &PersistentVolume,
@@ -373,36 +378,44 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let handler = decide::handler(&driver);
     tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
-    let va_inf = kube.informers.get_filtered::<CachedVa>(crate::modules::cache_filters::driver_vas(&driver.name));
-    let pv_inf = kube.informers.get_filtered::<CachedPv>(crate::modules::cache_filters::driver_pvs(&driver.name));
+    let va_inf = crate::modules::views::driver_vas(&kube.informers, &driver.name);
+    let pv_inf = crate::modules::views::driver_pvs(&kube.informers, &driver.name);
     let csinode_inf = kube.informers.get::<CSINode>();
-    kube.informers.start(&ctx.shutdown);
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff);
-    let detach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_DETACH, backoff);
+    // Its own workers (a pile of failing detaches cannot starve attaches),
+    // but never at the same time as an attach of the same attachment.
+    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH);
     let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff);
     {
-        let (attach_q, detach_q, name) = (attach_q.clone(), detach_q.clone(), driver.name.clone());
-        va_inf.on_change(move |c| {
-            if let Change::Applied(va) = c
-                && *va.spec.attacher == *name
-            {
-                let key = va.metadata.name.clone().unwrap_or_default();
-                if va.metadata.deletion_timestamp.is_some() { detach_q.add(key) } else { attach_q.add(key) }
-            }
+        let (attach_q, detach_q, finalizer) = (attach_q.clone(), detach_q.clone(), up::finalizer(&driver.name));
+        va_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
+            let va = match c {
+                Change::Deleted(_) => return,
+                Change::Updated { old, new } if !decide::va_change_needs_sync(old, new, &finalizer) => {
+                    tracing::trace!(
+                        va = new.metadata.name.as_deref().unwrap_or_default(),
+                        "Ignoring our own status or metadata write"
+                    );
+                    return;
+                }
+                c => c.object(),
+            };
+            let key = va.metadata.name.clone().unwrap_or_default();
+            if va.metadata.deletion_timestamp.is_some() { detach_q.add(key) } else { attach_q.add(key) }
         });
     }
     {
         let (pv_q, finalizer) = (pv_q.clone(), up::finalizer(&driver.name));
-        pv_inf.on_change(move |c| {
-            if let Change::Applied(pv) = c
-                && pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)
-            {
+        pv_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
+            let pv = c.object();
+            if !c.is_deleted() && pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
                 pv_q.add(pv.metadata.name.clone().unwrap_or_default());
             }
         });
     }
+    kube.informers.start(&ctx.shutdown);
     let a = Arc::new(Attacher {
         finalizer: up::finalizer(&driver.name),
         handler,
@@ -470,5 +483,5 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         }
     };
     // Lease name: upstream's for this module.
-    crate::modules::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }

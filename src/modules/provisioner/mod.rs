@@ -45,7 +45,6 @@ use crate::{
         cache::Cache,
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
-        informers::Change,
         queue::{Backoff, Outcome, WorkQueue},
     },
     modules::{ModuleContext, ModuleError},
@@ -63,11 +62,27 @@ const CLEANUP_ATTEMPTS: usize = 5;
 
 /// A CreateVolume that may still be running in the driver: retried to a
 /// final answer even if its PVC is deleted meanwhile (no leaked volume).
+/// Keyed by the claim's UID: a claim deleted and re-created under the same
+/// name is another claim, with its own plan.
 #[derive(Clone)]
 struct InFlight {
+    /// `namespace/name` of the claim (its work-queue key).
+    key: String,
     plan: Plan,
-    pvc: PersistentVolumeClaim,
-    sc: StorageClass,
+    /// The provisioner secret as resolved for the first attempt: the
+    /// cleanup of an orphaned volume needs it after the claim, its
+    /// namespace and the secret may be gone. Memory only, never logged.
+    secrets: Secrets,
+}
+
+/// Secret data for a CSI call; `Debug` prints only the keys' count.
+#[derive(Clone, Default)]
+struct Secrets(HashMap<String, String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} secret keys>", self.0.len())
+    }
 }
 
 struct Provisioner {
@@ -84,6 +99,7 @@ struct Provisioner {
     attachments: Option<Cache<CachedVa>>,
     /// Node labels (metadata-only watch) and CSINodes, with a topology-aware driver.
     topology: Option<(Cache<PartialObjectMeta<Node>>, Cache<CSINode>)>,
+    /// By claim UID.
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
@@ -175,12 +191,18 @@ impl Provisioner {
     /// Handles one PVC key.
     async fn sync_claim(&self, key: String) -> Outcome {
         let pvc = self.claim(&key);
-        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
-        let gone = pvc.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some());
-        if let (true, Some(f)) = (gone, &in_flight) {
-            return self.finish_orphaned(&key, f).await;
+        let live_uid =
+            pvc.as_ref().filter(|p| p.metadata.deletion_timestamp.is_none()).and_then(|p| p.metadata.uid.clone());
+        // Uncertain creates of claims by this name that are no longer the
+        // live claim (deleted, or deleted and re-created): finish them first.
+        for (uid, f) in self.orphans_named(&key, live_uid.as_deref()) {
+            if self.finish_orphaned(&uid, &f).await != Outcome::Done {
+                return Outcome::Retry;
+            }
         }
-        let Some(pvc) = pvc else { return Outcome::Done };
+        let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else { return Outcome::Done };
+        let in_flight =
+            live_uid.as_ref().and_then(|u| self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
         let sc = self.classes.get(&ObjectRef::new(&class_name));
         let pv_name = decide::volume_name(
@@ -200,7 +222,7 @@ impl Provisioner {
                 Outcome::Done
             }
             ClaimDecision::Provision => match sc {
-                Some(sc) => self.provision(&key, &pvc, &sc, in_flight.map(|f| f.plan)).await,
+                Some(sc) => self.provision(&key, &pvc, &sc, in_flight).await,
                 None => {
                     let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
                     self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
@@ -210,13 +232,24 @@ impl Provisioner {
         }
     }
 
+    /// In-flight creates of claims named `key` other than the live one.
+    fn orphans_named(&self, key: &str, live_uid: Option<&str>) -> Vec<(String, InFlight)> {
+        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        in_flight
+            .iter()
+            .filter(|(uid, f)| f.key == key && Some(uid.as_str()) != live_uid)
+            .map(|(u, f)| (u.clone(), f.clone()))
+            .collect()
+    }
+
     async fn provision(
         &self,
         key: &str,
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
-        saved: Option<Plan>,
+        saved: Option<InFlight>,
     ) -> Outcome {
+        let uid = pvc.metadata.uid.clone().unwrap_or_default();
         let class = sc.metadata.name.clone().unwrap_or_default();
         self.event_pvc(
             pvc,
@@ -232,30 +265,31 @@ impl Provisioner {
                 &format!("failed to provision volume with StorageClass \"{class}\": {msg}"),
             );
         };
-        let plan = match saved.map(Ok).unwrap_or_else(|| decide::plan(pvc, sc, &self.driver, &self.settings)) {
-            Ok(p) => p,
-            Err(PlanError::ExternalPopulator(kind)) => {
-                tracing::info!(claim = %key, kind, "Data source left to an external populator");
-                self.event_pvc(
-                    pvc,
-                    EventType::Normal,
-                    up::REASON_PROVISIONING,
-                    "Assuming an external populator will provision the volume",
-                );
-                return Outcome::Done;
-            }
-            Err(e) => {
-                failed(e.to_string());
-                return Outcome::Retry;
-            }
-        };
+        let saved_secrets = saved.as_ref().map(|f| f.secrets.clone());
+        let plan =
+            match saved.map(|f| Ok(f.plan)).unwrap_or_else(|| decide::plan(pvc, sc, &self.driver, &self.settings)) {
+                Ok(p) => p,
+                Err(PlanError::ExternalPopulator(kind)) => {
+                    tracing::info!(claim = %key, kind, "Data source left to an external populator");
+                    self.event_pvc(
+                        pvc,
+                        EventType::Normal,
+                        up::REASON_PROVISIONING,
+                        "Assuming an external populator will provision the volume",
+                    );
+                    return Outcome::Done;
+                }
+                Err(e) => {
+                    failed(e.to_string());
+                    return Outcome::Retry;
+                }
+            };
         let mut request = plan.request.clone();
         match self.accessibility(pvc, sc) {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
                 failed(format!("error generating accessibility requirements: {e}"));
-                let (client, pvc) = (self.client.clone(), pvc.clone());
-                tokio::spawn(async move { unselect_node(client, &pvc).await });
+                unselect_node(&self.client, pvc).await;
                 return Outcome::Done;
             }
             Err(topology::TopologyError::Retry(e)) => {
@@ -263,24 +297,24 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
-        if let Some(r) = &plan.provisioner_secret {
-            match self.secret(r).await {
+        match (&plan.provisioner_secret, saved_secrets) {
+            (_, Some(s)) => request.secrets = s.0,
+            (Some(r), None) => match self.secret(r).await {
                 Ok(s) => request.secrets = s,
                 Err(e) => {
                     failed(e);
                     return Outcome::Retry;
                 }
-            }
+            },
+            (None, None) => {}
         }
         // From here on the driver may create a volume: remember it until the
         // PV exists or the driver gave a final answer.
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.to_string(), InFlight { plan: plan.clone(), pvc: pvc.clone(), sc: sc.clone() });
+        let entry = InFlight { key: key.to_string(), plan: plan.clone(), secrets: Secrets(request.secrets.clone()) };
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), entry);
         let resp = match self.create_volume(request.clone()).await {
             Ok(r) => r,
-            Err(status) => return self.create_failed(key, pvc, &status, &failed),
+            Err(status) => return self.create_failed(&uid, key, pvc, &status, &failed).await,
         };
         let pv = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
             Ok(pv) => pv,
@@ -294,7 +328,7 @@ impl Provisioner {
                     self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_CLEANUP_FAILED, &msg);
                     return Outcome::Retry;
                 }
-                self.forget_in_flight(key);
+                self.forget_in_flight(&uid);
                 failed(msg);
                 return Outcome::Retry;
             }
@@ -312,7 +346,7 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
-        self.forget_in_flight(key);
+        self.forget_in_flight(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
         self.event_pvc(
             pvc,
@@ -323,12 +357,13 @@ impl Provisioner {
         Outcome::Done
     }
 
-    fn create_failed(
+    async fn create_failed(
         &self,
+        uid: &str,
         key: &str,
         pvc: &PersistentVolumeClaim,
         status: &tonic::Status,
-        failed: &dyn Fn(String),
+        failed: &(dyn Fn(String) + Sync),
     ) -> Outcome {
         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some();
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
@@ -338,10 +373,9 @@ impl Provisioner {
         match class {
             CreateFailure::InBackground => Outcome::Retry,
             CreateFailure::Final | CreateFailure::Reschedule => {
-                self.forget_in_flight(key);
+                self.forget_in_flight(uid);
                 if class == CreateFailure::Reschedule {
-                    let (client, pvc) = (self.client.clone(), pvc.clone());
-                    tokio::spawn(async move { unselect_node(client, &pvc).await });
+                    unselect_node(&self.client, pvc).await;
                     return Outcome::Done;
                 }
                 if status.code() == tonic::Code::InvalidArgument {
@@ -354,13 +388,15 @@ impl Provisioner {
         }
     }
 
-    fn forget_in_flight(&self, key: &str) {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    fn forget_in_flight(&self, uid: &str) {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
     }
 
-    /// The PVC went away while its CreateVolume was undecided: get a final
-    /// answer, and delete what it created.
-    async fn finish_orphaned(&self, key: &str, f: &InFlight) -> Outcome {
+    /// The PVC with this UID went away while its CreateVolume was undecided:
+    /// get a final answer, and delete what it created, with the secrets of
+    /// the first attempt (the PVC's namespace and its secret may be gone).
+    async fn finish_orphaned(&self, uid: &str, f: &InFlight) -> Outcome {
+        let key = f.key.as_str();
         // The claim left the cache: deleted, or bound (bound claims are not
         // cached). If the PV was saved after all (a create whose answer was
         // lost), the volume is the PV's, and its reclaim policy decides.
@@ -370,7 +406,7 @@ impl Provisioner {
         match pvs.list_metadata(&by_name).await {
             Ok(l) if !l.items.is_empty() => {
                 tracing::info!(claim = %key, pv = %f.plan.pv_name, "The volume's PV exists; it owns the volume");
-                self.forget_in_flight(key);
+                self.forget_in_flight(uid);
                 return Outcome::Done;
             }
             Ok(_) => {}
@@ -380,19 +416,17 @@ impl Provisioner {
             }
         }
         let mut request = f.plan.request.clone();
-        if let Some(r) = &f.plan.provisioner_secret {
-            request.secrets = self.secret(r).await.unwrap_or_default();
-        }
+        request.secrets = f.secrets.0.clone();
         match self.create_volume(request.clone()).await {
             Ok(resp) => {
                 let Some(v) = resp.volume.filter(|v| !v.volume_id.is_empty()) else {
-                    self.forget_in_flight(key);
+                    self.forget_in_flight(uid);
                     return Outcome::Done;
                 };
                 match self.cleanup(&v.volume_id, &request.secrets).await {
                     Ok(()) => {
                         tracing::info!(claim = %key, volume = %v.volume_id, "Deleted the volume of a PVC deleted during provisioning");
-                        self.forget_in_flight(key);
+                        self.forget_in_flight(uid);
                         Outcome::Done
                     }
                     Err(e) => {
@@ -404,9 +438,7 @@ impl Provisioner {
             Err(s) if decide::classify_create_error(s.code(), false) == CreateFailure::InBackground => Outcome::Retry,
             Err(s) => {
                 tracing::info!(claim = %key, error = %status_text(&s), "CreateVolume of a deleted PVC ended in a final error");
-                let _ = &f.pvc;
-                let _ = &f.sc;
-                self.forget_in_flight(key);
+                self.forget_in_flight(uid);
                 Outcome::Done
             }
         }
@@ -440,7 +472,7 @@ impl Provisioner {
         let failed =
             |msg: &str| self.events.publish(reference(pv), EventType::Warning, up::REASON_VOLUME_FAILED_DELETE, msg);
         if let Some(vas) = &self.attachments
-            && let Some(va) = vas.state().into_iter().find(|va| va.pv_name() == Some(name.as_str()))
+            && let Some(va) = vas.by_index(crate::modules::views::VA_BY_PV, &name).first()
         {
             failed(&format!("persistentvolume {name} is still attached to node {}", va.spec.node_name));
             return Outcome::Retry;
@@ -536,9 +568,9 @@ async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, ad
 }
 
 /// Asks the scheduler for another node: removes `selected-node`.
-async fn unselect_node(client: Client, pvc: &PersistentVolumeClaim) {
+async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) {
     let api: Api<PersistentVolumeClaim> =
-        Api::namespaced(client, pvc.metadata.namespace.as_deref().unwrap_or_default());
+        Api::namespaced(client.clone(), pvc.metadata.namespace.as_deref().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {up::ANN_SELECTED_NODE: null}}});
     if let Err(e) = api
         .patch(pvc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -558,19 +590,12 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
     let informers = &kube.informers;
-    let name = driver.name.to_string();
-    // Only claims that may still need a volume: a claim with spec.volumeName
-    // (bound, or pre-bound by its author) never does, so a cluster's
-    // thousands of bound claims cost no memory.
-    let pvc_inf = informers.get_filtered::<CachedPvc>(move |c| {
-        decide::is_for_driver(&c.metadata, &name)
-            && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty)
-    });
-    let pv_inf = informers.get_filtered::<CachedPv>(crate::modules::cache_filters::driver_pvs(&driver.name));
+    let pvc_inf = crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver);
+    let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
     let sc_inf = informers.get::<StorageClass>();
     let va_inf = driver
         .has_controller_capability(Rpc::PublishUnpublishVolume)
-        .then(|| informers.get_filtered::<CachedVa>(crate::modules::cache_filters::driver_vas(&driver.name)));
+        .then(|| crate::modules::views::driver_vas(informers, &driver.name));
     let topology_gate = config::parse_feature_gates(&cfg.feature_gates)
         .unwrap_or_default()
         .into_iter()
@@ -579,32 +604,26 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     // Nodes are only read for their labels: a metadata-only watch.
     let topo_inf = (topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints))
         .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
-    informers.start(&ctx.shutdown);
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let claims: WorkQueue<String> = WorkQueue::new(up::QUEUE_CLAIMS, backoff);
     let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
+    // Handlers before the watches start (late ones would be replayed the
+    // cache, but there is no reason to be late).
     {
-        let (claims, name) = (claims.clone(), driver.name.clone());
-        pvc_inf.on_change(move |c| {
-            let pvc = match c {
-                Change::Applied(p) | Change::Deleted(p) => p,
-            };
-            if decide::is_for_driver(&pvc.metadata, &name) {
-                claims.add(claim_key(&pvc.metadata));
-            }
-        });
+        let claims = claims.clone();
+        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
     }
     {
         let (volumes, name) = (volumes.clone(), driver.name.clone());
-        pv_inf.on_change(move |c| {
-            if let Change::Applied(pv) = c
-                && pv.annotation(up::ANN_PROVISIONED_BY) == Some(&*name)
-            {
+        pv_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
+            let pv = c.object();
+            if !c.is_deleted() && pv.annotation(up::ANN_PROVISIONED_BY) == Some(&*name) {
                 volumes.add(pv.metadata.name.clone().unwrap_or_default());
             }
         });
     }
+    informers.start(&ctx.shutdown);
     let settings = Settings {
         volume_name_prefix: cfg.volume_name_prefix.clone(),
         volume_name_uuid_length: cfg.volume_name_uuid_length,
@@ -653,5 +672,5 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     };
     // Lease name: the driver name with '/' replaced, sanitised (upstream).
     // Lease name: upstream's for this module.
-    crate::modules::run_led(&ctx, NAME, &driver.name.replace('/', "-"), work).await
+    crate::modules::led::run_led(&ctx, NAME, &driver.name.replace('/', "-"), work).await
 }

@@ -1,0 +1,47 @@
+//! The views of the shared informer cache that the controller modules read.
+//! Every module of a process serves the one driver behind `--csi-address`,
+//! so objects of other drivers are never read and are not cached. Each view
+//! has a name; two modules asking for the same view share it, different
+//! views of one kind share one watch and one store.
+
+use crate::{
+    compat::provisioner::ANN_PROVISIONED_BY,
+    kube::{
+        cached::{CachedPv, CachedPvc, CachedVa},
+        informers::{Informer, Informers},
+    },
+};
+
+/// Index of the VolumeAttachment store: attachments by PV name.
+pub const VA_BY_PV: &str = "pv";
+
+/// PVs of the driver (by CSI source or by provisioner annotation).
+pub fn driver_pvs(informers: &Informers, driver: &str) -> Informer<CachedPv> {
+    let d = driver.to_string();
+    informers.view(&format!("driver={driver}"), move |pv: &CachedPv| {
+        pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(d.as_str())
+            || pv.annotation(ANN_PROVISIONED_BY) == Some(d.as_str())
+    })
+}
+
+/// VolumeAttachments the driver attaches, indexed by PV name ([`VA_BY_PV`]).
+pub fn driver_vas(informers: &Informers, driver: &str) -> Informer<CachedVa> {
+    let d = driver.to_string();
+    let inf = informers.view(&format!("driver={driver}"), move |va: &CachedVa| *va.spec.attacher == *d);
+    inf.store().add_index(VA_BY_PV, CachedVa::pv_name);
+    inf
+}
+
+/// Claims of the driver that may still need a volume: a claim with
+/// `spec.volumeName` (bound, or pre-bound by its author) never does, so a
+/// cluster's thousands of bound claims cost the provisioner no memory.
+pub fn unbound_claims(
+    informers: &Informers,
+    driver: &str,
+    for_driver: fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, &str) -> bool,
+) -> Informer<CachedPvc> {
+    let d = driver.to_string();
+    informers.view(&format!("unbound,driver={driver}"), move |c: &CachedPvc| {
+        for_driver(&c.metadata, &d) && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty)
+    })
+}
