@@ -71,6 +71,10 @@ pub struct Script {
     pub unpublish_error: Option<(Code, String)>,
     /// Advertise PUBLISH_READONLY (with `publish`).
     pub publish_readonly: bool,
+    /// `CreateVolume` and `DeleteVolume` fail with `Unauthenticated`
+    /// unless their secrets hold this key and value (a backend that needs
+    /// credentials for both).
+    pub required_secret: Option<(String, String)>,
 }
 
 impl Default for Script {
@@ -89,6 +93,7 @@ impl Default for Script {
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
             publish_readonly: false,
+            required_secret: None,
         }
     }
 }
@@ -250,6 +255,7 @@ impl Controller for Service {
         if let Some((code, msg)) = s.create_error {
             return Err(Status::new(code, msg));
         }
+        check_secret(&s, &req.secrets)?;
         // The backend finishes the operation even if the caller gives up
         // (tonic drops this handler when the client cancels).
         let (volumes, name, delay) = (self.volumes.clone(), req.name.clone(), s.create_delay);
@@ -347,9 +353,20 @@ impl Controller for Service {
         req: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         self.counters.deletes.fetch_add(1, Ordering::SeqCst);
-        let id = req.into_inner().volume_id;
+        let req = req.into_inner();
+        check_secret(&self.script(), &req.secrets)?;
+        let id = req.volume_id;
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
         Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+}
+
+fn check_secret(s: &Script, secrets: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    match &s.required_secret {
+        Some((k, v)) if secrets.get(k) != Some(v) => {
+            Err(Status::unauthenticated(format!("secret {k} missing or wrong")))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -127,6 +127,113 @@ async fn a_timed_out_create_is_finished_and_cleaned_up_after_the_pvc_is_deleted(
     assert!(env.our_pvs().await.is_empty(), "no PV for a deleted PVC");
 }
 
+/// A claim deleted and re-created under the same name while the first
+/// one's CreateVolume is still undecided is another claim: it gets its own
+/// volume (named after its UID, of its size), and the first claim's volume
+/// is cleaned up.
+#[tokio::test]
+async fn a_claim_recreated_under_the_same_name_during_an_uncertain_create_gets_its_own_volume() {
+    let env = Env::new("recreate").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { create_delay: Duration::from_secs(3), ..env.script() },
+    );
+    let _p =
+        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    let first = create(&pvcs, &pvc("same", Some(&env.sc), "1Mi")).await;
+    let first_uid = first.metadata.uid.clone().expect("uid");
+    wait_until("the first volume to exist in the backend", T, async || {
+        let v = driver.volume_names();
+        (!v.is_empty(), v)
+    })
+    .await;
+    pvcs.delete("same", &DeleteParams::default()).await.expect("delete PVC");
+    csi_sidecar_integration::kube_support::wait_deleted(&pvcs, "same", T).await;
+    let second = create(&pvcs, &pvc("same", Some(&env.sc), "2Mi")).await;
+    let second_uid = second.metadata.uid.clone().expect("uid");
+    assert_ne!(first_uid, second_uid);
+    // The backend answers in time from now on.
+    driver.update(|s| s.create_delay = Duration::ZERO);
+    let bound =
+        wait_for(&pvcs, "same", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+    let pv_name = bound.spec.as_ref().and_then(|s| s.volume_name.clone()).expect("bound to a PV");
+    assert_eq!(pv_name, format!("pvc-{second_uid}"), "the PV is named after the new claim's UID");
+    let pv = Api::<PersistentVolume>::all(env.ns.client().clone()).get(&pv_name).await.expect("PV");
+    let capacity =
+        pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.clone());
+    assert_eq!(capacity.as_deref(), Some("2Mi"), "the new claim's size");
+    wait_until("only the new claim's volume in the backend", T, async || {
+        let v = driver.volume_names();
+        (v == vec![format!("pvc-{second_uid}")], v)
+    })
+    .await;
+    let stale = format!("pvc-{first_uid}");
+    let succeeded = env.events("ProvisioningSucceeded").await;
+    assert!(
+        !succeeded.iter().any(|m| m.contains(&stale)),
+        "the first claim's plan was never used for the second: {succeeded:?}"
+    );
+}
+
+/// The volume of a claim deleted (with its templated secret, as when their
+/// namespace is deleted) while its CreateVolume was undecided is cleaned up with the
+/// secret resolved at the first attempt: the backend needs it, and the
+/// volume would leak without it.
+#[tokio::test]
+async fn an_orphaned_volume_is_cleaned_up_with_the_secret_of_its_first_attempt() {
+    let env = Env::new("orphan-secret").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script {
+            create_delay: Duration::from_secs(3),
+            required_secret: Some(("password".into(), "s3cr3t".into())),
+            ..env.script()
+        },
+    );
+    // The class templates the secret's namespace from the claim's.
+    let client = env.ns.client().clone();
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta { name: Some("backend".into()), ..Default::default() },
+        string_data: Some([("password".to_string(), "s3cr3t".to_string())].into()),
+        ..Default::default()
+    };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = env.ns.api();
+    create(&secrets, &secret).await;
+    let sc_name = env.ns.scoped("secret-sc");
+    let mut sc = storage_class(&sc_name, &env.driver_name);
+    sc.parameters = Some(
+        [
+            ("csi.storage.k8s.io/provisioner-secret-name".to_string(), "backend".to_string()),
+            ("csi.storage.k8s.io/provisioner-secret-namespace".to_string(), "${pvc.namespace}".to_string()),
+        ]
+        .into(),
+    );
+    create(&Api::<StorageClass>::all(client.clone()), &sc).await;
+    let _p =
+        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("doomed", Some(&sc_name), "1Mi")).await;
+    wait_until("the volume to exist in the backend", T, async || {
+        let v = driver.volume_names();
+        (!v.is_empty(), v)
+    })
+    .await;
+    // The claim and its secret go (as when their namespace is deleted).
+    pvcs.delete("doomed", &DeleteParams::default()).await.expect("delete PVC");
+    secrets.delete("backend", &DeleteParams::default()).await.expect("delete secret");
+    csi_sidecar_integration::kube_support::wait_deleted(&pvcs, "doomed", T).await;
+    driver.update(|s| s.create_delay = Duration::ZERO);
+    wait_until("the backend to be empty again", T, async || {
+        let v = driver.volume_names();
+        (v.is_empty(), (v, driver.counters.deletes.load(std::sync::atomic::Ordering::SeqCst)))
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty(), "no PV for a deleted claim");
+}
+
 #[tokio::test]
 async fn invalid_argument_is_retried_only_after_the_maximum_interval() {
     let env = Env::new("invalid").await;
