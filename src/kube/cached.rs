@@ -124,6 +124,7 @@ impl<T: ?Sized + std::hash::Hash + Eq> Interner<T> {
         self.prune_at = (2 * self.set.len()).max(PRUNE_FLOOR);
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.set.len()
     }

@@ -76,6 +76,7 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         Lru { cap: cap.max(1), tick: 0, entries: HashMap::new(), order: BTreeMap::new() }
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.len()
     }
@@ -379,7 +380,8 @@ impl Inner {
             // The event expired or was deleted: write a new one.
         }
         let namespace = event.object.namespace.clone().unwrap_or_else(|| "default".to_string());
-        let name = format!("{}.{:x}", event.object.name.as_deref().unwrap_or_default(), Timestamp::now().as_nanosecond());
+        let name =
+            format!("{}.{:x}", event.object.name.as_deref().unwrap_or_default(), Timestamp::now().as_nanosecond());
         let count = event.count;
         let created = Event {
             metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
@@ -534,7 +536,10 @@ mod tests {
             Client::new(svc, "default")
         }
 
-        async fn answer(&self, req: Request<::kube::client::Body>) -> Result<Response<::kube::client::Body>, ::kube::Error> {
+        async fn answer(
+            &self,
+            req: Request<::kube::client::Body>,
+        ) -> Result<Response<::kube::client::Body>, ::kube::Error> {
             let (parts, body) = req.into_parts();
             let sent: serde_json::Value = serde_json::from_slice(&body.collect_bytes().await?).unwrap_or_default();
             let method = parts.method.to_string();
