@@ -75,33 +75,89 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
 /// Values with few distinct spellings across a cluster (access modes,
 /// volume modes, reclaim policies, class and driver names, fs types) are
 /// interned: each cached object holds a pointer to one shared copy instead of
-/// its own allocations. The interner only grows by distinct values.
+/// its own allocations.
+///
+/// Interning happens while a watch event is decoded, before the driver
+/// filter sees the object, so values of rejected (or deleted) objects do
+/// enter the tables; pruning is what bounds them: once a table has grown to
+/// twice its size after the last prune (at least [`PRUNE_FLOOR`] entries),
+/// the values only the interner still holds are dropped. A table thus stays
+/// within twice the distinct values live objects hold, plus the floor.
 pub type Shared = std::sync::Arc<str>;
 /// An interned list of such values.
 pub type SharedList = std::sync::Arc<[Shared]>;
 
-fn intern(s: &str) -> Shared {
-    static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<Shared>>> =
-        std::sync::LazyLock::new(Default::default);
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(v) = seen.get(s) {
-        return v.clone();
+/// The table size below which an interner does not prune.
+const PRUNE_FLOOR: usize = 1024;
+
+/// A set of shared values that forgets those nothing else holds any more.
+struct Interner<T: ?Sized> {
+    set: std::collections::HashSet<std::sync::Arc<T>>,
+    prune_at: usize,
+}
+
+impl<T: ?Sized + std::hash::Hash + Eq> Interner<T> {
+    fn new() -> Self {
+        Interner { set: Default::default(), prune_at: PRUNE_FLOOR }
     }
-    let v: Shared = s.into();
-    seen.insert(v.clone());
-    v
+
+    /// The shared copy of `value`.
+    fn intern<Q>(&mut self, value: &Q) -> std::sync::Arc<T>
+    where
+        Q: ?Sized + std::hash::Hash + Eq,
+        std::sync::Arc<T>: std::borrow::Borrow<Q> + for<'a> From<&'a Q>,
+    {
+        if let Some(v) = self.set.get(value) {
+            return v.clone();
+        }
+        if self.set.len() >= self.prune_at {
+            self.prune();
+        }
+        let v = std::sync::Arc::<T>::from(value);
+        self.set.insert(v.clone());
+        v
+    }
+
+    /// Drops the values only the interner holds.
+    fn prune(&mut self) {
+        self.set.retain(|v| std::sync::Arc::strong_count(v) > 1);
+        self.prune_at = (2 * self.set.len()).max(PRUNE_FLOOR);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+}
+
+type Table<T> = std::sync::LazyLock<std::sync::Mutex<Interner<T>>>;
+static STRINGS: Table<str> = std::sync::LazyLock::new(|| std::sync::Mutex::new(Interner::new()));
+static LISTS: Table<[Shared]> = std::sync::LazyLock::new(|| std::sync::Mutex::new(Interner::new()));
+
+fn lock<T: ?Sized>(table: &Table<T>) -> std::sync::MutexGuard<'_, Interner<T>> {
+    table.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn intern(s: &str) -> Shared {
+    lock(&STRINGS).intern(s)
 }
 
 fn intern_list(items: Vec<String>) -> SharedList {
-    static SEEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<SharedList>>> =
-        std::sync::LazyLock::new(Default::default);
-    let list: SharedList = items.iter().map(|s| intern(s)).collect();
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(v) = seen.get(&list) {
-        return v.clone();
-    }
-    seen.insert(list.clone());
-    list
+    let list: Vec<Shared> = items.iter().map(|s| intern(s)).collect();
+    lock(&LISTS).intern(&list[..])
+}
+
+/// Prunes both interners now (lists first: that releases their strings).
+#[cfg(test)]
+fn prune_interned() -> (usize, usize) {
+    let lists = {
+        let mut l = lock(&LISTS);
+        l.prune();
+        l.len()
+    };
+    let mut s = lock(&STRINGS);
+    s.prune();
+    (s.len(), lists)
 }
 
 fn shared<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shared>, D::Error> {
@@ -498,6 +554,42 @@ mod tests {
         assert!(std::sync::Arc::ptr_eq(sa.volume_mode.as_ref().unwrap(), sb.volume_mode.as_ref().unwrap()));
         assert_eq!(a.to_full().spec.unwrap().access_modes.unwrap(), ["ReadWriteOnce"]);
         assert_eq!(b.to_full().spec.unwrap().csi.unwrap().fs_type.as_deref(), Some("ext4"));
+    }
+
+    /// A PV whose interned values (class, access mode, driver) are its own.
+    fn pv_with_own_values(i: usize) -> CachedPv {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("pv{i}")},
+            "spec": {"storageClassName": format!("class-{i}"), "accessModes": [format!("mode-{i}")],
+                     "csi": {"driver": format!("d{i}.example.com"), "volumeHandle": "h"}}
+        }))
+        .expect("decodes")
+    }
+
+    #[test]
+    fn values_of_dropped_objects_leave_the_interner_when_it_prunes() {
+        let pvs: Vec<CachedPv> = (0..10_000).map(pv_with_own_values).collect();
+        assert!(lock(&STRINGS).len() >= 10_000, "the live values are interned");
+        drop(pvs);
+        let (strings, lists) = prune_interned();
+        // Near zero: what other tests running now hold.
+        assert!(strings < 200 && lists < 200, "{strings} strings and {lists} lists left");
+    }
+
+    #[test]
+    fn an_interner_keeps_its_live_values_and_at_most_twice_them_plus_the_floor() {
+        let mut table = Interner::<str>::new();
+        let live: Vec<Shared> = (0..300).map(|i| table.intern(&format!("live-{i}"))).collect();
+        let mut largest = 0;
+        for i in 0..10_000 {
+            drop(table.intern(&format!("gone-{i}")));
+            largest = largest.max(table.len());
+        }
+        assert!(largest <= 2 * PRUNE_FLOOR, "{largest} entries for {} live values", live.len());
+        table.prune();
+        assert_eq!(table.len(), live.len());
+        // Shared values stay shared across prunes.
+        assert!(live.iter().enumerate().all(|(i, v)| std::sync::Arc::ptr_eq(v, &table.intern(&format!("live-{i}")))));
     }
 
     #[test]

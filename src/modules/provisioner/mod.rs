@@ -637,7 +637,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         identity: identity(&driver.name),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, &host),
+        events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, &host, &ctx.shutdown),
         pvcs: pvc_inf.store(),
         pvs: pv_inf.store(),
         classes: sc_inf.store(),

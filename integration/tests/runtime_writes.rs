@@ -1,0 +1,264 @@
+//! The shared runtime's API writes against the real apiserver: adding a
+//! finalizer from a stale cached copy never drops a finalizer another
+//! controller wrote since, for built-in kinds and for custom resources.
+
+use std::{borrow::Cow, time::Duration};
+
+use csi_sidecar::kube::finalizers::{self, AddForm};
+use csi_sidecar_integration::{
+    cluster::ControlPlane,
+    kube_support::{create, csi_pv, unique_name, wait_for},
+};
+use k8s_openapi::{
+    ClusterResourceScope,
+    api::core::v1::PersistentVolume,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinition, CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
+        CustomResourceDefinitionVersion, CustomResourceValidation, JSONSchemaProps,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use serde::{Deserialize, Serialize};
+
+const T: Duration = Duration::from_secs(30);
+const OURS: &str = "example.com/ours";
+const OTHER: &str = "example.com/other";
+
+fn finalizers_of(obj: &impl Resource) -> Vec<String> {
+    obj.meta().finalizers.clone().unwrap_or_default()
+}
+
+/// Another controller adds `finalizer` with `patch` (a strategic merge
+/// appends to a built-in kind's list; custom resources here have no list
+/// before, so a merge patch replacing it loses nothing).
+async fn other_controller_adds<K>(api: &Api<K>, name: &str, finalizer: &str) -> K
+where
+    K: Resource + Clone + std::fmt::Debug + Serialize + for<'de> Deserialize<'de>,
+    K::DynamicType: Default,
+{
+    let list = serde_json::json!({"metadata": {"finalizers": [finalizer]}});
+    let patch =
+        if K::group(&K::DynamicType::default()).is_empty() { Patch::Strategic(list) } else { Patch::Merge(list) };
+    api.patch(name, &PatchParams::default(), &patch).await.expect("other controller's add")
+}
+
+/// Lets the objects of a test go: no finalizers, deleted.
+async fn release<K>(api: &Api<K>, name: &str)
+where
+    K: Resource + Clone + std::fmt::Debug + Serialize + for<'de> Deserialize<'de>,
+{
+    let clear = serde_json::json!({"metadata": {"finalizers": null}});
+    let _ = api.patch(name, &PatchParams::default(), &Patch::Merge(&clear)).await;
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+async fn fresh_pv(client: &Client, prefix: &str) -> (Api<PersistentVolume>, PersistentVolume) {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let name = unique_name(prefix);
+    let pv = create(&pvs, &csi_pv(&name, "finalizers.csi.example.com", &name, "1Mi")).await;
+    (pvs, pv)
+}
+
+#[tokio::test]
+async fn adding_from_a_copy_without_finalizers_keeps_a_finalizer_written_since() {
+    let client = ControlPlane::shared().client().await;
+    let (pvs, mut stale) = fresh_pv(&client, "fin-empty").await;
+    let name = stale.metadata.name.clone().expect("name");
+    // The cached copy has no finalizers (the admission plugin may already
+    // have added `kubernetes.io/pv-protection` on create: the copy is from
+    // before that); the live object gets another one after it.
+    stale.metadata.finalizers = None;
+    let before = finalizers_of(&other_controller_adds(&pvs, &name, OTHER).await);
+
+    finalizers::add(&pvs, &stale, OURS).await.expect("add");
+
+    let list = finalizers_of(&pvs.get(&name).await.expect("get"));
+    release(&pvs, &name).await;
+    assert!(list.iter().any(|f| f == OURS), "ours missing: {list:?}");
+    for f in &before {
+        assert!(list.contains(f), "{f} (another controller's) was dropped: {list:?}, before {before:?}");
+    }
+}
+
+#[tokio::test]
+async fn adding_from_a_copy_whose_list_changed_since_keeps_both() {
+    let client = ControlPlane::shared().client().await;
+    let (pvs, created) = fresh_pv(&client, "fin-changed").await;
+    let name = created.metadata.name.clone().expect("name");
+    let stale = other_controller_adds(&pvs, &name, OTHER).await;
+    // Another controller appends to the list after our copy was read.
+    let third = "example.com/third";
+    let append = serde_json::json!({"metadata": {"finalizers": [third]}});
+    pvs.patch(&name, &PatchParams::default(), &Patch::Strategic(append)).await.expect("append");
+
+    finalizers::add(&pvs, &stale, OURS).await.expect("add");
+
+    let list = finalizers_of(&pvs.get(&name).await.expect("get"));
+    release(&pvs, &name).await;
+    for f in [OURS, OTHER, third] {
+        assert!(list.iter().any(|l| l == f), "{f} missing: {list:?}");
+    }
+}
+
+#[tokio::test]
+async fn adding_a_finalizer_already_present_writes_nothing() {
+    let client = ControlPlane::shared().client().await;
+    let (pvs, created) = fresh_pv(&client, "fin-present").await;
+    let name = created.metadata.name.clone().expect("name");
+    finalizers::add(&pvs, &created, OURS).await.expect("first add");
+    let live = wait_for(&pvs, &name, T, |pv| finalizers_of(pv).iter().any(|f| f == OURS)).await;
+
+    // Once from the fresh copy (no request at all), once from the stale one
+    // (a request that changes nothing).
+    finalizers::add(&pvs, &live, OURS).await.expect("add from the fresh copy");
+    finalizers::add(&pvs, &created, OURS).await.expect("add from the stale copy");
+
+    let after = pvs.get(&name).await.expect("get");
+    release(&pvs, &name).await;
+    assert_eq!(after.metadata.resource_version, live.metadata.resource_version, "the object was written");
+    assert_eq!(finalizers_of(&after).iter().filter(|f| *f == OURS).count(), 1, "{:?}", finalizers_of(&after));
+}
+
+// A cluster-scoped custom resource with a free-form spec.
+const GROUP: &str = "finalizers.csi-sidecar.example.com";
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Widget {
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spec: Option<serde_json::Value>,
+}
+
+impl Resource for Widget {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Widget".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "widgets".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Installs the Widget kind (once per cluster) and waits until it is served.
+async fn widgets(client: &Client) -> Api<Widget> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = format!("widgets.{GROUP}");
+    let crd = CustomResourceDefinition {
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        spec: CustomResourceDefinitionSpec {
+            group: GROUP.into(),
+            names: CustomResourceDefinitionNames {
+                kind: "Widget".into(),
+                plural: "widgets".into(),
+                ..Default::default()
+            },
+            scope: "Cluster".into(),
+            versions: vec![CustomResourceDefinitionVersion {
+                name: "v1".into(),
+                served: true,
+                storage: true,
+                schema: Some(CustomResourceValidation {
+                    open_api_v3_schema: Some(JSONSchemaProps {
+                        type_: Some("object".into()),
+                        x_kubernetes_preserve_unknown_fields: Some(true),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        status: None,
+    };
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create the Widget CRD: {e}"),
+    }
+    wait_for(&crds, &name, T, |c| {
+        c.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    })
+    .await;
+    let api: Api<Widget> = Api::all(client.clone());
+    // Established can precede the discovery of the new kind by a moment.
+    let deadline = tokio::time::Instant::now() + T;
+    while api.list(&Default::default()).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "the Widget kind is not served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api
+}
+
+#[tokio::test]
+async fn adding_to_a_custom_resource_keeps_a_finalizer_written_since() {
+    let client = ControlPlane::shared().client().await;
+    let api = widgets(&client).await;
+    let name = unique_name("widget");
+    let widget = Widget {
+        api_version: format!("{GROUP}/v1"),
+        kind: "Widget".into(),
+        metadata: ObjectMeta { name: Some(name.clone()), ..Default::default() },
+        spec: Some(serde_json::json!({"size": 1})),
+    };
+    let stale = create(&api, &widget).await;
+    assert_eq!(finalizers::add_form(GROUP), AddForm::TestedJsonPatch);
+    // Why custom resources need the other form: no strategic merge for them.
+    let refused = finalizers::add_with(&api, &stale, OURS, AddForm::StrategicMerge).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(e)) if e.code == 415), "{refused:?}");
+
+    other_controller_adds(&api, &name, OTHER).await;
+    finalizers::add(&api, &stale, OURS).await.expect("add from the copy without finalizers");
+    let list = finalizers_of(&api.get(&name).await.expect("get"));
+
+    // And once more from a copy whose list changed since.
+    let mut changed = stale.clone();
+    changed.metadata.finalizers = Some(vec![OTHER.to_string()]);
+    let second = "example.com/second";
+    finalizers::add(&api, &changed, second).await.expect("add from the changed copy");
+    let after = finalizers_of(&api.get(&name).await.expect("get"));
+
+    // A widget that still has no list: the `test` of the absent list passes
+    // (were it refused, every retry would be too, and `add` would fail).
+    let bare_name = unique_name("widget");
+    let bare = create(
+        &api,
+        &Widget { metadata: ObjectMeta { name: Some(bare_name.clone()), ..Default::default() }, ..widget },
+    )
+    .await;
+    finalizers::add(&api, &bare, OURS).await.expect("add to a widget without finalizers");
+    let bare_list = finalizers_of(&api.get(&bare_name).await.expect("get"));
+
+    release(&api, &name).await;
+    release(&api, &bare_name).await;
+    assert_eq!(bare_list, [OURS]);
+    assert!(list.iter().any(|f| f == OURS) && list.iter().any(|f| f == OTHER), "{list:?}");
+    for f in [OURS, OTHER, second] {
+        assert!(after.iter().any(|l| l == f), "{f} missing: {after:?}");
+    }
+}
