@@ -16,7 +16,7 @@ pub mod shared_lease;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::cli::SharedFlags;
+use crate::flags::SharedFlags;
 
 /// Leader election settings from the shared flags.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -100,7 +100,7 @@ impl KubeContext {
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
         let labels = match shared.leader_election_labels.as_deref() {
-            Some(l) => crate::cli::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
+            Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
             None => BTreeMap::new(),
         };
         let leader = LeaderSettings {
