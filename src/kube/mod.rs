@@ -156,7 +156,8 @@ impl KubeContext {
 impl KubeContext {
     /// The process-wide election when `--leader-election-shared-lease` is
     /// set (and `--leader-election` on): one elector for all modules, started
-    /// on first use and stopped by `shutdown`.
+    /// on first use and stopped by `shutdown`; each call joins it as one led
+    /// module (the Lease is released only after every one has left).
     pub async fn shared_lease(
         &self,
         shutdown: &tokio_util::sync::CancellationToken,
@@ -170,7 +171,7 @@ impl KubeContext {
                 Ok::<_, leader::LeaderError>(shared_lease::SharedLease::start(elector, shutdown.clone()))
             })
             .await?;
-        Ok(Some(lease.clone()))
+        Ok(Some(lease.join()))
     }
 }
 
