@@ -77,8 +77,8 @@ fn strip_literals(src: &str) -> String {
             let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
             let rest: String = b[j + 1..].iter().collect();
             let len = rest.find(&close).map_or(b.len() - j - 1, |p| rest[..p].chars().count());
-            for k in i..(j + 1 + len + close.len()).min(b.len()) {
-                blank(&mut out, b[k]);
+            for &ch in &b[i..(j + 1 + len + close.len()).min(b.len())] {
+                blank(&mut out, ch);
             }
             i = j + 1 + len + close.len();
         } else if c == '"' {
@@ -86,8 +86,8 @@ fn strip_literals(src: &str) -> String {
             i += 1;
             while i < b.len() && b[i] != '"' {
                 let skip = if b[i] == '\\' { 2 } else { 1 };
-                for k in i..(i + skip).min(b.len()) {
-                    blank(&mut out, b[k]);
+                for &ch in &b[i..(i + skip).min(b.len())] {
+                    blank(&mut out, ch);
                 }
                 i += skip;
             }
