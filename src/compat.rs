@@ -120,6 +120,17 @@ pub const DEPRECATED_FLAGS: &[(&str, &str)] = &[
     ("mode", "ignored except kubelet-registration-probe, which exits 0"),
 ];
 
+/// Upstream's `sanitizeName`, applied to Lease names, leader identities and
+/// the attacher's finalizer: every character outside `[a-zA-Z0-9-]` becomes
+/// `-`, and a trailing `-` gets an `X` appended.
+pub fn sanitize_lease_name(s: &str) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
+    if out.ends_with('-') {
+        out.push('X');
+    }
+    out
+}
+
 /// Leader election (csi-lib-utils `leaderelection` on client-go's
 /// `tools/leaderelection`).
 pub mod leader_election {
@@ -189,6 +200,23 @@ mod tests {
     }
 
     #[test]
+    fn lease_names_are_sanitized_like_upstream() {
+        let cases = [
+            ("hostpath.csi.k8s.io", "hostpath-csi-k8s-io"),
+            ("external-attacher-leader-hostpath.csi.k8s.io", "external-attacher-leader-hostpath-csi-k8s-io"),
+            ("a/b-", "a-b-X"),
+            ("a.", "a-X"),
+            ("Node_1", "Node-1"),
+            ("plain-name", "plain-name"),
+            ("ü", "-X"),
+            ("", ""),
+        ];
+        for (input, want) in cases {
+            assert_eq!(sanitize_lease_name(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
     fn registration_socket_name_is_driver_name_verbatim() {
         assert_eq!(registrar::socket_file_name("hostpath.csi.k8s.io"), "hostpath.csi.k8s.io-reg.sock");
     }
@@ -245,7 +273,7 @@ pub mod attacher {
     pub const ANN_NODE_ID: &str = "csi.alpha.kubernetes.io/node-id";
     /// Finalizer on VolumeAttachments and PVs: `external-attacher/<sanitised driver>`.
     pub fn finalizer(driver: &str) -> String {
-        format!("external-attacher/{}", crate::kube::leader::sanitize_lease_name(driver))
+        format!("external-attacher/{}", super::sanitize_lease_name(driver))
     }
     /// Lease name before sanitising.
     pub fn lease_lock_name(driver: &str) -> String {

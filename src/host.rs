@@ -16,8 +16,32 @@ use crate::{
     modules::{ModuleConfig, ModuleContext},
 };
 
-/// How long modules get to finish after SIGTERM/SIGINT.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// The shortest shutdown grace (what every process gets, whatever its
+/// timeouts).
+pub const MIN_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Time after the longest CSI call for the API write of its result and the
+/// Lease release.
+pub const FINAL_WRITES_MARGIN: Duration = Duration::from_secs(3);
+
+/// A pod's default `terminationGracePeriodSeconds`: the kubelet sends
+/// SIGKILL this long after SIGTERM.
+pub const POD_TERMINATION_GRACE: Duration = Duration::from_secs(30);
+
+/// Kept free of [`POD_TERMINATION_GRACE`], so the process exits (and logs
+/// why) before the SIGKILL.
+pub const EXIT_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long modules get to finish after SIGTERM/SIGINT: the longest
+/// per-call CSI timeout of the modules plus [`FINAL_WRITES_MARGIN`], so a
+/// call in flight can finish, be recorded and the Lease released; at least
+/// [`MIN_SHUTDOWN_GRACE`], at most the pod's default grace minus
+/// [`EXIT_MARGIN`].
+pub fn shutdown_grace(call_timeouts: impl IntoIterator<Item = Duration>) -> Duration {
+    let longest = call_timeouts.into_iter().max().unwrap_or_default();
+    let wanted = longest.saturating_add(FINAL_WRITES_MARGIN);
+    wanted.clamp(MIN_SHUTDOWN_GRACE, POD_TERMINATION_GRACE.saturating_sub(EXIT_MARGIN))
+}
 
 /// Fires `token` on SIGTERM or SIGINT.
 fn spawn_signal_handler(token: CancellationToken) -> std::io::Result<()> {
@@ -68,6 +92,8 @@ pub async fn run(inv: Invocation) -> ExitCode {
     }
 
     let mut tasks = JoinSet::new();
+    // Each module's `discovery_timeout` is its per-call CSI `--timeout`.
+    let grace = shutdown_grace(inv.modules.iter().map(ModuleConfig::discovery_timeout));
     let discovery_timeout =
         inv.modules.iter().map(ModuleConfig::discovery_timeout).max().unwrap_or(Duration::from_secs(1));
     tasks.spawn(csi.clone().maintain(discovery_timeout, shutdown.clone()));
@@ -145,8 +171,32 @@ pub async fn run(inv: Invocation) -> ExitCode {
         }
         while tasks.join_next().await.is_some() {}
     };
-    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
-        tracing::warn!(grace = ?SHUTDOWN_GRACE, "Shutdown grace exceeded; exiting anyway");
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        tracing::warn!(?grace, "Shutdown grace exceeded; exiting anyway");
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shutdown_grace_covers_the_longest_call_within_a_pods_grace() {
+        let s = Duration::from_secs;
+        let cases: &[(&str, &[Duration], Duration)] = &[
+            ("no module", &[], s(5)),
+            ("prober's 1 s probe: the floor", &[s(1)], s(5)),
+            ("exactly the floor", &[s(2)], s(5)),
+            ("provisioner's default 10 s", &[s(10)], s(13)),
+            ("attacher's default 15 s with a prober", &[s(1), s(15)], s(18)),
+            ("fractions are kept", &[Duration::from_millis(12_500)], Duration::from_millis(15_500)),
+            ("25 s: the ceiling", &[s(25)], s(28)),
+            ("a 2 min timeout is cut to the pod's grace", &[s(120)], s(28)),
+            ("an absurd timeout does not overflow", &[Duration::MAX], s(28)),
+        ];
+        for (what, timeouts, want) in cases {
+            assert_eq!(shutdown_grace(timeouts.iter().copied()), *want, "{what}");
+        }
+    }
 }

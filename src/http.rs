@@ -25,7 +25,11 @@ use futures::{
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{cli::SharedFlags, cli::shared::non_empty, compat, metrics::Metrics};
+use crate::{
+    compat,
+    flags::{SharedFlags, shared::non_empty},
+    metrics::Metrics,
+};
 
 /// The answer of one health check.
 #[derive(Clone, Debug, PartialEq, Eq)]

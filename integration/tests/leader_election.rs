@@ -9,7 +9,7 @@ use std::{
 };
 
 use csi_sidecar::kube::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
-use csi_sidecar_integration::{cluster::ControlPlane, kube_support::TestNamespace};
+use csi_sidecar_integration::{cluster::ControlPlane, kube_support::TestNamespace, wait_until};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
@@ -58,15 +58,6 @@ fn campaign(client: &Client, namespace: &str, identity: &str) -> Candidate {
     Candidate { elector, shutdown, run, lead_token }
 }
 
-async fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    start.elapsed()
-}
-
 fn wall_now() -> MicroTime {
     let micros = SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_micros();
     MicroTime(Timestamp::from_microsecond(i64::try_from(micros).expect("in range")).expect("in range"))
@@ -85,7 +76,8 @@ async fn one_leader_and_release_hands_over_within_the_lease_duration() {
 
     let a = campaign(&client, ns.name(), "candidate-a");
     let b = campaign(&client, ns.name(), "candidate-b");
-    wait_until("a leader", Duration::from_secs(10), || a.elector.is_leader() || b.elector.is_leader()).await;
+    wait_until("a leader", Duration::from_secs(10), async || (a.elector.is_leader() || b.elector.is_leader(), ()))
+        .await;
     // Several renewal rounds later, still exactly one.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(a.elector.is_leader() ^ b.elector.is_leader(), "exactly one leader");
@@ -104,8 +96,8 @@ async fn one_leader_and_release_hands_over_within_the_lease_duration() {
     leader.run.await.unwrap().expect("clean shutdown");
     assert!(leader.lead_token.lock().unwrap().as_ref().unwrap().is_cancelled());
     assert!(!leader.elector.is_leader());
-    let took = wait_until("take-over", LEASE_DURATION, || other.elector.is_leader()).await;
-    let took = took.max(released_at.elapsed());
+    wait_until("take-over", LEASE_DURATION, async || (other.elector.is_leader(), ())).await;
+    let took = released_at.elapsed();
     // The standby retries every 0.5–1.1 s (jittered): far below the 4 s lease.
     assert!(took < Duration::from_secs(3), "take-over after release took {took:?}");
     let s = spec(&leases).await;
@@ -153,7 +145,9 @@ async fn a_lease_renewed_by_a_foreign_holder_keeps_the_candidate_standby() {
 
     // The holder stops renewing: the candidate takes over once the record has
     // stayed unchanged for the lease duration (by its own clock).
-    let took = wait_until("take-over of the expired lease", Duration::from_secs(8), || c.elector.is_leader()).await;
+    let stopped_renewing = Instant::now();
+    wait_until("take-over of the expired lease", Duration::from_secs(8), async || (c.elector.is_leader(), ())).await;
+    let took = stopped_renewing.elapsed();
     assert!(took >= Duration::from_secs(3), "took over after {took:?}, before the lease expired");
     let s = spec(&leases).await;
     assert_eq!(s.holder_identity.as_deref(), Some("candidate"));

@@ -3,21 +3,23 @@
 //! `csi-sidecar [shared flags] MODULE [flags] [MODULE [flags] ...]`, or an
 //! upstream binary name as argv[0] (`livenessprobe --csi-address=...`). A
 //! module name token starts a new segment. Go-style flags are normalised by
-//! [`goflags`] and then parsed by argh into typed configurations.
-
-pub mod goflags;
-pub mod shared;
+//! [`goflags`] and then parsed by argh into typed configurations. The flag
+//! syntax and the shared flags live in [`crate::flags`], below both this
+//! module and the modules it dispatches to.
 
 use std::collections::BTreeMap;
 
 use argh::{ArgsInfo, FromArgs};
 
+pub use crate::flags::SharedFlags;
 use crate::{
     compat,
+    flags::{
+        goflags::{self, FlagError, FlagKind, GivenFlag},
+        shared,
+    },
     modules::{self, ModuleConfig, ModuleDesc},
 };
-use goflags::{FlagError, FlagKind, GivenFlag};
-pub use shared::SharedFlags;
 
 /// The name of the multicall binary itself.
 pub const PROGRAM: &str = "csi-sidecar";

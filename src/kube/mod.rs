@@ -16,7 +16,7 @@ pub mod shared_lease;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::cli::SharedFlags;
+use crate::flags::SharedFlags;
 
 /// Leader election settings from the shared flags.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -100,7 +100,7 @@ impl KubeContext {
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
         let labels = match shared.leader_election_labels.as_deref() {
-            Some(l) => crate::cli::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
+            Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
             None => BTreeMap::new(),
         };
         let leader = LeaderSettings {
@@ -156,7 +156,8 @@ impl KubeContext {
 impl KubeContext {
     /// The process-wide election when `--leader-election-shared-lease` is
     /// set (and `--leader-election` on): one elector for all modules, started
-    /// on first use and stopped by `shutdown`.
+    /// on first use and stopped by `shutdown`; each call joins it as one led
+    /// module (the Lease is released only after every one has left).
     pub async fn shared_lease(
         &self,
         shutdown: &tokio_util::sync::CancellationToken,
@@ -170,7 +171,7 @@ impl KubeContext {
                 Ok::<_, leader::LeaderError>(shared_lease::SharedLease::start(elector, shutdown.clone()))
             })
             .await?;
-        Ok(Some(lease.clone()))
+        Ok(Some(lease.join()))
     }
 }
 

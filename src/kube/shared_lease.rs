@@ -1,9 +1,12 @@
 //! One Lease for all modules of the process (`--leader-election-shared-lease`).
 //!
-//! One elector runs for the whole process; every led module waits for it to
-//! lead and runs under the token it leads with. Losing the Lease stops every
-//! module (each reports the loss, as with its own Lease); a shutdown releases
-//! it once.
+//! One elector runs for the whole process; every led module joins it
+//! ([`SharedLease::join`]), waits for it to lead and runs under the token it
+//! leads with. Losing the Lease stops every module at once (each reports the
+//! loss, as with its own Lease). A shutdown cancels the token but keeps
+//! renewing the Lease until every module that joined has left, that is until
+//! all their workers returned, and only then releases it once: a standby must
+//! not start CSI calls while ours are still in flight.
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -19,26 +22,41 @@ pub enum LeaseState {
     Leading(CancellationToken),
     /// The Lease was lost (the message says why).
     Lost(String),
-    /// The elector stopped (shutdown) or failed to start leading.
+    /// The elector stopped (shutdown, after the release) or failed to start
+    /// leading.
     Ended(Option<String>),
 }
 
-/// A handle on the process-wide election.
-#[derive(Clone)]
+/// A handle on the process-wide election. The handle [`SharedLease::start`]
+/// returns only observes; each handle from [`SharedLease::join`] is one led
+/// module, which holds the Lease on shutdown until it is dropped or calls
+/// [`SharedLease::outcome`].
 pub struct SharedLease {
     state: watch::Receiver<LeaseState>,
+    /// How many modules have joined and not left yet.
+    members: std::sync::Arc<watch::Sender<usize>>,
+    /// Whether this handle is counted in `members`.
+    member: bool,
 }
 
 impl SharedLease {
-    /// Starts the election task.
+    /// Starts the election task; it stops when `shutdown` fires and every
+    /// member has left, or when the Lease is lost.
     pub fn start(elector: LeaderElector, shutdown: CancellationToken) -> SharedLease {
         let (tx, rx) = watch::channel(LeaseState::Waiting);
+        let members = std::sync::Arc::new(watch::channel(0usize).0);
+        let mut remaining = members.subscribe();
         tokio::spawn(async move {
             let leading = {
                 let tx = tx.clone();
                 move |token: CancellationToken| async move {
                     tx.send_replace(LeaseState::Leading(token.clone()));
                     token.cancelled().await;
+                    // Shutdown: renew (the elector keeps doing that while this
+                    // runs) until every module's workers have returned. The
+                    // sender lives in every handle, so this cannot fail while
+                    // one exists; if none does, nobody is left to wait for.
+                    let _ = remaining.wait_for(|n| *n == 0).await;
                 }
             };
             let end = match elector.run(shutdown, leading).await {
@@ -48,7 +66,15 @@ impl SharedLease {
             };
             tx.send_replace(end);
         });
-        SharedLease { state: rx }
+        SharedLease { state: rx, members, member: false }
+    }
+
+    /// A handle for one led module: until it is dropped (or
+    /// [`outcome`](Self::outcome) is called), a shutdown does not release
+    /// the Lease.
+    pub fn join(&self) -> SharedLease {
+        self.members.send_modify(|n| *n += 1);
+        SharedLease { state: self.state.clone(), members: self.members.clone(), member: true }
     }
 
     /// Waits until the process leads: `Ok(Some(token))` then, `Ok(None)` if
@@ -63,13 +89,30 @@ impl SharedLease {
         }
     }
 
-    /// After leading ended: `Err` with the reason if the Lease was lost.
-    pub async fn outcome(&self) -> Result<(), String> {
+    /// After this module's leading ended (its workers returned): leaves the
+    /// election, then waits until the elector stopped; `Err` with the reason
+    /// if the Lease was lost. On shutdown, that is after the last module left
+    /// and the Lease was released.
+    pub async fn outcome(mut self) -> Result<(), String> {
+        self.leave();
         let mut rx = self.state.clone();
         let state = rx.wait_for(|s| matches!(s, LeaseState::Lost(_) | LeaseState::Ended(_))).await.map(|s| s.clone());
         match state {
             Ok(LeaseState::Lost(e)) | Ok(LeaseState::Ended(Some(e))) => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// Stops counting this handle as a led module.
+    fn leave(&mut self) {
+        if std::mem::take(&mut self.member) {
+            self.members.send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+}
+
+impl Drop for SharedLease {
+    fn drop(&mut self) {
+        self.leave();
     }
 }

@@ -30,7 +30,7 @@ pub struct FlagSpec {
     /// Parses normalised arguments into the module's configuration.
     pub parse: fn(&str, &[&str]) -> Result<ModuleConfig, argh::EarlyExit>,
     /// The shared flags (besides logging) upstream accepts for this sidecar.
-    /// Groups of shared flag names (see `cli::shared::CONTROLLER`).
+    /// Groups of shared flag names (see `flags::shared::CONTROLLER`).
     pub shared: &'static [&'static [&'static str]],
 }
 

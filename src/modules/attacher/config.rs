@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::cli::goflags::parse_go_duration;
+use crate::flags::goflags::parse_go_duration;
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -49,7 +49,7 @@ pub struct AttacherFlags {
 }
 
 /// Shared flags upstream external-attacher accepts, besides logging.
-pub const SHARED_FLAGS: &[&[&str]] = &[crate::cli::shared::CONTROLLER];
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
 
 /// Feature gates external-attacher knows.
 pub const FEATURE_GATES: &[&str] = &["MutableCSINodeAllocatableCount", "ReleaseLeaderElectionOnExit"];
@@ -65,7 +65,7 @@ impl AttacherFlags {
             if !FEATURE_GATES.contains(&k.trim()) {
                 return Err(format!("unrecognized feature gate: {}", k.trim()));
             }
-            crate::cli::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
+            crate::flags::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::cli::goflags::{go_bool_value, parse_go_duration};
+use crate::flags::goflags::{go_bool_value, parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -105,7 +105,7 @@ pub struct ProvisionerFlags {
 }
 
 /// Shared flags upstream external-provisioner accepts, besides logging.
-pub const SHARED_FLAGS: &[&[&str]] = &[crate::cli::shared::CONTROLLER, &["enable-pprof"]];
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER, &["enable-pprof"]];
 
 /// Feature gates external-provisioner knows.
 pub const FEATURE_GATES: &[&str] =
@@ -121,7 +121,7 @@ pub fn parse_feature_gates(s: &str) -> Result<Vec<(String, bool)>, String> {
             if !FEATURE_GATES.contains(&k.trim()) {
                 return Err(format!("unrecognized feature gate: {}", k.trim()));
             }
-            let v = crate::cli::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {k}={v}"))?;
+            let v = crate::flags::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {k}={v}"))?;
             Ok((k.trim().to_string(), v))
         })
         .collect()

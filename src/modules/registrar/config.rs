@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::{cli::goflags::parse_go_duration, compat};
+use crate::{compat, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
