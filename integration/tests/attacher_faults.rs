@@ -276,11 +276,12 @@ async fn readonly_is_published_only_with_the_capability() {
     }
 }
 
-/// Whether every call on a key has ended and the last one is a successful
-/// unpublish.
+/// Whether every call on a key has ended and the one that ended last is a
+/// successful unpublish.
 fn ends_unpublished(calls: &[ControllerCall]) -> bool {
+    let last_to_end = calls.iter().max_by_key(|c| c.end);
     calls.iter().all(|c| c.end.is_some())
-        && calls.last().is_some_and(|c| c.kind == CallKind::Unpublish && c.outcome == Some(CallOutcome::Ok))
+        && last_to_end.is_some_and(|c| c.kind == CallKind::Unpublish && c.outcome == Some(CallOutcome::Ok))
 }
 
 fn describe_calls(calls: &[ControllerCall]) -> Vec<String> {
@@ -412,8 +413,10 @@ async fn queue_depth(addr: &str) -> Option<f64> {
 async fn attached_volumes_carry_no_stale_attach_error() {
     const N: usize = 20;
     let env = Env::new("attstale").await;
+    // The retry of the failed first attempt (200 ms) comes due while the
+    // second attempt is still publishing (300 ms).
     let _driver = env.driver(|s| {
-        s.publish_delay = Duration::from_millis(100);
+        s.publish_delay = Duration::from_millis(300);
         s.publish_failures_per_pair = 1;
     });
     let node = env.node("n", "stale-node").await;
