@@ -214,7 +214,7 @@ impl Soak {
 
     /// Every other claim of a wave is used by a pod.
     fn has_pod(i: usize) -> bool {
-        i % 2 == 0
+        i.is_multiple_of(2)
     }
 
     /// Of those, every other pod is deleted as soon as its VolumeAttachment
@@ -447,10 +447,10 @@ async fn chaos(cp: &ControlPlane, env: &FaultEnv, replicas: &mut [Proc; 2], reco
     let mut next = 1;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        for slot in 0..2 {
-            if replicas[slot].try_exit().is_some() {
+        for proc in replicas.iter_mut() {
+            if proc.try_exit().is_some() {
                 next += 1;
-                replicas[slot] = replica(env, next);
+                *proc = replica(env, next);
                 record.lock().expect("chaos").exits += 1;
             }
         }
