@@ -8,7 +8,8 @@
 //!   one JSON line ([`ClusterInfo`]) on stdout when everything is ready, and tears
 //!   the cluster down (kube-controller-manager, then kube-apiserver, then etcd;
 //!   SIGKILL after a grace period) when its stdin reaches EOF or on
-//!   SIGTERM/SIGINT/SIGHUP;
+//!   SIGTERM/SIGINT/SIGHUP; lines on its stdin are commands ([`LauncherCommand`]:
+//!   `restart kube-apiserver`), each answered by one JSON line ([`CommandReply`]);
 //! * the **handle** ([`ControlPlane`]) used by tests: it spawns the launcher as a
 //!   child process with a pipe on its stdin and parses the JSON line. The cluster's
 //!   lifetime therefore never depends on `Drop` running: when the test process
@@ -26,7 +27,7 @@
 //! RBAC bound to that identity.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
     sync::{Mutex, Once, OnceLock},
@@ -556,27 +557,48 @@ struct Component {
     child: Child,
     log: PathBuf,
     status: Option<ExitStatus>,
+    /// What it was started with, for [`Component::respawn`].
+    program: PathBuf,
+    args: Vec<String>,
 }
 
 impl Component {
     fn spawn(name: &'static str, program: &Path, args: &[String], log_dir: &Path) -> Result<Component> {
-        use std::os::unix::process::CommandExt;
         let log = log_dir.join(format!("{name}.log"));
+        let child = Self::start_process(program, args, &log)?;
+        Ok(Component { name, child, log, status: None, program: program.to_path_buf(), args: args.to_vec() })
+    }
+
+    fn start_process(program: &Path, args: &[String], log: &Path) -> Result<Child> {
+        use std::os::unix::process::CommandExt;
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log)
+            .open(log)
             .with_context(|| format!("open {}", log.display()))?;
         let err = out.try_clone()?;
-        let child = Command::new(program)
+        Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .process_group(0)
             .spawn()
-            .with_context(|| format!("spawn {}", program.display()))?;
-        Ok(Component { name, child, log, status: None })
+            .with_context(|| format!("spawn {}", program.display()))
+    }
+
+    /// Stops the process (SIGTERM, SIGKILL after `grace`) and starts it again
+    /// with the same program and arguments, appending to the same log.
+    async fn respawn(&mut self, grace: Duration, log: &Log) -> Result<()> {
+        if self.exited().is_none() {
+            self.stop(grace, log).await;
+        }
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.log) {
+            let _ = writeln!(f, "----- restarted by the launcher at {} -----", unix_millis());
+        }
+        self.child = Self::start_process(&self.program, &self.args, &self.log)?;
+        self.status = None;
+        Ok(())
     }
 
     fn pid(&self) -> u32 {
@@ -845,6 +867,107 @@ fn pem_to_der(pem: &str) -> Result<Vec<u8>> {
     Ok(base64::engine::general_purpose::STANDARD.decode(b64.trim())?)
 }
 
+/// A command of the launcher's stdin protocol (one per line, after the
+/// cluster is ready; each is answered by one [`CommandReply`] JSON line on
+/// stdout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LauncherCommand {
+    /// `restart kube-apiserver`: stop kube-apiserver and start it again with the
+    /// same flags (same port, same etcd), answering once `/readyz` is ok.
+    RestartApiserver,
+}
+
+impl LauncherCommand {
+    /// The line that requests this command.
+    pub fn line(self) -> &'static str {
+        match self {
+            LauncherCommand::RestartApiserver => "restart kube-apiserver",
+        }
+    }
+
+    /// Parses one stdin line.
+    pub fn parse(line: &str) -> Result<LauncherCommand, String> {
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["restart", "kube-apiserver"] => Ok(LauncherCommand::RestartApiserver),
+            ["restart", other] => Err(format!("cannot restart {other:?} (only kube-apiserver)")),
+            _ => Err(format!("unknown command {line:?} (known: \"restart kube-apiserver\")")),
+        }
+    }
+}
+
+/// A component restarted by the launcher.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Restarted {
+    /// The component's name.
+    pub component: String,
+    /// Its new process ID.
+    pub pid: u32,
+    /// Milliseconds from the stop request until it was ready again.
+    pub ms: u64,
+}
+
+/// The launcher's answer to a [`LauncherCommand`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandReply {
+    /// The component was restarted and is ready.
+    Restarted(Restarted),
+    /// The command failed (or was not understood).
+    Error(String),
+}
+
+async fn run_command(
+    line: &str,
+    running: &mut Running,
+    info: &mut ClusterInfo,
+    opts: &ServeOptions,
+    log: &Log,
+) -> CommandReply {
+    log.info(&format!("command: {line}"));
+    let result = match LauncherCommand::parse(line) {
+        Ok(LauncherCommand::RestartApiserver) => restart_apiserver(running, info, opts, log).await,
+        Err(e) => Err(anyhow!(e)),
+    };
+    match result {
+        Ok(r) => {
+            log.info(&format!("{} restarted (pid {}) and ready in {} ms", r.component, r.pid, r.ms));
+            CommandReply::Restarted(r)
+        }
+        Err(e) => {
+            log.error(&format!("command {line:?} failed: {e:#}"));
+            CommandReply::Error(format!("{e:#}"))
+        }
+    }
+}
+
+/// Restarts kube-apiserver in place and waits for `/readyz`; records the new
+/// PID in `info` and in the info files.
+async fn restart_apiserver(
+    running: &mut Running,
+    info: &mut ClusterInfo,
+    opts: &ServeOptions,
+    log: &Log,
+) -> Result<Restarted> {
+    let t0 = Instant::now();
+    let comp = running
+        .comps
+        .iter_mut()
+        .find(|c| c.name == "kube-apiserver")
+        .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+    comp.respawn(opts.grace, log).await?;
+    let admin = client_from_kubeconfig(&info.kubeconfig).await?;
+    wait_ready(comp, "/readyz after a restart", Duration::from_secs(90), async || {
+        Ok(get_text(&admin, "/readyz").await? == "ok")
+    })
+    .await?;
+    info.pids.kube_apiserver = comp.pid();
+    let line = serde_json::to_string(&*info).unwrap_or_default();
+    for f in std::iter::once(info.run_dir.join(INFO_FILE)).chain(opts.info_file.clone()) {
+        write_file(&f, &format!("{line}\n"), false)?;
+    }
+    Ok(Restarted { component: comp.name.to_string(), pid: comp.pid(), ms: t0.elapsed().as_millis() as u64 })
+}
+
 /// Why the launcher stopped waiting.
 enum StopReason {
     Requested(&'static str),
@@ -879,23 +1002,30 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sighup = signal(SignalKind::hangup())?;
 
-    // stdin EOF: a plain thread (a blocking read must not keep the runtime alive).
+    // stdin: a plain thread (a blocking read must not keep the runtime alive)
+    // forwarding command lines, then EOF.
     let (stdin_tx, mut stdin_rx) = tokio::sync::oneshot::channel::<()>();
-    // Without stdin watching, the sender stays here so the receiver never fires.
-    let _unused_sender = if opts.watch_stdin {
+    let (cmd_tx, mut cmd_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // Without stdin watching, the senders stay here so the receivers never fire.
+    let _unused_senders = if opts.watch_stdin {
         std::thread::spawn(move || {
-            let mut buf = [0u8; 256];
             let mut stdin = std::io::stdin().lock();
-            while let Ok(n) = stdin.read(&mut buf) {
+            let mut line = Vec::new();
+            while let Ok(n) = stdin.read_until(b'\n', &mut line) {
                 if n == 0 {
                     break;
                 }
+                let text = String::from_utf8_lossy(&line).trim().to_string();
+                if !text.is_empty() {
+                    let _ = cmd_tx.send(text);
+                }
+                line.clear();
             }
             let _ = stdin_tx.send(());
         });
         None
     } else {
-        Some(stdin_tx)
+        Some((stdin_tx, cmd_tx))
     };
 
     let mut running = Running { comps: Vec::new() };
@@ -911,7 +1041,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
         Ok(Err(e)) => Err(format!("{e:#}")),
         Err(why) => Err(format!("interrupted during startup ({why})")),
     };
-    let info = match started {
+    let mut info = match started {
         Ok(info) => info,
         Err(msg) => {
             log.error(&format!("startup failed: {msg}"));
@@ -961,6 +1091,16 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
             _ = sigterm.recv() => break StopReason::Requested("SIGTERM"),
             _ = sigint.recv() => break StopReason::Requested("SIGINT"),
             _ = sighup.recv() => break StopReason::Requested("SIGHUP"),
+            Some(line) = cmd_rx.recv() => {
+                // Supervision pauses while a command runs: a component it
+                // restarts on purpose is not a failure.
+                let reply = run_command(&line, &mut running, &mut info, &opts, &log).await;
+                let text = serde_json::to_string(&reply).unwrap_or_default();
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+                    report_failed = Some(format!("cannot write to stdout: {e}"));
+                }
+            }
             _ = check.tick() => {
                 if let Some((name, status)) = running.first_exited() {
                     break StopReason::ComponentExited(name, status);
@@ -1024,6 +1164,20 @@ pub fn launcher_bin() -> PathBuf {
     })
 }
 
+/// A thread forwarding the launcher's remaining stdout lines (it ends with the
+/// launcher).
+fn forward_lines(stdout: BufReader<std::process::ChildStdout>) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// Run directories of live clusters in this process, marked failed by the panic hook.
 static LIVE_RUNS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static HOOK: Once = Once::new();
@@ -1059,6 +1213,10 @@ fn install_panic_hook() {
 pub struct ControlPlane {
     info: ClusterInfo,
     launcher: Mutex<Option<(Child, ChildStdin)>>,
+    /// The launcher's stdout lines after the first (answers to commands).
+    replies: Mutex<Option<std::sync::mpsc::Receiver<String>>>,
+    /// One command at a time.
+    commands: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -1093,7 +1251,8 @@ impl ControlPlane {
         let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin pipe"))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout pipe"))?;
         let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line);
+        let mut stdout = BufReader::new(stdout);
+        let read = stdout.read_line(&mut line);
         let parsed: Result<ClusterInfo> = match read {
             Ok(0) | Err(_) => Err(anyhow!("the launcher exited without reporting (see its stderr above)")),
             Ok(_) => match serde_json::from_str::<ClusterInfo>(&line) {
@@ -1113,7 +1272,12 @@ impl ControlPlane {
                 if let Ok(mut runs) = LIVE_RUNS.lock() {
                     runs.push(info.run_dir.clone());
                 }
-                Ok(ControlPlane { info, launcher: Mutex::new(Some((child, stdin))) })
+                Ok(ControlPlane {
+                    info,
+                    launcher: Mutex::new(Some((child, stdin))),
+                    replies: Mutex::new(Some(forward_lines(stdout))),
+                    commands: tokio::sync::Mutex::new(()),
+                })
             }
             Err(e) => {
                 drop(stdin);
@@ -1133,7 +1297,12 @@ impl ControlPlane {
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
         let shared = SHARED.get_or_init(|| match std::env::var_os(ATTACH_ENV) {
             Some(path) if !path.is_empty() => match ClusterInfo::read(Path::new(&path)) {
-                Ok(info) => Ok(ControlPlane { info, launcher: Mutex::new(None) }),
+                Ok(info) => Ok(ControlPlane {
+                    info,
+                    launcher: Mutex::new(None),
+                    replies: Mutex::new(None),
+                    commands: tokio::sync::Mutex::new(()),
+                }),
                 Err(e) => Err(format!("{ATTACH_ENV}: {e:#}")),
             },
             _ => ControlPlane::try_start().map_err(|e| format!("{e:#}")),
@@ -1173,6 +1342,49 @@ impl ControlPlane {
     /// Marks the run failed, so that its directory is kept.
     pub fn mark_failed(&self, why: &str) {
         mark_failed(&self.info.run_dir, why);
+    }
+
+    /// Restarts kube-apiserver (same flags, port and etcd) through the launcher
+    /// and returns once it answers `/readyz` again. The launcher does not count
+    /// this as a component failure. Clients keep working after reconnecting;
+    /// watches end and are resumed or relisted by their clients. Not available
+    /// for an attached cluster (`$CSI_SIDECAR_CLUSTER_INFO`).
+    pub async fn restart_apiserver(&self) -> Result<Restarted> {
+        let _one = self.commands.lock().await;
+        self.send_command(LauncherCommand::RestartApiserver)?;
+        match self.next_reply(Duration::from_secs(180)).await? {
+            CommandReply::Restarted(r) => Ok(r),
+            CommandReply::Error(e) => bail!("the launcher could not restart kube-apiserver: {e}"),
+        }
+    }
+
+    fn send_command(&self, cmd: LauncherCommand) -> Result<()> {
+        let mut guard = self.launcher.lock().map_err(|_| anyhow!("launcher lock poisoned"))?;
+        let (_, stdin) = guard.as_mut().ok_or_else(|| anyhow!("no launcher owned by this process"))?;
+        writeln!(stdin, "{}", cmd.line()).and_then(|()| stdin.flush()).context("write to the launcher's stdin")
+    }
+
+    /// Polls for the launcher's next stdout line without blocking the runtime.
+    async fn next_reply(&self, timeout: Duration) -> Result<CommandReply> {
+        use std::sync::mpsc::TryRecvError;
+        let start = Instant::now();
+        loop {
+            let got = {
+                let guard = self.replies.lock().map_err(|_| anyhow!("replies lock poisoned"))?;
+                let rx = guard.as_ref().ok_or_else(|| anyhow!("no launcher owned by this process"))?;
+                rx.try_recv()
+            };
+            match got {
+                Ok(line) => {
+                    return serde_json::from_str(&line).with_context(|| format!("the launcher answered {line:?}"));
+                }
+                Err(TryRecvError::Disconnected) => bail!("the launcher closed its stdout"),
+                Err(TryRecvError::Empty) if start.elapsed() > timeout => {
+                    bail!("the launcher did not answer within {timeout:?}")
+                }
+                Err(TryRecvError::Empty) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
     }
 
     /// The launcher's PID (None for an attached cluster).
@@ -1231,6 +1443,20 @@ mod tests {
         assert!(Identity::parse_service_account("reader").is_err());
         assert_eq!(sa.file_stem(), "sa-ns1-reader");
         assert_eq!(Identity::user("a:b", &["g"]).file_stem(), "user-a_b");
+    }
+
+    #[test]
+    fn launcher_commands_parse_and_round_trip() {
+        let cmd = LauncherCommand::RestartApiserver;
+        assert_eq!(LauncherCommand::parse(cmd.line()), Ok(cmd));
+        assert_eq!(LauncherCommand::parse("  restart   kube-apiserver "), Ok(cmd));
+        assert!(LauncherCommand::parse("restart etcd").unwrap_err().contains("only kube-apiserver"));
+        assert!(LauncherCommand::parse("stop").unwrap_err().contains("unknown command"));
+        let reply = CommandReply::Restarted(Restarted { component: "kube-apiserver".into(), pid: 7, ms: 9 });
+        let text = serde_json::to_string(&reply).unwrap();
+        assert_eq!(text, r#"{"restarted":{"component":"kube-apiserver","pid":7,"ms":9}}"#);
+        assert_eq!(serde_json::from_str::<CommandReply>(&text).unwrap(), reply);
+        assert_eq!(serde_json::to_string(&CommandReply::Error("x".into())).unwrap(), r#"{"error":"x"}"#);
     }
 
     #[test]

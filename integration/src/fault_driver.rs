@@ -2,8 +2,11 @@
 //! driver cannot be made to show: Probe not ready, Probe slower than the
 //! timeout, errors, a socket that accepts and never answers, garbage bytes.
 //!
-//! It serves the Identity service only, and counts connections and calls so
-//! tests can prove that csi-sidecar shares one connection and one Probe.
+//! It serves the Identity and Controller services, counts connections and
+//! calls so tests can prove that csi-sidecar shares one connection and one
+//! Probe, and records every ControllerPublish/ControllerUnpublish with its
+//! start, end and outcome so tests can find calls on one (volume, node) that
+//! overlapped ([`FaultDriver::overlaps`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -11,7 +14,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use std::collections::BTreeMap;
@@ -75,6 +78,11 @@ pub struct Script {
     /// unless their secrets hold this key and value (a backend that needs
     /// credentials for both).
     pub required_secret: Option<(String, String)>,
+    /// `ControllerPublishVolume` fails with this (after its delay) while set.
+    pub publish_error: Option<(Code, String)>,
+    /// The first this many `ControllerPublishVolume` calls of each
+    /// (volume, node) fail with `Internal` (after the delay).
+    pub publish_failures_per_pair: u32,
 }
 
 impl Default for Script {
@@ -94,6 +102,8 @@ impl Default for Script {
             unpublish_error: None,
             publish_readonly: false,
             required_secret: None,
+            publish_error: None,
+            publish_failures_per_pair: 0,
         }
     }
 }
@@ -159,6 +169,116 @@ pub struct PublishLog {
     running: BTreeMap<(String, String), usize>,
 }
 
+/// Which controller call a [`ControllerCall`] was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// `ControllerPublishVolume`.
+    Publish,
+    /// `ControllerUnpublishVolume`.
+    Unpublish,
+}
+
+/// How a [`ControllerCall`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// Answered with success.
+    Ok,
+    /// Answered with this gRPC error.
+    Failed(Code),
+    /// The caller went away before the answer (the handler was dropped).
+    Cancelled,
+}
+
+/// One `ControllerPublishVolume` or `ControllerUnpublishVolume` call: when it
+/// arrived, when it ended (None: still running) and how.
+#[derive(Clone, Debug)]
+pub struct ControllerCall {
+    /// Publish or unpublish.
+    pub kind: CallKind,
+    /// `volume_id`.
+    pub volume_id: String,
+    /// `node_id`.
+    pub node_id: String,
+    /// Arrival.
+    pub start: Instant,
+    /// End (answer or cancellation); None while running.
+    pub end: Option<Instant>,
+    /// None while running.
+    pub outcome: Option<CallOutcome>,
+}
+
+impl ControllerCall {
+    /// Whether this call and `other` were running at the same time on the same
+    /// (volume, node).
+    pub fn overlaps(&self, other: &ControllerCall) -> bool {
+        let same_key = self.volume_id == other.volume_id && self.node_id == other.node_id;
+        let before = |a: &ControllerCall, b: &ControllerCall| a.end.is_some_and(|end| end <= b.start);
+        same_key && !before(self, other) && !before(other, self)
+    }
+}
+
+/// Every pair of calls on one (volume, node) that ran at the same time
+/// (publish/publish, publish/unpublish, unpublish/unpublish), in arrival order.
+pub fn overlapping_calls(calls: &[ControllerCall]) -> Vec<(ControllerCall, ControllerCall)> {
+    let mut by_key: BTreeMap<(&str, &str), Vec<&ControllerCall>> = BTreeMap::new();
+    for c in calls {
+        by_key.entry((c.volume_id.as_str(), c.node_id.as_str())).or_default().push(c);
+    }
+    let mut out = Vec::new();
+    for list in by_key.values_mut() {
+        list.sort_by_key(|c| c.start);
+        for (i, a) in list.iter().enumerate() {
+            out.extend(list[i + 1..].iter().filter(|b| a.overlaps(b)).map(|b| ((*a).clone(), (*b).clone())));
+        }
+    }
+    out.sort_by_key(|(a, b)| (a.start, b.start));
+    out
+}
+
+/// The controller-call record, shared by the handlers.
+type CallLog = Arc<Mutex<Vec<ControllerCall>>>;
+
+/// Records a call on creation and its end when finished or dropped.
+struct CallRecord {
+    log: CallLog,
+    index: usize,
+    outcome: Option<CallOutcome>,
+}
+
+impl CallRecord {
+    fn begin(log: &CallLog, kind: CallKind, volume_id: &str, node_id: &str) -> CallRecord {
+        let mut calls = log.lock().expect("call log");
+        calls.push(ControllerCall {
+            kind,
+            volume_id: volume_id.to_string(),
+            node_id: node_id.to_string(),
+            start: Instant::now(),
+            end: None,
+            outcome: None,
+        });
+        CallRecord { log: log.clone(), index: calls.len() - 1, outcome: None }
+    }
+
+    fn finish<T>(mut self, result: Result<T, Status>) -> Result<T, Status> {
+        self.outcome = Some(match &result {
+            Ok(_) => CallOutcome::Ok,
+            Err(status) => CallOutcome::Failed(status.code()),
+        });
+        result
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        if let Ok(mut calls) = self.log.lock()
+            && let Some(call) = calls.get_mut(self.index)
+        {
+            call.end = Some(Instant::now());
+            call.outcome = Some(self.outcome.take().unwrap_or(CallOutcome::Cancelled));
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Service {
     script: Arc<Mutex<Script>>,
@@ -166,11 +286,74 @@ struct Service {
     volumes: Volumes,
     published: Published,
     publish_log: Arc<Mutex<PublishLog>>,
+    calls: CallLog,
 }
 
 impl Service {
     fn script(&self) -> Script {
         self.script.lock().expect("script lock").clone()
+    }
+
+    async fn publish(
+        &self,
+        req: csi::ControllerPublishVolumeRequest,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let pair = (req.volume_id.clone(), req.node_id.clone());
+        let attempt = {
+            let mut log = self.publish_log.lock().expect("publish log");
+            let running = log.running.entry(pair.clone()).or_default();
+            *running += 1;
+            let concurrent = *running > 1;
+            log.calls.push(PublishCall {
+                volume_id: req.volume_id.clone(),
+                node_id: req.node_id.clone(),
+                readonly: req.readonly,
+                volume_context: req.volume_context.clone().into_iter().collect(),
+                concurrent,
+            });
+            log.calls.iter().filter(|c| c.volume_id == pair.0 && c.node_id == pair.1).count()
+        };
+        // Counted as running until it returns, also when the caller gives up.
+        let log = self.publish_log.clone();
+        let _done = scopeguard(move || {
+            let mut log = log.lock().expect("publish log");
+            if let Some(n) = log.running.get_mut(&pair) {
+                *n -= 1;
+            }
+        });
+        let s = self.script();
+        tokio::time::sleep(s.publish_delay).await;
+        if let Some((code, msg)) = s.publish_error {
+            return Err(Status::new(code, msg));
+        }
+        if attempt <= s.publish_failures_per_pair as usize {
+            return Err(Status::internal(format!("injected failure of publish attempt {attempt}")));
+        }
+        let mut published = self.published.lock().expect("published");
+        let nodes = published.entry(req.volume_id).or_default();
+        if !nodes.contains(&req.node_id) {
+            nodes.push(req.node_id);
+        }
+        Ok(Response::new(csi::ControllerPublishVolumeResponse {
+            publish_context: [("device".to_string(), "/dev/fault".to_string())].into(),
+        }))
+    }
+
+    async fn unpublish(
+        &self,
+        req: csi::ControllerUnpublishVolumeRequest,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let s = self.script();
+        tokio::time::sleep(s.unpublish_delay).await;
+        match s.unpublish_error {
+            Some((code, msg)) => Err(Status::new(code, msg)),
+            None => {
+                if let Some(nodes) = self.published.lock().expect("published").get_mut(&req.volume_id) {
+                    nodes.retain(|n| *n != req.node_id);
+                }
+                Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+            }
+        }
     }
 }
 
@@ -278,37 +461,9 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         self.counters.publishes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        let pair = (req.volume_id.clone(), req.node_id.clone());
-        {
-            let mut log = self.publish_log.lock().expect("publish log");
-            let running = log.running.entry(pair.clone()).or_default();
-            *running += 1;
-            let concurrent = *running > 1;
-            log.calls.push(PublishCall {
-                volume_id: req.volume_id.clone(),
-                node_id: req.node_id.clone(),
-                readonly: req.readonly,
-                volume_context: req.volume_context.clone().into_iter().collect(),
-                concurrent,
-            });
-        }
-        // Counted as running until it returns, also when the caller gives up.
-        let log = self.publish_log.clone();
-        let _done = scopeguard(move || {
-            let mut log = log.lock().expect("publish log");
-            if let Some(n) = log.running.get_mut(&pair) {
-                *n -= 1;
-            }
-        });
-        tokio::time::sleep(self.script().publish_delay).await;
-        let mut published = self.published.lock().expect("published");
-        let nodes = published.entry(req.volume_id).or_default();
-        if !nodes.contains(&req.node_id) {
-            nodes.push(req.node_id);
-        }
-        Ok(Response::new(csi::ControllerPublishVolumeResponse {
-            publish_context: [("device".to_string(), "/dev/fault".to_string())].into(),
-        }))
+        let record = CallRecord::begin(&self.calls, CallKind::Publish, &req.volume_id, &req.node_id);
+        let result = self.publish(req).await;
+        record.finish(result)
     }
 
     async fn controller_unpublish_volume(
@@ -317,17 +472,9 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         self.counters.unpublishes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        let s = self.script();
-        tokio::time::sleep(s.unpublish_delay).await;
-        match s.unpublish_error {
-            Some((code, msg)) => Err(Status::new(code, msg)),
-            None => {
-                if let Some(nodes) = self.published.lock().expect("published").get_mut(&req.volume_id) {
-                    nodes.retain(|n| *n != req.node_id);
-                }
-                Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
-            }
-        }
+        let record = CallRecord::begin(&self.calls, CallKind::Unpublish, &req.volume_id, &req.node_id);
+        let result = self.unpublish(req).await;
+        record.finish(result)
     }
 
     async fn list_volumes(
@@ -382,6 +529,7 @@ pub struct FaultDriver {
     pub published: Published,
     /// Every publish call.
     pub publish_log: Arc<Mutex<PublishLog>>,
+    calls: CallLog,
     stop: CancellationToken,
 }
 
@@ -416,12 +564,14 @@ impl FaultDriver {
         let stop = CancellationToken::new();
         let published: Published = Arc::default();
         let publish_log: Arc<Mutex<PublishLog>> = Arc::default();
+        let calls: CallLog = Arc::default();
         let svc = Service {
             script: script.clone(),
             counters: counters.clone(),
             volumes: volumes.clone(),
             published: published.clone(),
             publish_log: publish_log.clone(),
+            calls: calls.clone(),
         };
         let (stop2, counters2) = (stop.clone(), counters.clone());
         tokio::spawn(async move {
@@ -456,7 +606,7 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, publish_log, stop }
+        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, publish_log, calls, stop }
     }
 
     /// Changes the script.
@@ -484,6 +634,23 @@ impl FaultDriver {
         self.publish_log.lock().expect("publish log").calls.clone()
     }
 
+    /// Every ControllerPublishVolume and ControllerUnpublishVolume call so
+    /// far, in arrival order, with start, end and outcome.
+    pub fn controller_calls(&self) -> Vec<ControllerCall> {
+        self.calls.lock().expect("call log").clone()
+    }
+
+    /// The controller calls on one (volume, node), in arrival order.
+    pub fn calls_for(&self, volume_id: &str, node_id: &str) -> Vec<ControllerCall> {
+        let calls = self.calls.lock().expect("call log");
+        calls.iter().filter(|c| c.volume_id == volume_id && c.node_id == node_id).cloned().collect()
+    }
+
+    /// Pairs of calls on one (volume, node) that ran at the same time.
+    pub fn overlaps(&self) -> Vec<(ControllerCall, ControllerCall)> {
+        overlapping_calls(&self.controller_calls())
+    }
+
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.counters.connections.load(Ordering::SeqCst)
@@ -507,15 +674,22 @@ pub struct FaultEnv {
     pub driver_name: String,
     /// The test's namespace (deleted on drop).
     pub ns: crate::kube_support::TestNamespace,
+    /// The admin kubeconfig of the control plane the sidecars talk to.
+    pub kubeconfig: PathBuf,
 }
 
 impl FaultEnv {
-    /// A namespace and a driver name, both from `prefix`.
+    /// A namespace and a driver name, both from `prefix`, on the shared control plane.
     pub async fn new(prefix: &str) -> FaultEnv {
-        let cp = crate::cluster::ControlPlane::shared();
+        Self::on(crate::cluster::ControlPlane::shared(), prefix).await
+    }
+
+    /// Like [`FaultEnv::new`], on the control plane `cp` (e.g. a dedicated one
+    /// a test restarts components of).
+    pub async fn on(cp: &crate::cluster::ControlPlane, prefix: &str) -> FaultEnv {
         let ns = crate::kube_support::TestNamespace::new(&cp.client().await, prefix).await;
         let driver_name = format!("{}.fault.example.com", crate::kube_support::unique_name(prefix));
-        FaultEnv { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns }
+        FaultEnv { dir: tempfile::tempdir().expect("tempdir"), driver_name, ns, kubeconfig: cp.kubeconfig().into() }
     }
 
     /// The driver's socket.
@@ -529,14 +703,49 @@ impl FaultEnv {
     }
 
     /// Starts csi-sidecar (`program`: the binary or an upstream-named
-    /// symlink) on the driver's socket and the shared control plane, with
+    /// symlink) on the driver's socket and the env's control plane, with
     /// `args` after those two flags.
     pub fn sidecar(&self, name: &str, program: &Path, args: &[&str]) -> crate::process::Proc {
         let mut all = vec![
             format!("--csi-address={}", self.socket().display()),
-            format!("--kubeconfig={}", crate::cluster::ControlPlane::shared().kubeconfig().display()),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
         ];
         all.extend(args.iter().map(|s| s.to_string()));
         crate::process::Proc::spawn(name, program, &all, self.dir.path())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(kind: CallKind, volume: &str, start_ms: u64, end_ms: Option<u64>) -> ControllerCall {
+        let t0 = *EPOCH;
+        ControllerCall {
+            kind,
+            volume_id: volume.into(),
+            node_id: "n".into(),
+            start: t0 + Duration::from_millis(start_ms),
+            end: end_ms.map(|e| t0 + Duration::from_millis(e)),
+            outcome: end_ms.map(|_| CallOutcome::Ok),
+        }
+    }
+
+    static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+    #[test]
+    fn calls_on_one_key_overlap_only_while_both_run() {
+        use CallKind::{Publish, Unpublish};
+        let calls = [
+            call(Publish, "v1", 0, Some(10)),
+            call(Unpublish, "v1", 10, Some(20)), // starts as the first ends: no overlap
+            call(Publish, "v1", 15, Some(30)),   // overlaps the unpublish
+            call(Publish, "v2", 15, Some(30)),   // another key
+            call(Unpublish, "v2", 40, None),     // still running
+            call(Unpublish, "v2", 50, Some(60)), // overlaps the running one
+        ];
+        let found: Vec<(CallKind, CallKind, String)> =
+            overlapping_calls(&calls).into_iter().map(|(a, b)| (a.kind, b.kind, a.volume_id)).collect();
+        assert_eq!(found, [(Unpublish, Publish, "v1".to_string()), (Unpublish, Unpublish, "v2".to_string())]);
     }
 }

@@ -1,13 +1,16 @@
 //! attacher cases the real driver cannot show, with the fault driver (which
 //! logs every ControllerPublishVolume call): two replicas with the leader
 //! killed mid-burst, inline (migrated) volume specs, detach after the CSINode
-//! is gone, and readonly publishing.
+//! is gone, readonly publishing, a delete during a publish, the retry backoff
+//! of a failing publish and status written after a success.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use csi_sidecar_integration::{
+    bench::parse_metrics,
     failover::{assert_lease_held, fast_leader_election, kill_leader, wait_one_leader},
-    fault_driver::{FaultDriver, FaultEnv, Script, Transport},
+    fault_driver::{CallKind, CallOutcome, ControllerCall, FaultDriver, FaultEnv, Script, Transport},
+    free_port,
     kube_support::{attached_count, create, csi_node, csi_pv, volume_attachment, wait_deleted, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
@@ -21,6 +24,7 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams},
 };
+use tonic::Code;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -48,6 +52,31 @@ impl Env {
         let base = ["attacher", "--retry-interval-start=200ms", "--retry-interval-max=2s", "-v=4"];
         let args: Vec<&str> = base.into_iter().chain(extra.iter().copied()).collect();
         self.sidecar(name, &sidecar_bin(), &args)
+    }
+
+    /// The attacher with `/metrics` on `addr` and exactly `module_args`.
+    fn attacher_serving(&self, name: &str, addr: &str, module_args: &[&str]) -> Proc {
+        let endpoint = format!("--http-endpoint={addr}");
+        let args: Vec<&str> = [endpoint.as_str(), "attacher"].into_iter().chain(module_args.iter().copied()).collect();
+        self.sidecar(name, &sidecar_bin(), &args)
+    }
+
+    /// `count` PVs (volume `vol-<name>`) with a VolumeAttachment each to
+    /// `node`, created at once; returns the names (PV = VA name).
+    async fn attachments(&self, tag: &str, count: usize, node: &str) -> Vec<String> {
+        let (vas, pvs) = (self.vas(), self.pvs());
+        let names: Vec<String> = (0..count).map(|i| format!("{}-{tag}-{i:02}", self.ns.name())).collect();
+        join_all(names.iter().map(|n| {
+            let (pvs, pv) = (pvs.clone(), csi_pv(n, &self.driver_name, &format!("vol-{n}"), "1Mi"));
+            async move { create(&pvs, &pv).await }
+        }))
+        .await;
+        join_all(names.iter().map(|n| {
+            let (vas, va) = (vas.clone(), volume_attachment(n, &self.driver_name, node, n));
+            async move { create(&vas, &va).await }
+        }))
+        .await;
+        names
     }
 
     fn vas(&self) -> Api<VolumeAttachment> {
@@ -245,4 +274,192 @@ async fn readonly_is_published_only_with_the_capability() {
         drop(attacher);
         drop(driver);
     }
+}
+
+/// Whether every call on a key has ended and the one that ended last is a
+/// successful unpublish.
+fn ends_unpublished(calls: &[ControllerCall]) -> bool {
+    let last_to_end = calls.iter().max_by_key(|c| c.end);
+    calls.iter().all(|c| c.end.is_some())
+        && last_to_end.is_some_and(|c| c.kind == CallKind::Unpublish && c.outcome == Some(CallOutcome::Ok))
+}
+
+fn describe_calls(calls: &[ControllerCall]) -> Vec<String> {
+    let t0 = calls.first().map(|c| c.start);
+    let ms = |t: std::time::Instant| t0.map_or(0, |t0| t.saturating_duration_since(t0).as_millis());
+    calls.iter().map(|c| format!("{:?} {}..{:?} {:?}", c.kind, ms(c.start), c.end.map(ms), c.outcome)).collect()
+}
+
+/// VolumeAttachments deleted while their (slow) publish is in flight: the
+/// detach must wait for the publish instead of running beside it, and the
+/// volume must end unpublished (not published again by the late attach).
+#[tokio::test]
+async fn a_delete_during_a_publish_ends_unpublished_without_overlap() {
+    const N: usize = 6;
+    let env = Env::new("attdel").await;
+    let driver = env.driver(|s| s.publish_delay = Duration::from_secs(4));
+    let node = env.node("n", "del-node").await;
+    let _attacher = env.attacher("attacher", &[]);
+    let names = env.attachments("va", N, &node).await;
+    let vol = |n: &str| format!("vol-{n}");
+    wait_until("every publish in flight", T, async || {
+        let started: Vec<usize> = names.iter().map(|n| driver.calls_for(&vol(n), "del-node").len()).collect();
+        (started.iter().all(|&c| c > 0), started)
+    })
+    .await;
+    let (vas, dp) = (env.vas(), DeleteParams::default());
+    join_all(names.iter().map(|n| vas.delete(n, &dp))).await;
+    for n in &names {
+        wait_deleted(&vas, n, T).await;
+    }
+    // The last call may come after the VA is gone: wait until every key's
+    // calls have ended and either the volume is unpublished or the calls
+    // stopped changing for lack of anything left to do.
+    let settled = |driver: &FaultDriver| {
+        names.iter().all(|n| {
+            let calls = driver.calls_for(&vol(n), "del-node");
+            calls.iter().all(|c| c.end.is_some())
+        })
+    };
+    wait_until("every call on the keys ended", T, async || (settled(&driver), driver.controller_calls().len())).await;
+    let unpublished =
+        |driver: &FaultDriver| names.iter().all(|n| ends_unpublished(&driver.calls_for(&vol(n), "del-node")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !unpublished(&driver) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The sidecar had the chance to do more: a fresh attachment on the same
+    // node goes through attach and detach, then the keys are checked again.
+    let probe = env.attachments("probe", 1, &node).await.remove(0);
+    wait_for(&vas, &probe, T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    vas.delete(&probe, &DeleteParams::default()).await.expect("delete probe");
+    wait_deleted(&vas, &probe, T).await;
+
+    let overlaps = driver.overlaps();
+    let not_unpublished: Vec<(String, Vec<String>)> = names
+        .iter()
+        .map(|n| (vol(n), driver.calls_for(&vol(n), "del-node")))
+        .filter(|(_, calls)| !ends_unpublished(calls))
+        .map(|(v, calls)| (v, describe_calls(&calls)))
+        .collect();
+    let published = driver.published.lock().expect("published").clone();
+    let left: Vec<&String> = names
+        .iter()
+        .map(|n| vol(n))
+        .filter_map(|v| published.get_key_value(&v).filter(|(_, nodes)| !nodes.is_empty()).map(|(k, _)| k))
+        .collect();
+    assert!(
+        overlaps.is_empty() && not_unpublished.is_empty() && left.is_empty(),
+        "{} overlapping call pairs on one (volume, node): {:?}\nkeys whose last call is not a successful unpublish: {not_unpublished:#?}\nleft published: {left:?}",
+        overlaps.len(),
+        overlaps.iter().map(|(a, b)| format!("{} {:?}+{:?}", a.volume_id, a.kind, b.kind)).collect::<Vec<_>>(),
+    );
+}
+
+/// A publish that always fails is retried with `--retry-interval-start=1s`
+/// doubling up to the default maximum: about 6 calls in 60 s (t = 0, 1, 3,
+/// 7, 15, 31), never two at once. Status writes (`attachError`) must not
+/// re-run it.
+#[tokio::test]
+async fn a_failing_publish_is_retried_no_faster_than_the_backoff() {
+    const WINDOW: Duration = Duration::from_secs(60);
+    const MAX_CALLS: usize = 7;
+    let env = Env::new("attbo").await;
+    let driver = env.driver(|s| s.publish_error = Some((Code::Internal, "the backend refuses".into())));
+    let node = env.node("n", "bo-node").await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _attacher = env.attacher_serving("attacher", &addr, &["--retry-interval-start=1s", "-v=4"]);
+    let name = env.attachments("va", 1, &node).await.remove(0);
+    let volume = format!("vol-{name}");
+    wait_until("the first publish", T, async || {
+        let n = driver.calls_for(&volume, "bo-node").len();
+        (n > 0, n)
+    })
+    .await;
+    let first = driver.calls_for(&volume, "bo-node")[0].start;
+    while first.elapsed() < WINDOW {
+        let calls = driver.calls_for(&volume, "bo-node");
+        let in_window: Vec<_> = calls.iter().filter(|c| c.start.duration_since(first) < WINDOW).collect();
+        assert!(
+            in_window.len() <= MAX_CALLS,
+            "{} publish calls within {:.1} s of the first (backoff 1 s doubling allows {MAX_CALLS} in 60 s): {:?}",
+            in_window.len(),
+            first.elapsed().as_secs_f64(),
+            describe_calls(&calls)
+        );
+        let overlaps = driver.overlaps();
+        assert!(overlaps.is_empty(), "two publishes at once: {:?}", describe_calls(&calls));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = driver.calls_for(&volume, "bo-node");
+    let in_window = calls.iter().filter(|c| c.start.duration_since(first) < WINDOW).count();
+    assert!(in_window >= 4, "the failing publish is retried at all: {:?}", describe_calls(&calls));
+    let va = env.vas().get(&name).await.expect("va");
+    assert!(va.status.and_then(|s| s.attach_error).is_some(), "the failure is recorded in attachError");
+}
+
+/// `workqueue_depth` summed over the attacher's queues (None if unreadable).
+async fn queue_depth(addr: &str) -> Option<f64> {
+    let text = csi_sidecar_integration::http::get(addr, "/metrics").await.ok()?.body;
+    let samples = parse_metrics(&text, &["workqueue_depth"]);
+    (!samples.is_empty()).then(|| samples.iter().map(|s| s.value).sum())
+}
+
+/// 20 attachments whose first publish fails once each: after all are
+/// `attached: true`, none carries an `attachError` (a failure or a conflict
+/// written after the success), also once the sidecar's queues are empty and
+/// another attachment went through.
+#[tokio::test]
+async fn attached_volumes_carry_no_stale_attach_error() {
+    const N: usize = 20;
+    let env = Env::new("attstale").await;
+    // The retry of the failed first attempt (200 ms) comes due while the
+    // second attempt is still publishing (300 ms).
+    let _driver = env.driver(|s| {
+        s.publish_delay = Duration::from_millis(300);
+        s.publish_failures_per_pair = 1;
+    });
+    let node = env.node("n", "stale-node").await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _attacher =
+        env.attacher_serving("attacher", &addr, &["--retry-interval-start=200ms", "--retry-interval-max=2s", "-v=4"]);
+    let names = env.attachments("va", N, &node).await;
+    let vas = env.vas();
+    let prefix = format!("{}-va", env.ns.name());
+    wait_until("all attached", Duration::from_secs(120), async || {
+        let n = attached_count(&vas, &prefix).await;
+        (n == N, n)
+    })
+    .await;
+    let stale = async || -> Vec<(String, String)> {
+        let list = vas.list(&ListParams::default()).await.expect("list").items;
+        list.into_iter()
+            .filter(|v| v.metadata.name.as_deref().is_some_and(|n| names.iter().any(|m| m == n)))
+            .filter_map(|v| {
+                let st = v.status?;
+                let msg = st.attach_error?.message.unwrap_or_default();
+                Some((v.metadata.name.unwrap_or_default(), format!("attached={} attachError={msg}", st.attached)))
+            })
+            .collect()
+    };
+    let at_attach = stale().await;
+    // Give the sidecar the chance to write more: its queues drain, another
+    // attachment goes through, the queues drain again.
+    wait_until("empty work queues", T, async || {
+        let d = queue_depth(&addr).await;
+        (d == Some(0.0), d)
+    })
+    .await;
+    let probe = env.attachments("probe", 1, &node).await.remove(0);
+    wait_for(&vas, &probe, Duration::from_secs(60), |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    wait_until("empty work queues again", T, async || {
+        let d = queue_depth(&addr).await;
+        (d == Some(0.0), d)
+    })
+    .await;
+    let later = stale().await;
+    assert!(
+        at_attach.is_empty() && later.is_empty(),
+        "attached VolumeAttachments with an attachError: when all were attached {at_attach:#?}; after the queues drained {later:#?}"
+    );
 }
