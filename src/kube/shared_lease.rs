@@ -103,6 +103,15 @@ impl SharedLease {
         }
     }
 
+    /// Resolves with the reason when the Lease is lost; never on shutdown.
+    pub async fn lost(&self) -> String {
+        let mut rx = self.state.clone();
+        match rx.wait_for(|s| matches!(s, LeaseState::Lost(_))).await.map(|s| s.clone()) {
+            Ok(LeaseState::Lost(e)) => e,
+            _ => std::future::pending().await,
+        }
+    }
+
     /// Stops counting this handle as a led module.
     fn leave(&mut self) {
         if std::mem::take(&mut self.member) {

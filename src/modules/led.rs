@@ -26,7 +26,14 @@ where
         ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
         tracing::info!(module, "Waiting for the process's shared Lease");
         let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
-        work(token.clone()).await;
+        // On shutdown the work drains (in-flight calls finish, then the
+        // Lease is released); on a lost Lease it is dropped at once, as the
+        // per-module elector does (upstream exits): another replica may
+        // lead as soon as the Lease expires.
+        tokio::select! {
+            () = work(token.clone()) => {}
+            reason = shared.lost() => return Err(fatal(reason)),
+        }
         return if token.is_cancelled() { shared.outcome().await.map_err(fatal) } else { Ok(()) };
     }
     match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
