@@ -600,7 +600,8 @@ async fn churn_soak_keeps_the_runtime_contract() {
         ));
     }
     let calls = soak.driver.controller_calls();
-    // Beyond the invariants, for the record: attached with an attachError.
+    // Also an invariant: an attached volume carries no stale attachError
+    // (upstream writes one after a 409 on its finalizer patch).
     let stale = soak
         .vas()
         .await
@@ -626,5 +627,6 @@ async fn churn_soak_keeps_the_runtime_contract() {
     );
     assert!(chaos.kills >= 1 && chaos.restarts == 1, "the chaos ran: {chaos:?}");
     assert!(problems.is_empty(), "{} invariant violations:\n{}", problems.len(), problems.join("\n"));
+    assert_eq!(stale, 0, "attached VolumeAttachments with a stale attachError");
     assert!(start.elapsed() <= BUDGET, "the soak took {:?} (bound {BUDGET:?})", start.elapsed());
 }
