@@ -817,4 +817,29 @@ mod contract_tests {
         assert!(only_a.store().get_named(Some("ns"), "b").is_none(), "a's view still sees only a");
         stop.cancel();
     }
+
+    /// Two modules of one process register on one view, one before the
+    /// watch lists and one after it synced (the two orders a combined
+    /// process can start its modules in): both see every object.
+    #[tokio::test]
+    async fn two_modules_see_every_object_whichever_starts_first() {
+        let script = Script::new(1);
+        let (informers, stop) = setup(&script);
+        let view = |i: &Informers| i.view::<ConfigMap>("driver=x", |_| true);
+        let early = view(&informers);
+        let early_seen = record(&early);
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1"), cm("b", "1")]);
+        early.synced().await;
+        let late = view(&informers);
+        late.synced().await;
+        let late_seen = record(&late);
+        script.send(0, vec![Event::Apply(cm("c", "1"))]);
+        for (who, log) in [("registered before the list", &early_seen), ("registered after it", &late_seen)] {
+            until("c announced", || log.lock().map(|s| s.iter().any(|e| e.1 == "c")).unwrap_or(false)).await;
+            let names: Vec<String> = take(log).into_iter().map(|e| e.1).collect();
+            assert_eq!(names, vec!["a", "b", "c"], "{who}");
+        }
+        stop.cancel();
+    }
 }
