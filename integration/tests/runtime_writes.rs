@@ -104,6 +104,49 @@ async fn adding_from_a_copy_whose_list_changed_since_keeps_both() {
     }
 }
 
+/// The protection controller removes its finalizer while we remove ours
+/// (every PV deletion): removing from the stale copy must still succeed at
+/// the first request, without a conflict or a retry, and keep the others.
+#[tokio::test]
+async fn removing_from_a_copy_whose_list_changed_since_succeeds_at_once() {
+    let client = ControlPlane::shared().client().await;
+    let (pvs, created) = fresh_pv(&client, "fin-remove").await;
+    let name = created.metadata.name.clone().expect("name");
+    finalizers::add(&pvs, &created, OURS).await.expect("add ours");
+    other_controller_adds(&pvs, &name, OTHER).await;
+    let stale = wait_for(&pvs, &name, T, |pv| {
+        let l = finalizers_of(pv);
+        l.iter().any(|f| f == OURS) && l.iter().any(|f| f == OTHER)
+    })
+    .await;
+    // Another controller takes its own finalizer out of the list we read
+    // (the list shifts under the index we would remove).
+    let listed = finalizers_of(&stale);
+    let ours_at = listed.iter().position(|f| f == OURS).expect("ours listed");
+    assert!(ours_at > 0, "a finalizer before ours to take out: {listed:?}");
+    let before = listed[ours_at - 1].clone();
+    let mut tries = 0;
+    loop {
+        let fresh = pvs.get(&name).await.expect("get");
+        let shifted: Vec<String> = finalizers_of(&fresh).into_iter().filter(|f| *f != before).collect();
+        let rv = fresh.metadata.resource_version;
+        let shift = serde_json::json!({"metadata": {"finalizers": shifted, "resourceVersion": rv}});
+        match pvs.patch(&name, &PatchParams::default(), &Patch::Merge(shift)).await {
+            Ok(_) => break,
+            Err(e) if tries < 10 && csi_sidecar_integration::kube_support::is_status(&e, 409) => tries += 1,
+            Err(e) => panic!("shift the list: {e}"),
+        }
+    }
+
+    finalizers::remove(&pvs, &stale, OURS).await.expect("removed at the first request");
+
+    let list = finalizers_of(&pvs.get(&name).await.expect("get"));
+    release(&pvs, &name).await;
+    assert!(!list.iter().any(|f| f == OURS), "ours removed: {list:?}");
+    let kept: Vec<&String> = listed.iter().filter(|f| **f != OURS && **f != before).collect();
+    assert!(kept.iter().all(|f| list.contains(f)), "the other controllers' kept: {list:?}, wanted {kept:?}");
+}
+
 #[tokio::test]
 async fn adding_a_finalizer_already_present_writes_nothing() {
     let client = ControlPlane::shared().client().await;

@@ -121,22 +121,54 @@ where
 }
 
 /// Removes `finalizer` if present; an object already gone is fine.
+///
+/// Built-in kinds: a strategic merge patch deleting the value from the list
+/// (`$deleteFromPrimitiveList`), which cannot conflict with another
+/// controller changing the list meanwhile (the PV protection controller
+/// does, on every PV deletion) and never removes anything else. Custom
+/// resources: a JSON patch testing the entry at its index, re-read and
+/// retried when the list moved.
 pub async fn remove<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), ::kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
 {
-    let meta = obj.meta();
-    let Some(i) = meta.finalizers.iter().flatten().position(|f| f == finalizer) else { return Ok(()) };
-    let path = format!("/metadata/finalizers/{i}");
-    let ops = serde_json::json!([
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]);
-    let name = meta.name.clone().unwrap_or_default();
-    match api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch(ops)?)).await {
-        Ok(_) => Ok(()),
+    if !has(obj, finalizer) {
+        return Ok(());
+    }
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let result = match add_form(&K::group(&K::DynamicType::default())) {
+        AddForm::StrategicMerge => {
+            let body = serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}});
+            api.patch(&name, &PatchParams::default(), &Patch::Strategic(body)).await.map(|_| ())
+        }
+        AddForm::TestedJsonPatch => remove_tested(api, obj, &name, finalizer).await,
+    };
+    match result {
         Err(::kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e),
+        other => other,
+    }
+}
+
+async fn remove_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), ::kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let mut current = obj.meta().finalizers.clone().unwrap_or_default();
+    let mut tries = 0;
+    loop {
+        let Some(i) = current.iter().position(|f| f == finalizer) else { return Ok(()) };
+        let path = format!("/metadata/finalizers/{i}");
+        let ops = serde_json::json!([
+            {"op": "test", "path": path, "value": finalizer},
+            {"op": "remove", "path": path},
+        ]);
+        match api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch(ops)?)).await {
+            Ok(_) => return Ok(()),
+            Err(::kube::Error::Api(e)) if e.code == 422 && tries + 1 < TESTED_PATCH_TRIES => tries += 1,
+            Err(e) => return Err(e),
+        }
+        current = api.get(name).await?.meta().finalizers.clone().unwrap_or_default();
     }
 }
 
