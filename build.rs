@@ -12,6 +12,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in PROTOS {
         println!("cargo:rerun-if-changed={p}");
     }
+    // Position-dependent executable: the loader has no relative relocations
+    // to apply (a PIE build carries about 900 KB of them), so the vtables and
+    // constants in .data.rel.ro stay clean file pages instead of about 600 KB
+    // of private copies in every process. Shared libraries, heap and stacks
+    // are still randomised; only the executable image is at a fixed address.
+    println!("cargo:rustc-link-arg-bin=csi-sidecar=-no-pie");
     let mut compiler = protox::Compiler::new(["proto"])?;
     compiler.include_imports(true).include_source_info(false);
     compiler.open_files(PROTOS.iter().map(|p| p.trim_start_matches("proto/")))?;

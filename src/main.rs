@@ -5,7 +5,40 @@ use std::process::ExitCode;
 use csi_sidecar::{
     cli::{self, Command},
     host, logging,
+    modules::ModuleConfig,
 };
+
+/// How many threads the async runtime gets.
+#[derive(Debug, PartialEq, Eq)]
+enum RuntimeShape {
+    /// Everything on the main thread: the node modules serve a few sockets
+    /// and probe one driver, so worker threads would only add stacks, malloc
+    /// arenas and wake-ups.
+    CurrentThread,
+    /// Worker threads for the controller modules (informers, work queues).
+    MultiThread { workers: usize },
+}
+
+/// The runtime an invocation needs, given the machine's parallelism.
+fn runtime_shape(modules: &[ModuleConfig], parallelism: Option<usize>) -> RuntimeShape {
+    if modules.iter().any(ModuleConfig::needs_kube) {
+        RuntimeShape::MultiThread { workers: parallelism.map_or(2, |n| n.clamp(1, 4)) }
+    } else {
+        RuntimeShape::CurrentThread
+    }
+}
+
+fn build_runtime(shape: RuntimeShape) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match shape {
+        RuntimeShape::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+        RuntimeShape::MultiThread { workers } => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(workers);
+            b
+        }
+    };
+    builder.enable_all().build()
+}
 
 fn main() -> ExitCode {
     // Every socket and file this process creates is owner-only (the
@@ -35,8 +68,8 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     tracing::info!(program = %inv.program, version = cli::VERSION, modules = ?inv.modules.iter().map(|m| m.name()).collect::<Vec<_>>(), "Starting");
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
+    let shape = runtime_shape(&inv.modules, std::thread::available_parallelism().ok().map(|n| n.get()));
+    let runtime = match build_runtime(shape) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{}: cannot start the async runtime: {e}", inv.program);
@@ -44,4 +77,32 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(host::run(inv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modules(args: &str) -> Vec<ModuleConfig> {
+        let argv: Vec<String> = args.split_whitespace().map(String::from).collect();
+        match cli::parse(&argv) {
+            Command::Run(inv) => inv.modules,
+            Command::Exit { code, text } => panic!("{args}: exit {code}: {text}"),
+        }
+    }
+
+    #[test]
+    fn node_modules_run_on_the_main_thread() {
+        let node = modules("csi-sidecar registrar --kubelet-registration-path=/k/csi.sock prober");
+        assert_eq!(runtime_shape(&node, Some(8)), RuntimeShape::CurrentThread);
+        assert_eq!(runtime_shape(&modules("livenessprobe"), Some(8)), RuntimeShape::CurrentThread);
+    }
+
+    #[test]
+    fn a_controller_module_gets_worker_threads_up_to_four() {
+        let controller = modules("csi-sidecar provisioner prober");
+        assert_eq!(runtime_shape(&controller, Some(8)), RuntimeShape::MultiThread { workers: 4 });
+        assert_eq!(runtime_shape(&controller, Some(1)), RuntimeShape::MultiThread { workers: 1 });
+        assert_eq!(runtime_shape(&controller, None), RuntimeShape::MultiThread { workers: 2 });
+    }
 }
