@@ -187,7 +187,8 @@ impl Delta {
                 pred(v, r, c)
             })
             .map(|(_, n)| n)
-            .sum()
+            .sum::<f64>()
+            + 0.0 // an empty sum is -0.0
     }
 
     /// Write conflicts (409) and rejected writes (422) on `resource` (e.g.
@@ -207,6 +208,7 @@ impl Delta {
                 })
                 .map(|(_, n)| n)
                 .sum::<f64>()
+                + 0.0
         });
         Conflicts { all, kcm, others: kcm.map(|k| (all - k).max(0.0)) }
     }
