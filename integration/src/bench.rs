@@ -151,6 +151,8 @@ pub struct Snap {
     /// kube-controller-manager's client: requests, and seconds spent in its client-side rate limiter.
     pub kcm_requests: Option<f64>,
     pub kcm_throttled_secs: Option<f64>,
+    /// kube-controller-manager's client requests by "METHOD code" (empty when n/a).
+    pub kcm_by_code: BTreeMap<String, f64>,
 }
 
 pub struct Delta {
@@ -161,6 +163,65 @@ pub struct Delta {
     pub sidecar_mean_wait_ms: f64,
     pub kcm_requests: Option<f64>,
     pub kcm_throttled_secs: Option<f64>,
+    /// kube-controller-manager's client requests by "METHOD code", when its metrics were read both times.
+    pub kcm_by_code: Option<BTreeMap<String, f64>>,
+}
+
+/// The positive differences `after - before` per key.
+fn map_delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}
+
+impl Delta {
+    /// Requests of all clients whose "VERB resource code" key matches `pred`.
+    pub fn requests_where(&self, pred: impl Fn(&str, &str, &str) -> bool) -> f64 {
+        self.requests
+            .iter()
+            .filter(|(k, _)| {
+                let mut parts = k.splitn(3, ' ');
+                let (v, r, c) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                pred(v, r, c)
+            })
+            .map(|(_, n)| n)
+            .sum::<f64>()
+            + 0.0 // an empty sum is -0.0
+    }
+
+    /// Write conflicts (409) and rejected writes (422) on `resource` (e.g.
+    /// "persistentvolumes"): all clients, kube-controller-manager's share (if
+    /// its metrics were readable), and the difference (the other clients').
+    pub fn write_conflicts(&self, resource: &str) -> Conflicts {
+        let all = self.requests_where(|v, r, c| {
+            matches!(v, "PATCH" | "UPDATE" | "PUT")
+                && r.split('/').next() == Some(resource)
+                && matches!(c, "409" | "422")
+        });
+        let kcm = self.kcm_by_code.as_ref().map(|m| {
+            m.iter()
+                .filter(|(k, _)| {
+                    let (method, code) = k.split_once(' ').unwrap_or((k.as_str(), ""));
+                    matches!(method, "PATCH" | "PUT") && matches!(code, "409" | "422")
+                })
+                .map(|(_, n)| n)
+                .sum::<f64>()
+                + 0.0
+        });
+        Conflicts { all, kcm, others: kcm.map(|k| (all - k).max(0.0)) }
+    }
+}
+
+/// 409/422 responses to writes of one resource in a phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Conflicts {
+    pub all: f64,
+    /// kube-controller-manager's 409/422 to writes of any resource (its client metrics have no resource label).
+    pub kcm: Option<f64>,
+    /// `all - kcm`: the benchmarked sidecar's when no other client writes.
+    pub others: Option<f64>,
 }
 
 impl Snap {
@@ -185,6 +246,8 @@ impl Snap {
             },
             kcm_requests: self.kcm_requests.zip(before.kcm_requests).map(|(a, b)| a - b),
             kcm_throttled_secs: self.kcm_throttled_secs.zip(before.kcm_throttled_secs).map(|(a, b)| a - b),
+            kcm_by_code: (!self.kcm_by_code.is_empty() && !before.kcm_by_code.is_empty())
+                .then(|| map_delta(&self.kcm_by_code, &before.kcm_by_code)),
         }
     }
 }
@@ -249,6 +312,9 @@ pub async fn snapshot(api: &Client, kcm: Option<&Client>) -> Result<Snap> {
         let sum = |n: &str| samples.iter().filter(|s| s.name == n).map(|s| s.value).sum::<f64>();
         snap.kcm_requests = Some(sum("rest_client_requests_total"));
         snap.kcm_throttled_secs = Some(sum("rest_client_rate_limiter_duration_seconds_sum"));
+        for s in samples.iter().filter(|s| s.name == "rest_client_requests_total") {
+            *snap.kcm_by_code.entry(format!("{} {}", s.label("method"), s.label("code"))).or_default() += s.value;
+        }
     }
     Ok(snap)
 }
@@ -358,6 +424,32 @@ pub async fn check_accounting(admin: &Client, as_sidecar: &Client) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn write_conflicts_of_the_sidecar_are_all_clients_minus_the_controller_manager() {
+        let before = Snap {
+            requests: [("PATCH persistentvolumes 409".to_string(), 1.0)].into(),
+            kcm_by_code: [("PATCH 409".to_string(), 1.0)].into(),
+            ..Default::default()
+        };
+        let after = Snap {
+            requests: [
+                ("PATCH persistentvolumes 409".to_string(), 6.0),
+                ("PUT persistentvolumes 422".to_string(), 2.0),
+                ("PUT persistentvolumes/status 409".to_string(), 1.0),
+                ("PATCH persistentvolumeclaims 409".to_string(), 4.0),
+                ("PATCH persistentvolumes 200".to_string(), 9.0),
+            ]
+            .into(),
+            kcm_by_code: [("PATCH 409".to_string(), 3.0), ("PATCH 200".to_string(), 5.0)].into(),
+            ..Default::default()
+        };
+        let c = after.delta(&before).write_conflicts("persistentvolumes");
+        assert_eq!(c.all, 8.0);
+        assert_eq!(c.kcm, Some(2.0));
+        assert_eq!(c.others, Some(6.0));
+        assert_eq!(after.delta(&Snap::default()).write_conflicts("persistentvolumes").kcm, None);
+    }
 
     #[test]
     fn parses_prometheus_text() {
