@@ -656,8 +656,9 @@ impl Cycle {
                 .then_some(())
         })
         .await?;
+        let mut first_seen: BTreeMap<String, i32> = BTreeMap::new();
         let aggregated = self
-            .until("a repeated ProvisioningFailed on broken, aggregated", async |_| {
+            .until("a repeated ProvisioningFailed on broken, aggregated by a PATCH", async |_| {
                 let list = events.list(&ListParams::default()).await.ok()?;
                 let failed: Vec<&Event> = list
                     .items
@@ -678,7 +679,16 @@ impl Cycle {
                     // could not be patched.
                     return Some(Err(dup.len()));
                 }
-                per_message.values().any(|v| v[0].count.unwrap_or(0) >= 2).then_some(Ok(()))
+                // The count grew on an Event already written: it was
+                // patched (repeats merged before the first write are
+                // created with their count, which proves no PATCH).
+                let mut grew = false;
+                for v in per_message.values() {
+                    let (name, count) = (v[0].metadata.name.clone().unwrap_or_default(), v[0].count.unwrap_or(0));
+                    let first = *first_seen.entry(name).or_insert(count);
+                    grew |= count > first;
+                }
+                grew.then_some(Ok(()))
             })
             .await?;
         if let Err(n) = aggregated {

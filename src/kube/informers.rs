@@ -365,21 +365,13 @@ type EventStream<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
 /// Opens a watch's event stream (again, when one ends).
 pub(crate) type Source<K> = Arc<dyn Fn() -> EventStream<K> + Send + Sync>;
 
-/// How the watches list: a streaming list (the initial objects arrive as
-/// watch events from the apiserver's watch cache, ended by a bookmark), so
-/// a large cluster costs one request of the budget instead of a page per
-/// 500 objects read from etcd, and no whole list is ever buffered.
-fn watch_config() -> watcher::Config {
-    watcher::Config::default().streaming_lists()
-}
-
 /// The trimmed list-and-watch of all `K` in the cluster, with backoff.
 fn api_source<K>(client: Client) -> EventStream<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let api: Api<K> = Api::all(client);
-    watcher::watcher(api, watch_config()).default_backoff().modify(trim::<K>).boxed()
+    watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).boxed()
 }
 
 /// Runs the watch task, and runs it again if it dies (a panicking handler)

@@ -435,7 +435,12 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let work = {
         let a = a.clone();
         move |token: CancellationToken| async move {
-            tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced());
+            // A cache that cannot sync (a forbidden watch) must not hold
+            // up a shutdown: nothing was started that needs draining.
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) } => {}
+            }
             tracing::info!("Caches synced; attaching");
             let workers = a.cfg.worker_threads;
             let run_queue = |q: WorkQueue<String>, span: &'static str| {

@@ -652,7 +652,12 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (p, claims, volumes) = (p.clone(), claims.clone(), volumes.clone());
         let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
         move |token: CancellationToken| async move {
-            tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced());
+            // A cache that cannot sync (a forbidden watch) must not hold
+            // up a shutdown: nothing was started that needs draining.
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = async { tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced()) } => {}
+            }
             tracing::info!("Caches synced; provisioning");
             let workers = p.cfg.worker_threads;
             let (pc, pv) = (p.clone(), p.clone());
