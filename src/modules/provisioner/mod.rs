@@ -105,6 +105,10 @@ struct Provisioner {
     /// of the same (deleting) PV only drops the finalizer.
     /// Entries expire after [`DELETED_MEMORY`].
     volume_deleted: Mutex<HashMap<String, std::time::Instant>>,
+    /// UIDs of PVs whose finalizer this process removed: the cache may
+    /// still show it for a moment, and patching again is a wasted request.
+    /// Entries expire after [`DELETED_MEMORY`].
+    finalizer_released: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -462,7 +466,7 @@ impl Provisioner {
         match decide::decide_volume(&pv, &self.driver.name) {
             VolumeDecision::Ignore => Outcome::Done,
             VolumeDecision::AddFinalizer => patch_finalizers(&api, &pv, true).await,
-            VolumeDecision::RemoveFinalizer => patch_finalizers(&api, &pv, false).await,
+            VolumeDecision::RemoveFinalizer => self.release_finalizer(&api, &pv).await,
             VolumeDecision::Delete => self.delete(&api, &pv).await,
         }
     }
@@ -513,7 +517,23 @@ impl Provisioner {
                 }
             }
         }
-        patch_finalizers(api, &current, false).await
+        self.release_finalizer(api, &current).await
+    }
+
+    /// Removes the provisioner finalizer, once per PV: a stale cached copy
+    /// still showing it after the removal is not patched again.
+    async fn release_finalizer(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Outcome {
+        let uid = pv.metadata.uid.clone().unwrap_or_default();
+        if self.finalizer_released.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&uid) {
+            return Outcome::Done;
+        }
+        let outcome = patch_finalizers(api, pv, false).await;
+        if outcome == Outcome::Done {
+            let mut released = self.finalizer_released.lock().unwrap_or_else(|e| e.into_inner());
+            released.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            released.insert(uid, std::time::Instant::now());
+        }
+        outcome
     }
 
     /// The provisioner secret for DeleteVolume: from the PV's annotations,
@@ -645,6 +665,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
         volume_deleted: Mutex::default(),
+        finalizer_released: Mutex::default(),
         driver: driver.clone(),
         cfg,
     });
