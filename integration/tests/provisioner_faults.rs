@@ -48,6 +48,16 @@ impl Env {
         self.sidecar(name, &symlinked_bin(self.dir.path(), "csi-provisioner"), &args)
     }
 
+    /// A driver whose CreateVolume takes 3 s (plus `script`'s changes) and a
+    /// provisioner that gives up after 1 s: every create is uncertain until
+    /// the test speeds the driver up.
+    fn slow_creates(&self, script: impl FnOnce(Script) -> Script) -> (FaultDriver, Proc) {
+        let base = Script { create_delay: Duration::from_secs(3), ..self.script() };
+        let driver = FaultDriver::start(&self.socket(), Transport::Grpc, script(base));
+        let args = ["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"];
+        (driver, self.provisioner("provisioner", &args))
+    }
+
     async fn events(&self, reason: &str) -> Vec<String> {
         let api: Api<Event> = self.ns.api();
         api.list(&ListParams::default())
@@ -95,13 +105,7 @@ impl Env {
 #[tokio::test]
 async fn a_timed_out_create_is_finished_and_cleaned_up_after_the_pvc_is_deleted() {
     let env = Env::new("timeout").await;
-    let driver = FaultDriver::start(
-        &env.socket(),
-        Transport::Grpc,
-        Script { create_delay: Duration::from_secs(3), ..env.script() },
-    );
-    let _p =
-        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
+    let (driver, _p) = env.slow_creates(|s| s);
     create(&env.ns.api(), &pvc("slow", Some(&env.sc), "1Mi")).await;
     wait_until("a DeadlineExceeded event", T, async || {
         let e = env.events("ProvisioningFailed").await;
@@ -134,13 +138,7 @@ async fn a_timed_out_create_is_finished_and_cleaned_up_after_the_pvc_is_deleted(
 #[tokio::test]
 async fn a_claim_recreated_under_the_same_name_during_an_uncertain_create_gets_its_own_volume() {
     let env = Env::new("recreate").await;
-    let driver = FaultDriver::start(
-        &env.socket(),
-        Transport::Grpc,
-        Script { create_delay: Duration::from_secs(3), ..env.script() },
-    );
-    let _p =
-        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
+    let (driver, _p) = env.slow_creates(|s| s);
     let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     let first = create(&pvcs, &pvc("same", Some(&env.sc), "1Mi")).await;
     let first_uid = first.metadata.uid.clone().expect("uid");
@@ -184,15 +182,8 @@ async fn a_claim_recreated_under_the_same_name_during_an_uncertain_create_gets_i
 #[tokio::test]
 async fn an_orphaned_volume_is_cleaned_up_with_the_secret_of_its_first_attempt() {
     let env = Env::new("orphan-secret").await;
-    let driver = FaultDriver::start(
-        &env.socket(),
-        Transport::Grpc,
-        Script {
-            create_delay: Duration::from_secs(3),
-            required_secret: Some(("password".into(), "s3cr3t".into())),
-            ..env.script()
-        },
-    );
+    let (driver, _p) =
+        env.slow_creates(|s| Script { required_secret: Some(("password".into(), "s3cr3t".into())), ..s });
     // The class templates the secret's namespace from the claim's.
     let client = env.ns.client().clone();
     let secret = k8s_openapi::api::core::v1::Secret {
@@ -212,8 +203,6 @@ async fn an_orphaned_volume_is_cleaned_up_with_the_secret_of_its_first_attempt()
         .into(),
     );
     create(&Api::<StorageClass>::all(client.clone()), &sc).await;
-    let _p =
-        env.provisioner("provisioner", &["--timeout=1s", "--retry-interval-start=500ms", "--retry-interval-max=2s"]);
     let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     create(&pvcs, &pvc("doomed", Some(&sc_name), "1Mi")).await;
     wait_until("the volume to exist in the backend", T, async || {
