@@ -88,21 +88,25 @@ impl TokenBucket {
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (tokens, last) = *s;
-        let refilled = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.qps).min(self.burst);
-        if refilled >= 1.0 {
-            *s = (refilled - 1.0, now);
-            Ok(())
-        } else {
-            *s = (refilled, now);
-            Err(Duration::from_secs_f64((1.0 - refilled) / self.qps))
-        }
+        let mut tokens = refill(tokens, now.saturating_duration_since(last), self.qps, self.burst);
+        let taken = take(&mut tokens, self.qps);
+        *s = (tokens, now);
+        taken
     }
+}
 
-    /// Waits for a token.
-    pub async fn acquire(self: Arc<Self>) {
-        while let Err(wait) = self.try_take(Instant::now()) {
-            tokio::time::sleep(wait).await;
-        }
+/// The tokens of a bucket after `elapsed` at `qps`, capped at `burst`.
+fn refill(tokens: f64, elapsed: Duration, qps: f64, burst: f64) -> f64 {
+    (tokens + elapsed.as_secs_f64() * qps).min(burst)
+}
+
+/// Takes one of `tokens`, or says how long until one is there at `qps`.
+fn take(tokens: &mut f64, qps: f64) -> Result<(), Duration> {
+    if *tokens >= 1.0 {
+        *tokens -= 1.0;
+        Ok(())
+    } else {
+        Err(Duration::from_secs_f64((1.0 - *tokens) / qps))
     }
 }
 
@@ -161,17 +165,12 @@ impl PriorityBucket {
     /// (`None`: until the critical takers are served).
     fn try_take(&self, urgency: Urgency, now: tokio::time::Instant) -> Result<(), Option<Duration>> {
         let mut s = self.lock();
-        s.tokens = (s.tokens + now.saturating_duration_since(s.last).as_secs_f64() * self.qps).min(self.burst);
+        s.tokens = refill(s.tokens, now.saturating_duration_since(s.last), self.qps, self.burst);
         s.last = now;
         if urgency == Urgency::Deferrable && s.critical_waiting > 0 {
             return Err(None);
         }
-        if s.tokens >= 1.0 {
-            s.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Some(Duration::from_secs_f64((1.0 - s.tokens) / self.qps)))
-        }
+        take(&mut s.tokens, self.qps).map_err(Some)
     }
 
     /// Waits for a token.

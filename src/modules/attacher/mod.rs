@@ -437,9 +437,9 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
-            tokio::select! {
-                _ = token.cancelled() => return,
-                _ = async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) } => {}
+            let synced = async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) };
+            if token.run_until_cancelled(synced).await.is_none() {
+                return;
             }
             tracing::info!("Caches synced; attaching");
             let workers = a.cfg.worker_threads;

@@ -85,6 +85,22 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
+/// UIDs remembered for [`DELETED_MEMORY`] (pruned on insert).
+#[derive(Default)]
+struct RecentUids(Mutex<HashMap<String, std::time::Instant>>);
+
+impl RecentUids {
+    fn contains(&self, uid: &str) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(uid)
+    }
+
+    fn insert(&self, uid: &str) {
+        let mut uids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        uids.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+        uids.insert(uid.to_string(), std::time::Instant::now());
+    }
+}
+
 struct Provisioner {
     cfg: ProvisionerFlags,
     settings: Settings,
@@ -104,11 +120,11 @@ struct Provisioner {
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
     /// Entries expire after [`DELETED_MEMORY`].
-    volume_deleted: Mutex<HashMap<String, std::time::Instant>>,
+    volume_deleted: RecentUids,
     /// UIDs of PVs whose finalizer this process removed: the cache may
     /// still show it for a moment, and patching again is a wasted request.
     /// Entries expire after [`DELETED_MEMORY`].
-    finalizer_released: Mutex<HashMap<String, std::time::Instant>>,
+    finalizer_released: RecentUids,
 }
 
 fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -490,7 +506,7 @@ impl Provisioner {
             return Outcome::Retry;
         }
         let uid = pv.metadata.uid.clone().unwrap_or_default();
-        let already = self.volume_deleted.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&uid);
+        let already = self.volume_deleted.contains(&uid);
         if !already {
             let secrets = self.deletion_secrets(pv).await;
             let handle =
@@ -500,9 +516,7 @@ impl Provisioner {
                 return Outcome::Retry;
             }
             tracing::info!(pv = %name, volume = %handle, "Deleted volume");
-            let mut deleted = self.volume_deleted.lock().unwrap_or_else(|e| e.into_inner());
-            deleted.retain(|_, at| at.elapsed() < DELETED_MEMORY);
-            deleted.insert(uid.clone(), std::time::Instant::now());
+            self.volume_deleted.insert(&uid);
         }
         let mut current = pv.clone();
         if pv.metadata.deletion_timestamp.is_none() {
@@ -524,14 +538,12 @@ impl Provisioner {
     /// still showing it after the removal is not patched again.
     async fn release_finalizer(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Outcome {
         let uid = pv.metadata.uid.clone().unwrap_or_default();
-        if self.finalizer_released.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&uid) {
+        if self.finalizer_released.contains(&uid) {
             return Outcome::Done;
         }
         let outcome = patch_finalizers(api, pv, false).await;
         if outcome == Outcome::Done {
-            let mut released = self.finalizer_released.lock().unwrap_or_else(|e| e.into_inner());
-            released.retain(|_, at| at.elapsed() < DELETED_MEMORY);
-            released.insert(uid, std::time::Instant::now());
+            self.finalizer_released.insert(&uid);
         }
         outcome
     }
@@ -664,8 +676,8 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         attachments: va_inf.as_ref().map(|i| i.store()),
         topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
-        volume_deleted: Mutex::default(),
-        finalizer_released: Mutex::default(),
+        volume_deleted: RecentUids::default(),
+        finalizer_released: RecentUids::default(),
         driver: driver.clone(),
         cfg,
     });
@@ -675,9 +687,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
-            tokio::select! {
-                _ = token.cancelled() => return,
-                _ = async { tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced()) } => {}
+            let synced = async { tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced()) };
+            if token.run_until_cancelled(synced).await.is_none() {
+                return;
             }
             tracing::info!("Caches synced; provisioning");
             let workers = p.cfg.worker_threads;
