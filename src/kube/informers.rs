@@ -371,7 +371,17 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let api: Api<K> = Api::all(client);
-    watcher::watcher(api, watcher::Config::default()).default_backoff().modify(trim::<K>).boxed()
+    watcher::watcher(api, list_config()).default_backoff().modify(trim::<K>).boxed()
+}
+
+/// How every watch lists: like client-go's reflector, from the apiserver's
+/// watch cache (`resourceVersion=0`, "not older than"), which answers with
+/// the whole list in one response. A list then costs one request of the
+/// budget instead of one per 500 objects. Without a page limit: kube drops
+/// `resourceVersion=0` from a list that has one (and would page through a
+/// consistent read).
+fn list_config() -> watcher::Config {
+    watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() }
 }
 
 /// Runs the watch task, and runs it again if it dies (a panicking handler)
