@@ -491,6 +491,8 @@ pub struct ServeOptions {
     pub quiet: bool,
     /// How long each component gets between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// Extra kube-apiserver flags (e.g. `--feature-gates=WatchList=false`).
+    pub apiserver_args: Vec<String>,
 }
 
 impl Default for ServeOptions {
@@ -502,6 +504,7 @@ impl Default for ServeOptions {
             watch_stdin: true,
             quiet: false,
             grace: Duration::from_secs(10),
+            apiserver_args: Vec::new(),
         }
     }
 }
@@ -740,7 +743,13 @@ fn new_run_dir() -> Result<PathBuf> {
     Ok(std::fs::canonicalize(dir.keep())?)
 }
 
-async fn start_components(run_dir: &Path, log: &Log, running: &mut Running, t0: Instant) -> Result<ClusterInfo> {
+async fn start_components(
+    run_dir: &Path,
+    log: &Log,
+    running: &mut Running,
+    t0: Instant,
+    apiserver_args: &[String],
+) -> Result<ClusterInfo> {
     let pki = run_dir.join("pki");
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -805,7 +814,10 @@ async fn start_components(run_dir: &Path, log: &Log, running: &mut Running, t0: 
         "--endpoint-reconciler-type=none".into(),
         "--allow-privileged=true".into(),
         "-v=1".into(),
-    ];
+    ]
+    .into_iter()
+    .chain(apiserver_args.iter().cloned())
+    .collect();
     running.comps.push(Component::spawn("kube-apiserver", &api_bin, &args, &log_dir)?);
     let admin = client_from_kubeconfig(&kubeconfig).await?;
     let comp = running.comps.last_mut().ok_or_else(|| anyhow!("no apiserver"))?;
@@ -1030,7 +1042,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
 
     let mut running = Running { comps: Vec::new() };
     let started = tokio::select! {
-        r = start_components(&run_dir, &log, &mut running, t0) => Ok(r),
+        r = start_components(&run_dir, &log, &mut running, t0, &opts.apiserver_args) => Ok(r),
         _ = sigterm.recv() => Err("SIGTERM"),
         _ = sigint.recv() => Err("SIGINT"),
         _ = sighup.recv() => Err("SIGHUP"),

@@ -365,23 +365,69 @@ type EventStream<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
 /// Opens a watch's event stream (again, when one ends).
 pub(crate) type Source<K> = Arc<dyn Fn() -> EventStream<K> + Send + Sync>;
 
-/// The trimmed list-and-watch of all `K` in the cluster, with backoff.
+/// The trimmed list-and-watch of all `K` in the cluster, with backoff: a
+/// streaming list where the apiserver offers it, else a list from its watch
+/// cache ([`with_list_fallback`]).
 fn api_source<K>(client: Client) -> EventStream<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let api: Api<K> = Api::all(client);
-    watcher::watcher(api, list_config()).default_backoff().modify(trim::<K>).boxed()
+    let streaming = watcher::watcher(api.clone(), streaming_config()).default_backoff().boxed();
+    let listing = move || watcher::watcher(api.clone(), list_config()).default_backoff().boxed();
+    with_list_fallback(streaming, listing, &K::kind(&())).modify(trim::<K>).boxed()
 }
 
-/// How every watch lists: like client-go's reflector, from the apiserver's
-/// watch cache (`resourceVersion=0`, "not older than"), which answers with
-/// the whole list in one response. A list then costs one request of the
-/// budget instead of one per 500 objects. Without a page limit: kube drops
-/// `resourceVersion=0` from a list that has one (and would page through a
-/// consistent read).
+/// A streaming list (KEP-3157, `sendInitialEvents=true` on a watch from the
+/// watch cache): the initial objects arrive as watch events, each decoded on
+/// its own, so no whole list body is ever held (a 10 000-PV list is tens of
+/// MB of JSON, whose transient heap glibc keeps), and the whole list costs
+/// one request of the budget.
+fn streaming_config() -> watcher::Config {
+    watcher::Config::default().streaming_lists()
+}
+
+/// The fallback: like client-go's reflector, a list from the apiserver's
+/// watch cache (`resourceVersion=0`, "not older than"), which answers with the
+/// whole list in one response: one request of the budget instead of one per
+/// 500 objects. Without a page limit: kube drops `resourceVersion=0` from a
+/// list that has one (and would page through a consistent read).
 fn list_config() -> watcher::Config {
     watcher::Config { page_size: None, ..watcher::Config::default().any_semantic() }
+}
+
+/// Whether the apiserver refused to start a streaming list: one without the
+/// WatchList feature rejects `sendInitialEvents` (422 Invalid), one older than
+/// 1.27 `resourceVersionMatch` on a watch (400 Bad Request). Other failures
+/// (403, 5xx, connection errors) are retried as they are.
+pub(crate) fn refuses_streaming_lists(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(::kube::Error::Api(s)) if matches!(s.code, 400 | 422))
+}
+
+/// `streaming` until the apiserver refuses it ([`refuses_streaming_lists`]),
+/// then `listing` for good. The refusal comes before any event, so nothing
+/// is lost or doubled by the switch.
+pub(crate) fn with_list_fallback<K: Send + 'static>(
+    streaming: EventStream<K>,
+    listing: impl FnOnce() -> EventStream<K> + Send + 'static,
+    kind: &str,
+) -> EventStream<K> {
+    let kind = kind.to_string();
+    let refused = streaming
+        .take_while(move |item| {
+            let refused = match item {
+                Err(e @ watcher::Error::WatchStartFailed(::kube::Error::Api(status))) if refuses_streaming_lists(e) => {
+                    tracing::info!(kind = %kind, code = status.code, answer = %status.message,
+                        "The apiserver refuses streaming lists; listing instead");
+                    true
+                }
+                _ => false,
+            };
+            futures::future::ready(!refused)
+        })
+        .boxed();
+    // Ends only when refused (a watcher stream never ends by itself): then list.
+    refused.chain(futures::stream::once(async move { listing() }).flatten()).boxed()
 }
 
 /// Runs the watch task, and runs it again if it dies (a panicking handler)
@@ -503,6 +549,78 @@ mod tests {
     };
 
     use super::*;
+
+    fn start_failed(code: u16) -> watcher::Error {
+        watcher::Error::WatchStartFailed(::kube::Error::Api(Box::new(::kube::core::Status {
+            code,
+            ..Default::default()
+        })))
+    }
+
+    #[test]
+    fn only_a_rejected_request_means_no_streaming_lists() {
+        // 422: sendInitialEvents without the WatchList feature; 400: an
+        // apiserver older than 1.27 (resourceVersionMatch on a watch).
+        for (code, refused) in [(422, true), (400, true), (403, false), (404, false), (410, false), (500, false)] {
+            assert_eq!(refuses_streaming_lists(&start_failed(code)), refused, "HTTP {code}");
+        }
+        assert!(!refuses_streaming_lists(&watcher::Error::NoResourceVersion));
+        let list_failed = watcher::Error::InitialListFailed(::kube::Error::Api(Box::new(::kube::core::Status {
+            code: 422,
+            ..Default::default()
+        })));
+        assert!(!refuses_streaming_lists(&list_failed), "only the start of a streaming watch");
+    }
+
+    fn names(events: Vec<Result<Event<String>, watcher::Error>>) -> Vec<String> {
+        events
+            .into_iter()
+            .map(|e| match e {
+                Ok(Event::InitApply(s) | Event::Apply(s)) => s,
+                Ok(Event::Init) => "init".into(),
+                Ok(Event::InitDone) => "done".into(),
+                Ok(Event::Delete(s)) => format!("-{s}"),
+                Err(e) => format!("error {e}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_refused_streaming_list_falls_back_to_listing_for_good() {
+        let streaming = futures::stream::iter(vec![Err(start_failed(422)), Ok(Event::Init)]).boxed();
+        let listing = || {
+            futures::stream::iter(vec![
+                Ok(Event::Init),
+                Ok(Event::InitApply("a".to_string())),
+                Ok(Event::InitDone),
+                Ok(Event::Apply("b".to_string())),
+            ])
+            .boxed()
+        };
+        let seen = names(with_list_fallback(streaming, listing, "Thing").collect().await);
+        assert_eq!(seen, ["init", "a", "done", "b"], "nothing of the refused stream, all of the list");
+    }
+
+    #[tokio::test]
+    async fn a_streaming_list_that_works_never_lists() {
+        let streaming = futures::stream::iter(vec![
+            Err(start_failed(500)),
+            Ok(Event::Init),
+            Ok(Event::InitApply("a".to_string())),
+            Ok(Event::InitDone),
+        ])
+        .boxed();
+        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = listed.clone();
+        let listing = move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            futures::stream::empty().boxed()
+        };
+        let seen = names(with_list_fallback(streaming, listing, "Thing").take(4).collect().await);
+        assert_eq!(seen[1..], ["init", "a", "done"], "a 500 is retried by the stream itself: {seen:?}");
+        assert!(seen[0].starts_with("error"), "{seen:?}");
+        assert!(!listed.load(std::sync::atomic::Ordering::SeqCst), "no list while streaming works");
+    }
 
     #[test]
     fn trim_drops_managed_fields_and_last_applied() {

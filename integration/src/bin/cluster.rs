@@ -50,6 +50,9 @@ struct Serve {
     /// seconds each component gets between SIGTERM and SIGKILL (default 10)
     #[argh(option, default = "10")]
     grace_secs: u64,
+    /// an extra kube-apiserver flag (e.g. --apiserver-arg --feature-gates=WatchList=false); repeatable
+    #[argh(option)]
+    apiserver_arg: Vec<String>,
 }
 
 /// Issue a client certificate signed by the cluster's client CA and write a
@@ -104,6 +107,7 @@ fn main() {
                 watch_stdin: !s.ignore_stdin,
                 quiet: s.quiet,
                 grace: Duration::from_secs(s.grace_secs),
+                apiserver_args: s.apiserver_arg,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
