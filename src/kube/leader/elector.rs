@@ -23,7 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     config::{LeaderElectionConfig, LeaderError, LostReason},
-    decide::{Decision, Observed, decide, holder_of, jittered, leader_health, observe, released},
+    decide::{
+        Decision, Observed, decide, holder_of, jittered, leader_health, observe, released, standby_jittered,
+        standby_wait,
+    },
 };
 use crate::{
     compat::leader_election as up,
@@ -61,8 +64,9 @@ struct Inner {
 enum Attempt {
     /// We hold the Lease now.
     Leading,
-    /// Someone else does (or won this round); `None` when unknown (a conflict).
-    Standby(Option<String>),
+    /// Someone else does (or won this round): the holder (`None` when
+    /// unknown: a conflict) and how long until its Lease expires unless renewed.
+    Standby { holder: Option<String>, expires_in: Option<std::time::Duration> },
     /// While renewing: the Lease has another holder.
     Lost(String),
 }
@@ -186,10 +190,12 @@ impl LeaderElector {
                 () = shutdown.cancelled() => return false,
                 a = tokio::time::timeout(cfg.renew_deadline, self.try_acquire_or_renew(false)) => a,
             };
+            let mut next = jittered(cfg.retry_period);
             match attempt {
                 Ok(Ok(Attempt::Leading)) => return true,
-                Ok(Ok(Attempt::Standby(holder))) => {
-                    tracing::debug!(lease, holder = holder.as_deref().unwrap_or("?"), "lease is held by another")
+                Ok(Ok(Attempt::Standby { holder, expires_in })) => {
+                    tracing::debug!(lease, holder = holder.as_deref().unwrap_or("?"), "lease is held by another");
+                    next = standby_wait(standby_jittered(cfg.retry_period), expires_in);
                 }
                 Ok(Ok(Attempt::Lost(_))) => {}
                 Ok(Err(e)) => tracing::warn!(lease, error = %e, "error acquiring leader lease"),
@@ -197,7 +203,7 @@ impl LeaderElector {
             }
             tokio::select! {
                 () = shutdown.cancelled() => return false,
-                () = tokio::time::sleep(jittered(cfg.retry_period)) => {}
+                () = tokio::time::sleep(next) => {}
             }
         }
     }
@@ -218,7 +224,7 @@ impl LeaderElector {
                 match tokio::time::timeout(remaining, self.try_acquire_or_renew(true)).await {
                     Ok(Ok(Attempt::Leading)) => break,
                     Ok(Ok(Attempt::Lost(holder))) => return LostReason::HeldByOther { holder },
-                    Ok(Ok(Attempt::Standby(_))) => last_error = Some("conflicting update of the lease".to_string()),
+                    Ok(Ok(Attempt::Standby { .. })) => last_error = Some("conflicting update of the lease".to_string()),
                     Ok(Err(e)) => {
                         tracing::warn!(lease, error = %e, "error renewing leader lease");
                         last_error = Some(e.to_string());
@@ -245,7 +251,7 @@ impl LeaderElector {
         let (now, wall) = (Instant::now(), wall_now());
         let Some(current) = current else {
             let Decision::Create(spec) = decide(None, now, wall, &cfg.identity, cfg) else {
-                return Ok(Attempt::Standby(None));
+                return Ok(Attempt::Standby { holder: None, expires_in: None });
             };
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -261,7 +267,9 @@ impl LeaderElector {
                     self.wrote(created);
                     Ok(Attempt::Leading)
                 }
-                Err(::kube::Error::Api(s)) if s.is_already_exists() => Ok(Attempt::Standby(None)),
+                Err(::kube::Error::Api(s)) if s.is_already_exists() => {
+                    Ok(Attempt::Standby { holder: None, expires_in: None })
+                }
                 Err(e) => Err(e),
             };
         };
@@ -280,7 +288,9 @@ impl LeaderElector {
             return Ok(Attempt::Lost(holder_of(&spec).to_string()));
         }
         let spec = match decide(Some(&observed), now, wall, &cfg.identity, cfg) {
-            Decision::Wait { holder, .. } => return Ok(Attempt::Standby(Some(holder))),
+            Decision::Wait { holder, expires_in } => {
+                return Ok(Attempt::Standby { holder: Some(holder), expires_in: Some(expires_in) });
+            }
             Decision::TakeOver { reason, spec } => {
                 tracing::debug!(lease = %inner.lease_ref, ?reason, "taking over the lease");
                 spec
@@ -332,7 +342,7 @@ impl LeaderElector {
                 self.wrote(written);
                 Ok(Attempt::Leading)
             }
-            Err(::kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Standby(None)),
+            Err(::kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Standby { holder: None, expires_in: None }),
             Err(e) => Err(e),
         }
     }

@@ -7,7 +7,11 @@
 //! with `replace`, whose body carries the `resourceVersion` read, so a 409
 //! Conflict means another candidate wrote first and won the round; or `create`
 //! it, where AlreadyExists means the same. A candidate retries every retry
-//! period (jittered like client-go); the leader renews every retry period and
+//! period, jittered by up to 1.2 periods like client-go until it has seen a
+//! holder; a standby then polls every 1 to 1.2 periods, and wakes just after
+//! the holder's Lease would expire when that is sooner, so a killed leader is
+//! replaced about one lease duration after its last renewal (client-go: up to
+//! 2.2 periods later than that). The leader renews every retry period and
 //! has lost when a renewal round has not succeeded within the renew deadline.
 //! On shutdown the leader releases the Lease (empty holder, duration 1 s), so
 //! a standby takes over at its next retry instead of after the lease duration.
@@ -29,7 +33,10 @@ mod elector;
 pub use config::{
     LeaderElectionConfig, LeaderError, LostReason, choose_namespace, default_identity, resolve_namespace,
 };
-pub use decide::{Decision, Observed, TakeOver, decide, holder_of, jittered, leader_health, observe, released};
+pub use decide::{
+    Decision, EXPIRY_MARGIN, Observed, STANDBY_JITTER_FACTOR, TakeOver, decide, holder_of, jittered, leader_health,
+    observe, released, standby_jittered, standby_wait,
+};
 pub use elector::LeaderElector;
 
 pub use crate::compat::sanitize_lease_name;

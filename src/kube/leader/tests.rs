@@ -247,6 +247,29 @@ fn jitter_stays_within_client_go_bounds() {
 }
 
 #[test]
+fn a_standby_polls_with_a_small_jitter_and_wakes_at_the_expiry() {
+    let base = Duration::from_secs(2);
+    let samples: Vec<_> = (0..200).map(|_| standby_jittered(base)).collect();
+    assert!(samples.iter().all(|d| *d >= base && *d < base.mul_f64(1.2)), "within 1-1.2 periods");
+    assert!(samples.iter().any(|d| *d != samples[0]), "jitter varies");
+    let s = Duration::from_secs;
+    let cases = [
+        ("expiry far off: the poll period", s(2), Some(s(30)), s(2)),
+        (
+            "expiry before the next poll: just after it",
+            s(2),
+            Some(Duration::from_millis(700)),
+            Duration::from_millis(710),
+        ),
+        ("expired already: right away", s(2), Some(Duration::ZERO), EXPIRY_MARGIN),
+        ("holder unknown (a conflict): the poll period", s(2), None, s(2)),
+    ];
+    for (what, jitter, expires_in, want) in cases {
+        assert_eq!(standby_wait(jitter, expires_in), want, "{what}");
+    }
+}
+
+#[test]
 fn wall_clock_has_microsecond_precision() {
     let w = wall_now();
     assert_eq!(w.subsec_nanosecond() % 1000, 0);
