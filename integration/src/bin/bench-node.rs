@@ -1,5 +1,6 @@
 //! Benchmark of the node-side modules: `registrar` + `prober` in one
-//! csi-sidecar process against the real CSI driver.
+//! csi-sidecar process against the real CSI driver, registered with the
+//! kubelet's own plugin manager (the kubelet-plugin-harness).
 //!
 //! Reports /healthz throughput and latency percentiles at N concurrent
 //! keep-alive clients, the sidecar's RSS over the run (peak and drift), and
@@ -55,6 +56,12 @@ async fn main() -> anyhow::Result<()> {
     let addr = format!("127.0.0.1:{}", free_port());
     let driver_args = vec![format!("--endpoint=unix://{}", csi.display()), "--name=bench.csi.example.com".to_string()];
     let _driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
+    let kubelet = Proc::spawn(
+        "kubelet-plugin-harness",
+        &component_bin("kubelet-plugin-harness"),
+        &[format!("--dir={}", registry.display())],
+        dir.path(),
+    );
     let bin: PathBuf = sidecar_bin();
     let sidecar_args = vec![
         format!("--csi-address={}", csi.display()),
@@ -64,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
         format!("--plugin-registration-path={}", registry.display()),
         "prober".into(),
     ];
-    let sidecar = Proc::spawn("csi-sidecar", &bin, &sidecar_args, dir.path());
+    let mut sidecar = Proc::spawn("csi-sidecar", &bin, &sidecar_args, dir.path());
     let pid = sidecar.pid();
     wait_until("sidecar healthy", Duration::from_secs(30), async || {
         let r = http::get(&addr, "/healthz").await;
@@ -72,6 +79,12 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .map_err(|e| anyhow::anyhow!(e))?;
+    // Registered by the kubelet: the registration paths ran before "idle".
+    wait_until("the kubelet registered the driver", Duration::from_secs(60), async || {
+        let logs = kubelet.logs();
+        (logs.contains("\"event\":\"register\""), logs)
+    })
+    .await;
     let idle_rss = status_kib(pid, "VmRSS:");
 
     let done = Arc::new(AtomicU64::new(0));
@@ -145,6 +158,9 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  RSS peak (VmHWM): {:.1} MiB", peak as f64 / 1024.0);
     println!("  binary size:     {:.1} MB ({})", size as f64 / 1e6, bin.display());
+    // A clean stop (SIGTERM): the shutdown path runs too, and a profiler
+    // wrapping the sidecar (integration/scripts/node-text-order.sh) writes its data.
+    println!("  stop:            {} after SIGTERM", sidecar.terminate().await);
     if failures.load(Ordering::Relaxed) > 0 {
         anyhow::bail!("some requests failed");
     }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Regenerates src/node-text.order: the functions a node process (registrar +
+# prober, registered by the kubelet's plugin manager, serving /healthz) runs,
+# hottest first. The release link places them first in the text (build.rs
+# passes the file to lld as --symbol-ordering-file), so the node paths share a
+# few contiguous pages instead of touching pages all over the binary; see
+# README "Benchmarks" for what it saves. Rerun after changing code on the node
+# paths (runtime, HTTP, CSI connection, registrar, prober): a stale list only
+# costs RSS, never correctness (names no longer present are ignored).
+#
+# Needs valgrind (callgrind) and the components bench-node uses; about 15
+# minutes (one extra release build with symbols).
+set -euo pipefail
+cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
+command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
+
+bash integration/scripts/build-components.sh csi-mock-driver kubelet-plugin-harness
+work=target/node-text-order
+mkdir -p "$work"
+# The same release build with its symbol table kept (build.rs then leaves out
+# --strip-all; the code and the names are the same).
+CSI_SIDECAR_KEEP_SYMBOLS=1 cargo build --release --bin csi-sidecar --target-dir "$work/target"
+cargo build --release -p csi-sidecar-integration --bin bench-node
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+cat >"$out/sidecar" <<EOF
+#!/bin/sh
+exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$out/callgrind.%p $PWD/$work/target/release/csi-sidecar "\$@"
+EOF
+chmod +x "$out/sidecar"
+CSI_SIDECAR_BIN="$out/sidecar" target/release/bench-node --requests 3000 --concurrency 4 >&2
+# callgrind names each function once per file ("fn=(id) name", later "fn=(id)");
+# the cost lines under it add up to the function's own instructions, except
+# the one after "calls=" (a call's inclusive cost).
+python3 - "$out"/callgrind.* <<'PY' >src/node-text.order
+import re, sys
+cost = {}
+for path in sys.argv[1:]:
+    names, cur, skip = {}, None, False
+    for line in open(path, errors="replace"):
+        m = re.match(r"^(c?fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+        if m:
+            kind, ident, name = m.groups()
+            if name:
+                names[ident] = name
+            cost.setdefault(names.get(ident), 0)
+            if kind == "fn":
+                cur = names.get(ident)
+            continue
+        if line.startswith("calls="):
+            skip = True
+            continue
+        if line[:1].isdigit() or line[:1] in "+-*":
+            if skip:
+                skip = False
+                continue
+            parts = line.split()
+            if cur and len(parts) >= 2 and parts[1].isdigit():
+                cost[cur] += int(parts[1])
+rust = [n for n in cost if n and (n.startswith("_ZN") or n.startswith("_R"))]
+for n in sorted(rust, key=lambda n: (-cost[n], n)):
+    print(n)
+PY
+echo "src/node-text.order: $(wc -l <src/node-text.order) functions" >&2
