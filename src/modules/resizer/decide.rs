@@ -371,7 +371,7 @@ pub fn success_patch(
         "capacity": { "storage": from_bytes(new_size) },
         "conditions": merge_conditions(conditions_of(pvc), &[], false),
     });
-    if allocation_state(pvc).is_some() {
+    if recover || allocation_state(pvc).is_some() {
         status["allocatedResourceStatuses"] = json!({ "storage": null });
     }
     json!({

@@ -127,10 +127,15 @@ impl Resizer {
         self.events.publish(reference(pvc), kind, reason, message);
     }
 
-    async fn patch_status(&self, pvc: &PersistentVolumeClaim, patch: serde_json::Value) -> Result<(), ::kube::Error> {
+    /// The claim as the apiserver returned it after the patch.
+    async fn patch_status(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        patch: serde_json::Value,
+    ) -> Result<PersistentVolumeClaim, ::kube::Error> {
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
-        self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+        self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
@@ -171,9 +176,10 @@ impl Resizer {
             }
         };
         let Some(pv) = pv else {
-            // Not one of the driver's PVs, or gone. A claim annotated for
-            // the driver that needs a resize is told so and retried.
-            if decide::needs_resize(&pvc, &sizes) && annotated_for(&pvc, &self.driver.name) {
+            // Not one of the driver's PVs, or gone (the claim is then
+            // Lost, but still asks for more). A claim annotated for the
+            // driver is told so and retried.
+            if sizes.spec > sizes.capacity && annotated_for(&pvc, &self.driver.name) {
                 let msg = format!("PersistentVolume {pv_name} of claim {key} not found; cannot resize");
                 tracing::warn!(pv = %pv_name, "{msg}");
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
@@ -220,16 +226,20 @@ impl Resizer {
             (sizes.spec, false)
         };
         let patch = decide::in_progress_patch(&pvc, target, update_status, self.gates.recover, Timestamp::now());
-        if let Err(e) = self.patch_status(&pvc, patch).await {
-            // A conflict: the cache is behind our own or the user's write;
-            // the newer version re-queues the claim.
-            if is_status(&e, 409) {
-                tracing::debug!("Claim changed meanwhile; syncing again");
-            } else {
-                tracing::warn!(error = %e, "Marking the resize in progress failed");
+        // From here on the claim as written (its conditions are the base of the next patches).
+        let pvc = match self.patch_status(&pvc, patch).await {
+            Ok(written) => written,
+            Err(e) => {
+                // A conflict: the cache is behind our own or the user's write;
+                // the newer version re-queues the claim.
+                if is_status(&e, 409) {
+                    tracing::debug!("Claim changed meanwhile; syncing again");
+                } else {
+                    tracing::warn!(error = %e, "Marking the resize in progress failed");
+                }
+                return Outcome::Retry;
             }
-            return Outcome::Retry;
-        }
+        };
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         if set_of(&self.in_use_errors).contains(&uid) && self.in_use(&pvc) {
             let msg = up::text_in_use(&key, &self.driver.name);
