@@ -373,3 +373,63 @@ pub mod resizer {
         format!("skipping volume expansion for pvc {key}, because expansion previously failed with infeasible error")
     }
 }
+
+/// external-resizer's modify controller (VolumeAttributesClass).
+pub mod modifier {
+    /// `status.modifyVolumeStatus.status` values.
+    pub const PENDING: &str = "Pending";
+    /// See [`PENDING`].
+    pub const IN_PROGRESS: &str = "InProgress";
+    /// See [`PENDING`].
+    pub const INFEASIBLE: &str = "Infeasible";
+    /// Event reasons.
+    pub const REASON_MODIFY: &str = "VolumeModify";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_FAILED: &str = "VolumeModifyFailed";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_SUCCESSFUL: &str = "VolumeModifySuccessful";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_CANCELED: &str = "VolumeModifyCanceled";
+    /// Event text of [`REASON_MODIFY_CANCELED`].
+    pub const TEXT_CANCELED: &str = "Cancelled modify.";
+    /// Event text of [`REASON_MODIFY`].
+    pub fn text_modifying(pvc: &str, vac: &str) -> String {
+        format!("external resizer is modifying volume {pvc} with vac {vac}")
+    }
+    /// Event text of [`REASON_MODIFY_SUCCESSFUL`].
+    pub fn text_modified(pvc: &str, vac: &str) -> String {
+        format!("external resizer modified volume {pvc} with vac {vac} successfully")
+    }
+    /// Event text when the class is not there.
+    pub fn text_vac_missing(vac: &str) -> String {
+        format!("VAC \"{vac}\" does not exist.")
+    }
+    /// Suffix of a non-final failure's event text.
+    pub fn text_still_modifying(vac: &str) -> String {
+        format!(". Still modifying to VAC {vac}")
+    }
+    /// Message of the `ModifyingVolume` condition while in progress.
+    pub fn text_in_progress(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" is in progress.")
+    }
+    /// Message of the `ModifyingVolume` condition after a final failure.
+    pub fn text_failed_waiting(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" failed. Waiting for retry.")
+    }
+    /// Message of the `ModifyingVolume` condition after a non-final failure.
+    pub fn text_still_in_progress(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" is still in progress.")
+    }
+    /// Error text while an infeasible class is held back.
+    pub fn text_infeasible_skipped(key: &str) -> String {
+        format!(
+            "skipping volume modification for pvc {key}, because modification previously failed with infeasible error"
+        )
+    }
+    /// `--extra-modify-metadata` parameter keys.
+    pub const PARAM_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+    /// See [`PARAM_PVC_NAME`].
+    pub const PARAM_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+    /// See [`PARAM_PVC_NAME`].
+    pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+}

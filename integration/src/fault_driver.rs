@@ -97,6 +97,10 @@ pub struct Script {
     pub expand_shortfall: i64,
     /// `ControllerExpandVolume` answers `node_expansion_required`.
     pub node_expansion_required: bool,
+    /// Advertise MODIFY_VOLUME (with `controller`).
+    pub modify: bool,
+    /// `ControllerModifyVolume` fails with this while set.
+    pub modify_error: Option<(Code, String)>,
 }
 
 impl Default for Script {
@@ -124,6 +128,8 @@ impl Default for Script {
             expand_limit: None,
             expand_shortfall: 0,
             node_expansion_required: false,
+            modify: false,
+            modify_error: None,
         }
     }
 }
@@ -198,6 +204,8 @@ pub enum CallKind {
     Unpublish,
     /// `ControllerExpandVolume` (`node_id` empty, `bytes` the required size).
     Expand,
+    /// `ControllerModifyVolume` (`node_id` empty; parameters in [`FaultDriver::modify_parameters`]).
+    Modify,
 }
 
 /// How a [`ControllerCall`] ended.
@@ -312,7 +320,11 @@ struct Service {
     published: Published,
     publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
+    modify_log: ModifyLog,
 }
+
+/// The `mutable_parameters` of every ControllerModifyVolume call.
+type ModifyLog = Arc<Mutex<Vec<BTreeMap<String, String>>>>;
 
 impl Service {
     fn script(&self) -> Script {
@@ -448,6 +460,9 @@ impl Controller for Service {
         if s.expand {
             rpcs.push(RpcType::ExpandVolume);
         }
+        if s.modify {
+            rpcs.push(RpcType::ModifyVolume);
+        }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
@@ -527,6 +542,20 @@ impl Controller for Service {
         record.finish(result)
     }
 
+    async fn controller_modify_volume(
+        &self,
+        req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let record = CallRecord::begin(&self.calls, CallKind::Modify, &req.volume_id, "", 0);
+        self.modify_log.lock().expect("modify log").push(req.mutable_parameters.clone().into_iter().collect());
+        let result = match self.script().modify_error {
+            Some((code, msg)) => Err(Status::new(code, msg)),
+            None => Ok(Response::new(csi::ControllerModifyVolumeResponse {})),
+        };
+        record.finish(result)
+    }
+
     async fn list_volumes(
         &self,
         _: Request<csi::ListVolumesRequest>,
@@ -580,6 +609,7 @@ pub struct FaultDriver {
     /// Every publish call.
     pub publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
+    modify_log: ModifyLog,
     stop: CancellationToken,
 }
 
@@ -615,7 +645,9 @@ impl FaultDriver {
         let published: Published = Arc::default();
         let publish_log: Arc<Mutex<PublishLog>> = Arc::default();
         let calls: CallLog = Arc::default();
+        let modify_log: ModifyLog = Arc::default();
         let svc = Service {
+            modify_log: modify_log.clone(),
             script: script.clone(),
             counters: counters.clone(),
             volumes: volumes.clone(),
@@ -656,7 +688,17 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, publish_log, calls, stop }
+        FaultDriver {
+            socket: socket.to_path_buf(),
+            script,
+            counters,
+            volumes,
+            published,
+            publish_log,
+            calls,
+            modify_log,
+            stop,
+        }
     }
 
     /// Changes the script.
@@ -700,6 +742,11 @@ impl FaultDriver {
     pub fn expand_calls(&self) -> Vec<ControllerCall> {
         let calls = self.calls.lock().expect("call log");
         calls.iter().filter(|c| c.kind == CallKind::Expand).cloned().collect()
+    }
+
+    /// The `mutable_parameters` of every ControllerModifyVolume call so far.
+    pub fn modify_parameters(&self) -> Vec<BTreeMap<String, String>> {
+        self.modify_log.lock().expect("modify log").clone()
     }
 
     /// Pairs of calls on one (volume, node) that ran at the same time.

@@ -13,7 +13,7 @@ use csi_sidecar_integration::{
 };
 use k8s_openapi::api::{
     core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::StorageClass,
+    storage::v1::{StorageClass, VolumeAttributesClass},
 };
 use kube::{
     Api,
@@ -205,4 +205,92 @@ async fn a_claim_whose_pv_is_gone_gets_an_event_and_no_call() {
     env.wait_event("VolumeResizeFailed", "not found; cannot resize").await;
     assert!(sidecar.try_exit().is_none(), "the sidecar keeps running");
     assert!(driver.expand_calls().len() <= calls + 1, "no calls for a volume that is gone");
+}
+
+fn vac(name: &str, driver: &str, params: &[(&str, &str)]) -> VolumeAttributesClass {
+    VolumeAttributesClass {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        driver_name: driver.into(),
+        parameters: Some(params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+    }
+}
+
+fn modify_state(c: &PersistentVolumeClaim) -> Option<(String, String)> {
+    let st = c.status.as_ref()?.modify_volume_status.as_ref()?;
+    Some((st.status.clone(), st.target_volume_attributes_class_name.clone().unwrap_or_default()))
+}
+
+fn current_vac(c: &PersistentVolumeClaim) -> Option<String> {
+    c.status.as_ref()?.current_volume_attributes_class_name.clone()
+}
+
+impl Env {
+    async fn set_vac(&self, claim: &str, vac: Option<&str>) -> Result<PersistentVolumeClaim, kube::Error> {
+        let patch = serde_json::json!({"spec": {"volumeAttributesClassName": vac}});
+        self.pvcs().patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await
+    }
+
+    async fn create_vac(&self, name: &str, driver: &str, params: &[(&str, &str)]) -> String {
+        let name = self.ns.scoped(name);
+        create(&Api::<VolumeAttributesClass>::all(self.ns.client().clone()), &vac(&name, driver, params)).await;
+        name
+    }
+}
+
+#[tokio::test]
+async fn a_volume_attributes_class_change_modifies_the_volume_with_its_parameters() {
+    let env = Env::new("rszf-vac").await;
+    let (driver, _sidecar) = env.start(|s| Script { modify: true, ..s }, &["--extra-modify-metadata"]);
+    let pv_name = env.bound_claim("data").await;
+    let gold = env.create_vac("gold", &env.driver_name, &[("iops", "3000")]).await;
+    env.set_vac("data", Some(&gold)).await.expect("set class");
+    let c = wait_for(&env.pvcs(), "data", T, |c| current_vac(c).as_deref() == Some(gold.as_str())).await;
+    assert_eq!(modify_state(&c), None, "modifyVolumeStatus cleared");
+    assert!(condition(&c, "ModifyingVolume").is_none() && condition(&c, "ModifyVolumeError").is_none());
+    let pv = Api::<PersistentVolume>::all(env.ns.client().clone()).get(&pv_name).await.expect("pv");
+    assert_eq!(pv.spec.unwrap().volume_attributes_class_name.as_deref(), Some(gold.as_str()));
+    let params = driver.modify_parameters();
+    assert_eq!(params.len(), 1, "{params:?}");
+    assert_eq!(params[0]["iops"], "3000");
+    assert_eq!(params[0]["csi.storage.k8s.io/pvc/name"], "data");
+    assert_eq!(params[0]["csi.storage.k8s.io/pvc/namespace"], env.ns.name());
+    assert_eq!(params[0]["csi.storage.k8s.io/pv/name"], pv_name);
+    let msgs = env.wait_event("VolumeModifySuccessful", "successfully").await;
+    assert_eq!(msgs[0], format!("external resizer modified volume data with vac {gold} successfully"));
+    env.wait_event("VolumeModify", &format!("is modifying volume data with vac {gold}")).await;
+}
+
+#[tokio::test]
+async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
+    let env = Env::new("rszf-vacbad").await;
+    let (driver, _sidecar) = env.start(
+        |s| Script { modify: true, modify_error: Some((Code::InvalidArgument, "iops out of range".into())), ..s },
+        &[],
+    );
+    env.bound_claim("data").await;
+    let fast = env.create_vac("fast", &env.driver_name, &[("iops", "999999")]).await;
+    env.set_vac("data", Some(&fast)).await.expect("set class");
+    let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Infeasible")).await;
+    let err = condition(&c, "ModifyVolumeError").expect("ModifyVolumeError");
+    assert_eq!((err.reason.as_deref(), err.message.as_deref()), (Some("InvalidArgument"), Some("iops out of range")));
+    let modifying = condition(&c, "ModifyingVolume").expect("ModifyingVolume");
+    assert_eq!(
+        modifying.message.as_deref(),
+        Some(format!("Modifying volume to \"{fast}\" failed. Waiting for retry.").as_str())
+    );
+    env.wait_event("VolumeModifyFailed", "code = InvalidArgument").await;
+    // Rollback: the class was never applied, so the user may clear it.
+    env.set_vac("data", None).await.expect("clear the class");
+    let c = wait_for(&env.pvcs(), "data", T, |c| condition(c, "ModifyingVolume").is_none()).await;
+    assert_eq!(current_vac(&c), None);
+    env.wait_event("VolumeModifyCanceled", "Cancelled modify.").await;
+    let calls = driver.modify_parameters().len();
+    assert!(calls >= 1);
+    // A class of another driver: an event, no call.
+    let other = env.create_vac("other", "other.example.com", &[("tier", "x")]).await;
+    env.set_vac("data", Some(&other)).await.expect("set another driver's class");
+    env.wait_event("VolumeModifyFailed", &format!("VAC \"{other}\" is for driver other.example.com")).await;
+    let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Pending")).await;
+    assert_eq!(modify_state(&c).map(|s| s.1), Some(other));
+    assert_eq!(driver.modify_parameters().len(), calls, "no call for another driver's class");
 }

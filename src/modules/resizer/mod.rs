@@ -24,14 +24,17 @@ use ::kube::{
     runtime::reflector::ObjectRef,
 };
 use k8s_openapi::{
-    api::core::v1::{PersistentVolume, PersistentVolumeClaim},
+    api::{
+        core::v1::{PersistentVolume, PersistentVolumeClaim},
+        storage::v1::VolumeAttributesClass,
+    },
     jiff::Timestamp,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    compat::{self, resizer as up},
+    compat::{self, modifier as mo, resizer as up},
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{
@@ -50,7 +53,7 @@ use crate::{
     modules::{ModuleContext, ModuleError},
 };
 use config::{Gates, ResizerFlags};
-use decide::{Failure, Memory, Step};
+use decide::{Failure, Memory, ModifyStep, Step};
 
 const NAME: &str = "resizer";
 
@@ -108,6 +111,17 @@ struct Resizer {
     slow: SlowSet,
     /// Claims (by UID) whose expansion failed with FailedPrecondition.
     in_use_errors: Mutex<HashSet<String>>,
+    /// The modify controller's state, when it runs.
+    modify: Option<ModifyState>,
+}
+
+/// What the modify controller keeps.
+struct ModifyState {
+    vacs: Cache<VolumeAttributesClass>,
+    /// Claims (by key) whose class may still be applying on the backend.
+    uncertain: Mutex<HashSet<String>>,
+    /// Claims (by key) whose class was infeasible.
+    slow: SlowSet,
 }
 
 fn is_status(e: &::kube::Error, code: u16) -> bool {
@@ -179,7 +193,7 @@ impl Resizer {
             // Not one of the driver's PVs, or gone (the claim is then
             // Lost, but still asks for more). A claim annotated for the
             // driver is told so and retried.
-            if sizes.spec > sizes.capacity && annotated_for(&pvc, &self.driver.name) {
+            if decide::resize_asked_without_volume(&pvc, &sizes) && annotated_for(&pvc, &self.driver.name) {
                 let msg = format!("PersistentVolume {pv_name} of claim {key} not found; cannot resize");
                 tracing::warn!(pv = %pv_name, "{msg}");
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
@@ -348,6 +362,169 @@ impl Resizer {
     }
 }
 
+impl Resizer {
+    async fn sync_modify(&self, key: String) -> Outcome {
+        let Some(m) = &self.modify else { return Outcome::Done };
+        let (ns, name) = key.split_once('/').unwrap_or(("", &key));
+        let Some(cached) = self.claims.get_named(Some(ns), name) else {
+            set_of(&m.uncertain).remove(&key);
+            m.slow.remove(&key);
+            return Outcome::Done;
+        };
+        let pvc = cached.to_full();
+        let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
+            return Outcome::Done;
+        };
+        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            return Outcome::Done;
+        }
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)).map(|p| p.to_full()) else {
+            tracing::debug!(pv = %pv_name, "PV not among the driver's; no modification");
+            return Outcome::Done;
+        };
+        if pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_none_or(|c| *c.driver != *self.driver.name) {
+            return Outcome::Done;
+        }
+        let slow = match decide::modify_infeasible_same_target(&pvc) {
+            Some(true) => {
+                let was = m.slow.remaining(&key, self.cfg.retry_interval_max).is_some();
+                m.slow.add(&key);
+                was
+            }
+            Some(false) => {
+                m.slow.remove(&key);
+                false
+            }
+            None => false,
+        };
+        let uncertain = set_of(&m.uncertain).contains(&key);
+        let pvc_name = pvc.metadata.name.clone().unwrap_or_default();
+        let (pvc, target) = match decide::plan_modify(&pvc, uncertain, slow) {
+            ModifyStep::Nothing => return Outcome::Done,
+            ModifyStep::HeldBack => {
+                tracing::info!("{}", mo::text_infeasible_skipped(&key));
+                return Outcome::Retry;
+            }
+            ModifyStep::Rollback { had_condition } => {
+                if !had_condition {
+                    return Outcome::Done;
+                }
+                if let Err(e) = self.patch_status(&pvc, decide::modify_rollback_patch(&pvc)).await {
+                    tracing::warn!(error = %e, "Removing the ModifyingVolume condition failed");
+                    return Outcome::Retry;
+                }
+                self.event(&pvc, EventType::Normal, mo::REASON_MODIFY_CANCELED, mo::TEXT_CANCELED);
+                return Outcome::Done;
+            }
+            ModifyStep::Resume { target } => (pvc, target),
+            ModifyStep::Start { target } => {
+                let vac = m.vacs.get(&ObjectRef::new(&target));
+                let problem = match &vac {
+                    None => Some(mo::text_vac_missing(&target)),
+                    Some(v) if v.driver_name != *self.driver.name => Some(format!(
+                        "VAC \"{target}\" is for driver {}, not {}; not modifying",
+                        v.driver_name, self.driver.name
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(msg) = problem {
+                    tracing::warn!(vac = %target, "{msg}");
+                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
+                    if let Err(e) = self.patch_status(&pvc, decide::modify_pending_patch(&target)).await {
+                        tracing::warn!(error = %e, "Marking the modification pending failed");
+                    }
+                    return Outcome::Retry;
+                }
+                let patch = decide::modify_in_progress_patch(&pvc, &target, Timestamp::now());
+                let written = match self.patch_status(&pvc, patch).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Marking the modification in progress failed");
+                        return Outcome::Retry;
+                    }
+                };
+                self.event(&written, EventType::Normal, mo::REASON_MODIFY, &mo::text_modifying(&pvc_name, &target));
+                (written, target)
+            }
+        };
+        let Some(vac) = m.vacs.get(&ObjectRef::new(&target)) else {
+            self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &mo::text_vac_missing(&target));
+            return Outcome::Retry;
+        };
+        let mut req = match decide::modify_request(&pv, &pvc, vac.parameters.as_ref(), self.cfg.extra_modify_metadata) {
+            Ok(r) => r,
+            Err(e) => {
+                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e.to_string());
+                return Outcome::Retry;
+            }
+        };
+        if let Some((name, ns)) = decide::modify_secret_ref(&pv) {
+            match crate::kube::secrets::secret_data(&self.client, &name, &ns).await {
+                Ok(s) => req.secrets = s,
+                Err(e) => {
+                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e);
+                    return Outcome::Retry;
+                }
+            }
+        }
+        let resp = self
+            .csi
+            .call("/csi.v1.Controller/ControllerModifyVolume", self.cfg.timeout, req, |ch, r| async move {
+                ControllerClient::new(ch).controller_modify_volume(r).await
+            })
+            .await;
+        match resp {
+            Ok(_) => {
+                set_of(&m.uncertain).remove(&key);
+                m.slow.remove(&key);
+                if let Err(e) = self.patch_pv(&pv_name, decide::pv_vac_patch(&target)).await {
+                    tracing::warn!(pv = %pv_name, error = %e, "Recording the class on the PV failed");
+                    return Outcome::Retry;
+                }
+                if let Err(e) = self.patch_status(&pvc, decide::modify_success_patch(&pvc, &target)).await {
+                    tracing::warn!(error = %e, "Recording the class on the claim failed");
+                    return Outcome::Retry;
+                }
+                tracing::info!(vac = %target, "Volume modified");
+                self.event(
+                    &pvc,
+                    EventType::Normal,
+                    mo::REASON_MODIFY_SUCCESSFUL,
+                    &mo::text_modified(&pvc_name, &target),
+                );
+                Outcome::Done
+            }
+            Err(status) => {
+                let mut text = compat::grpc_error_text(&status);
+                if decide::classify(Some(status.code())) == Failure::Uncertain {
+                    set_of(&m.uncertain).insert(key.clone());
+                    text.push_str(&mo::text_still_modifying(&target));
+                } else {
+                    set_of(&m.uncertain).remove(&key);
+                }
+                tracing::warn!(vac = %target, error = %text, "Modification failed");
+                let patch = decide::modify_failure_patch(&pvc, &target, &status, Timestamp::now());
+                if let Err(e) = self.patch_status(&pvc, patch).await {
+                    tracing::warn!(error = %e, "Recording the modification error failed");
+                }
+                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &text);
+                Outcome::Retry
+            }
+        }
+    }
+}
+
+/// Whether the apiserver serves `storage.k8s.io/v1` VolumeAttributesClass.
+async fn vac_served(client: &Client) -> bool {
+    match client.list_api_group_resources("storage.k8s.io/v1").await {
+        Ok(list) => list.resources.iter().any(|r| r.kind == "VolumeAttributesClass"),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot discover storage.k8s.io/v1; assuming no VolumeAttributesClass");
+            false
+        }
+    }
+}
+
 fn annotated_for(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
     let a = pvc.metadata.annotations.as_ref();
     [
@@ -404,26 +581,45 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     let gates = cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let expander = expander(&ctx, &driver, cfg.timeout).await.map_err(fatal)?;
-    if gates.volume_attributes_class && driver.has_controller_capability(Rpc::ModifyVolume) {
-        tracing::warn!(
-            "The driver can modify volumes, but csi-sidecar's resizer does not implement VolumeAttributesClass changes yet"
+    let mut gates = gates;
+    if !gates.volume_attributes_class_explicit && !vac_served(&kube.client).await {
+        tracing::info!(
+            "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
         );
+        gates.volume_attributes_class = false;
     }
-    let Some(expander) = expander else {
+    let modifies = gates.volume_attributes_class && driver.has_controller_capability(Rpc::ModifyVolume);
+    if expander.is_none() && !modifies {
         return Err(fatal("CSI driver does not support resize nor modify".into()));
-    };
+    }
     let informers = &kube.informers;
     let claim_inf = crate::modules::views::bound_claims(informers, &driver.name, decide::claim_may_be_for_driver);
     let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
-    let watch_pods = cfg.handle_volume_inuse_error && expander == Expander::Csi && offline_only(&driver);
+    let watch_pods = cfg.handle_volume_inuse_error && expander == Some(Expander::Csi) && offline_only(&driver);
+    let vac_inf = modifies.then(|| informers.get::<VolumeAttributesClass>());
     let pod_inf = watch_pods.then(|| crate::modules::views::pods_using_claims(informers));
-    tracing::info!(driver = %driver.name, ?expander, watch_pods, ?gates, "Resizer starting");
+    tracing::info!(driver = %driver.name, ?expander, modifies, watch_pods, ?gates, "Resizer starting");
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     // One queue per process and driver: the name lives as long as the process.
     let queue_name: &'static str = Box::leak(up::queue_resize(&driver.name).into_boxed_str());
     let queue: WorkQueue<String> = WorkQueue::new(queue_name, backoff);
-    {
+    // The modify queue has its own workers and metrics name, and never runs
+    // a claim while the resize queue does (sibling queues).
+    let modify_name: &'static str = Box::leak(up::queue_modify(&driver.name).into_boxed_str());
+    let modify_queue: WorkQueue<String> = queue.sibling(modify_name);
+    if modifies {
+        let q = modify_queue.clone();
+        claim_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
+            let key = decide::claim_key(&c.object().metadata);
+            match c {
+                Change::Deleted(_) => q.forget(&key),
+                Change::Updated { old, new } if !decide::modify_update_needs_sync(old, new) => {}
+                _ => q.add(key),
+            }
+        });
+    }
+    if expander.is_some() {
         let (q, recover) = (queue.clone(), gates.recover);
         claim_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
             let key = decide::claim_key(&c.object().metadata);
@@ -449,13 +645,15 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     }
     {
         // A claim synced before its PV was cached is synced again when the PV comes.
-        let q = queue.clone();
+        let (resize, modify) = (expander.is_some().then(|| queue.clone()), modifies.then(|| modify_queue.clone()));
         pv_inf.on_change(move |c| {
             if let Change::Added(pv) = c
                 && let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_deref())
                 && let (Some(ns), Some(name)) = (r.namespace.as_deref(), r.name.as_deref())
             {
-                q.add(format!("{ns}/{name}"));
+                for q in resize.iter().chain(modify.iter()) {
+                    q.add(format!("{ns}/{name}"));
+                }
             }
         });
     }
@@ -463,7 +661,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
     let r = Arc::new(Resizer {
         gates,
-        expander,
+        expander: expander.unwrap_or(Expander::Trivial),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
         events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown),
@@ -473,29 +671,75 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         final_errors: Mutex::default(),
         slow: SlowSet::default(),
         in_use_errors: Mutex::default(),
+        modify: vac_inf.as_ref().map(|v| ModifyState {
+            vacs: v.store(),
+            uncertain: Mutex::default(),
+            slow: SlowSet::default(),
+        }),
         driver: driver.clone(),
         cfg,
     });
     let work = move |token: CancellationToken| async move {
         let synced = async {
-            tokio::join!(claim_inf.synced(), pv_inf.synced(), async {
-                if let Some(p) = &pod_inf {
-                    p.synced().await
+            tokio::join!(
+                claim_inf.synced(),
+                pv_inf.synced(),
+                async {
+                    if let Some(p) = &pod_inf {
+                        p.synced().await
+                    }
+                },
+                async {
+                    if let Some(v) = &vac_inf {
+                        v.synced().await
+                    }
                 }
-            })
+            )
         };
         if token.run_until_cancelled(synced).await.is_none() {
             return;
         }
+        if let Some(m) = &r.modify {
+            // A modification InProgress when the last leader stopped may
+            // still be applying: keep its target.
+            let mut uncertain = set_of(&m.uncertain);
+            for c in r.claims.state() {
+                let st = c.status.as_ref().and_then(|s| s.modify_volume_status.as_ref());
+                if st.is_some_and(|s| s.status == mo::IN_PROGRESS) {
+                    uncertain.insert(decide::claim_key(&c.metadata));
+                }
+            }
+        }
         tracing::info!("Caches synced; resizing");
         let workers = r.cfg.workers;
-        queue
-            .run(workers, token, move |key| {
-                let r = r.clone();
-                let span = tracing::info_span!("pvc", key = %key);
-                async move { r.sync(key).await }.instrument(span)
-            })
-            .await;
+        let resize = {
+            let (r, token) = (r.clone(), token.clone());
+            async move {
+                if r.modify.is_some() && expander.is_none() {
+                    return;
+                }
+                queue
+                    .run(workers, token, move |key| {
+                        let r = r.clone();
+                        let span = tracing::info_span!("pvc", key = %key);
+                        async move { r.sync(key).await }.instrument(span)
+                    })
+                    .await
+            }
+        };
+        let modify = async move {
+            if r.modify.is_none() {
+                return;
+            }
+            modify_queue
+                .run(workers, token, move |key| {
+                    let r = r.clone();
+                    let span = tracing::info_span!("pvc-modify", key = %key);
+                    async move { r.sync_modify(key).await }.instrument(span)
+                })
+                .await
+        };
+        tokio::join!(resize, modify);
     };
     crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }

@@ -316,3 +316,118 @@ fn updates_worth_a_sync() {
     assert!(update_needs_sync(&base, &cached("1Gi", "1Gi", Some(up::NODE_RESIZE_PENDING)), true), "state changed");
     assert!(!update_needs_sync(&base, &cached("1Gi", "1Gi", None), true), "nothing of interest");
 }
+
+fn with_vac(spec: Option<&str>, cur: Option<&str>, st: Option<(&str, &str)>) -> PersistentVolumeClaim {
+    let mut c = claim("1Gi", "1Gi", None, None);
+    c.spec.as_mut().unwrap().volume_attributes_class_name = spec.map(String::from);
+    let status = c.status.as_mut().unwrap();
+    status.current_volume_attributes_class_name = cur.map(String::from);
+    status.modify_volume_status =
+        st.map(|(s, t)| ModifyVolumeStatus { status: s.into(), target_volume_attributes_class_name: Some(t.into()) });
+    c
+}
+
+#[test]
+fn modify_steps_follow_upstream() {
+    use ModifyStep::*;
+    let start = |t: &str| Start { target: t.into() };
+    let resume = |t: &str| Resume { target: t.into() };
+    #[rustfmt::skip]
+    let cases: Vec<(&str, PersistentVolumeClaim, bool, bool, ModifyStep)> = vec![
+        ("nothing asked", with_vac(None, None, None), false, false, Nothing),
+        ("already applied", with_vac(Some("gold"), Some("gold"), None), false, false, Nothing),
+        ("new class", with_vac(Some("gold"), None, None), false, false, start("gold")),
+        ("another class", with_vac(Some("gold"), Some("silver"), None), false, false, start("gold")),
+        ("in progress, uncertain: old target kept", with_vac(Some("gold"), None, Some(("InProgress", "silver"))), true, false, resume("silver")),
+        ("in progress after a final error: the new class", with_vac(Some("gold"), None, Some(("InProgress", "silver"))), false, false, start("gold")),
+        ("infeasible, same class, slow: held back", with_vac(Some("gold"), None, Some(("Infeasible", "gold"))), false, true, HeldBack),
+        ("infeasible, same class, window over: retried", with_vac(Some("gold"), None, Some(("Infeasible", "gold"))), false, false, start("gold")),
+        ("infeasible, user picked another: at once", with_vac(Some("silver"), None, Some(("Infeasible", "gold"))), false, true, start("silver")),
+        ("cleared while infeasible: rollback", with_vac(None, None, Some(("Infeasible", "gold"))), false, false, Rollback { had_condition: false }),
+        ("cleared while in progress: old target", with_vac(None, None, Some(("InProgress", "gold"))), false, false, resume("gold")),
+    ];
+    for (what, pvc, uncertain, slow, want) in cases {
+        assert_eq!(plan_modify(&pvc, uncertain, slow), want, "{what}");
+    }
+    assert_eq!(modify_infeasible_same_target(&with_vac(Some("gold"), None, Some(("Infeasible", "gold")))), Some(true));
+    assert_eq!(modify_infeasible_same_target(&with_vac(Some("x"), None, Some(("Infeasible", "gold")))), Some(false));
+    assert_eq!(modify_infeasible_same_target(&with_vac(Some("gold"), None, None)), None);
+}
+
+#[test]
+fn modify_patches_and_request() {
+    let now = Timestamp::from_second(100).unwrap();
+    let pvc = with_vac(Some("gold"), None, None);
+    let p = modify_in_progress_patch(&pvc, "gold", now);
+    assert_eq!(
+        p["status"]["modifyVolumeStatus"],
+        json!({"status": "InProgress", "targetVolumeAttributesClassName": "gold"})
+    );
+    assert_eq!(p["status"]["conditions"][0]["message"], "Modifying volume to \"gold\" is in progress.");
+    assert_eq!(modify_pending_patch("gold")["status"]["modifyVolumeStatus"]["status"], "Pending");
+
+    let bad = tonic::Status::invalid_argument("iops too high");
+    let f = modify_failure_patch(&pvc, "gold", &bad, now);
+    assert_eq!(f["status"]["modifyVolumeStatus"]["status"], "Infeasible");
+    let conds = f["status"]["conditions"].as_array().unwrap();
+    assert_eq!(conds[0]["message"], "Modifying volume to \"gold\" failed. Waiting for retry.");
+    assert_eq!(conds[1]["type"], "ModifyVolumeError");
+    assert_eq!(conds[1]["reason"], "InvalidArgument");
+    assert_eq!(conds[1]["message"], "iops too high");
+    let f = modify_failure_patch(&pvc, "gold", &tonic::Status::deadline_exceeded("slow"), now);
+    assert_eq!(f["status"]["modifyVolumeStatus"]["status"], "InProgress");
+    assert_eq!(f["status"]["conditions"][0]["message"], "Modifying volume to \"gold\" is still in progress.");
+    let f = modify_failure_patch(&pvc, "gold", &tonic::Status::internal("oops"), now);
+    assert_eq!(f["status"]["modifyVolumeStatus"]["status"], "InProgress", "final but not InvalidArgument");
+
+    let mut failed = pvc.clone();
+    let conds: Vec<PersistentVolumeClaimCondition> =
+        serde_json::from_value(modify_failure_patch(&pvc, "gold", &bad, now)["status"]["conditions"].clone()).unwrap();
+    failed.status.as_mut().unwrap().conditions = Some(conds);
+    let later = Timestamp::from_second(200).unwrap();
+    let again = modify_failure_patch(&failed, "gold", &bad, later);
+    assert_eq!(again["status"]["conditions"][1]["lastTransitionTime"], json!(Time(now)), "same reason: time kept");
+    let ok = modify_success_patch(&failed, "gold");
+    assert_eq!(ok["status"]["currentVolumeAttributesClassName"], "gold");
+    assert_eq!(ok["status"]["modifyVolumeStatus"], Value::Null);
+    assert_eq!(ok["status"]["conditions"], json!([]));
+    assert_eq!(modify_rollback_patch(&failed)["status"]["conditions"].as_array().unwrap().len(), 1);
+    assert_eq!(pv_vac_patch("gold")["spec"]["volumeAttributesClassName"], "gold");
+
+    let pv = volume("1Gi");
+    let params = std::collections::BTreeMap::from([("iops".to_string(), "300".to_string())]);
+    let r = modify_request(&pv, &pvc, Some(&params), false).unwrap();
+    assert_eq!((r.volume_id.as_str(), r.mutable_parameters.len()), ("h1", 1));
+    let r = modify_request(&pv, &pvc, Some(&params), true).unwrap();
+    assert_eq!(r.mutable_parameters["csi.storage.k8s.io/pvc/name"], "c");
+    assert_eq!(r.mutable_parameters["csi.storage.k8s.io/pvc/namespace"], "ns");
+    assert_eq!(r.mutable_parameters["csi.storage.k8s.io/pv/name"], "pv1");
+
+    assert_eq!(modify_secret_ref(&pv), None);
+    let mut annotated = volume("1Gi");
+    annotated.metadata.annotations = Some(
+        [
+            (prov::ANN_MODIFY_SECRET_NAME.to_string(), "s".to_string()),
+            (prov::ANN_MODIFY_SECRET_NAMESPACE.to_string(), "n".to_string()),
+        ]
+        .into(),
+    );
+    assert_eq!(modify_secret_ref(&annotated), Some(("s".into(), "n".into())));
+}
+
+#[test]
+fn a_missing_volume_is_worth_an_event_only_when_a_resize_was_asked() {
+    let s = |pvc: &PersistentVolumeClaim| sizes(pvc, None).unwrap().unwrap();
+    let asked = claim("2Gi", "1Gi", None, None);
+    assert!(resize_asked_without_volume(&asked, &s(&asked)));
+    let mut just_bound = claim("1Gi", "1Gi", None, None);
+    just_bound.status.as_mut().unwrap().capacity = None;
+    assert!(!resize_asked_without_volume(&just_bound, &s(&just_bound)), "PV on its way");
+    let mut lost = claim("2Gi", "1Gi", Some("2Gi"), Some(up::CONTROLLER_RESIZE_IN_PROGRESS));
+    let st = lost.status.as_mut().unwrap();
+    st.capacity = None;
+    st.phase = Some("Lost".into());
+    assert!(resize_asked_without_volume(&lost, &s(&lost)));
+    lost.status.as_mut().unwrap().allocated_resources = None;
+    assert!(!resize_asked_without_volume(&lost, &s(&lost)), "lost without a resize");
+}
