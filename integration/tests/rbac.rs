@@ -917,14 +917,24 @@ impl Cycle {
             .await
             .map_err(|e| self.fail(format!("set the class: {e}")))?;
         let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-        self.until("a repeated VolumeModifyFailed event", async |_| {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("VolumeModifyFailed") && e.count.unwrap_or(1) >= 2)
-                .then_some(())
-        })
-        .await?;
+        // Aggregated: one Event whose count grows. Without the PATCH the
+        // recorder creates a new Event per repeat instead.
+        let aggregated = self
+            .until("a repeated VolumeModifyFailed event", async |_| {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                let failed: Vec<_> =
+                    list.items.iter().filter(|e| e.reason.as_deref() == Some("VolumeModifyFailed")).collect();
+                if failed.len() >= 2 {
+                    return Some(Err(failed.len()));
+                }
+                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
+            })
+            .await?;
+        if let Err(n) = aggregated {
+            return Err(self.fail(format!(
+                "{n} VolumeModifyFailed Events with one message for one repeated failure: the aggregation PATCH failed"
+            )));
+        }
         Ok(())
     }
 
