@@ -258,3 +258,22 @@ async fn an_online_driver_does_not_watch_pods() {
     assert!(logs.contains("v1/PersistentVolumeClaim"), "the claim watch is logged: {logs}");
     assert!(!logs.contains("v1/Pod"), "no Pod watch: {logs}");
 }
+
+#[tokio::test]
+async fn a_node_only_driver_gets_the_trivial_resizer_without_a_call() {
+    let s = Setup::start(
+        "rsz-trivial",
+        &["--disable-controller-expansion", "--node-expand-required"],
+        &["provisioner", "resizer"],
+    )
+    .await;
+    let pv_name = s.bound_claim("data", "1Mi").await;
+    s.request("data", "2Mi").await.expect("request 2Mi");
+    let c = wait_for(&s.pvcs(), "data", T, |c| allocation_state(c).as_deref() == Some("NodeResizePending")).await;
+    assert!(condition_types(&c).contains(&"FileSystemResizePending".to_string()));
+    let pv = Api::<PersistentVolume>::all(s.ns.client().clone()).get(&pv_name).await.expect("pv");
+    assert_eq!(pv_capacity(&pv).as_deref(), Some("2Mi"));
+    s.wait_event("data", "FileSystemResizeRequired").await;
+    assert_eq!(s.expand_calls(), 0, "the trivial resizer calls nothing:\n{}", s.driver.logs());
+    assert!(s.sidecar.logs().contains("using trivial resizer"), "{}", s.sidecar.logs());
+}
