@@ -294,3 +294,66 @@ async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
     assert_eq!(modify_state(&c).map(|s| s.1), Some(other));
     assert_eq!(driver.modify_parameters().len(), calls, "no call for another driver's class");
 }
+
+/// Two resizer replicas; the leader is killed with SIGKILL while 30 claims
+/// are being expanded: every claim ends at its size, and no volume ever had
+/// two ControllerExpandVolume calls at once.
+#[tokio::test]
+async fn leader_killed_during_expansions_finishes_every_claim_without_overlaps() {
+    let env = Env::new("rszf-kill").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { expand: true, expand_delay: Duration::from_millis(300), ..env.script() },
+    );
+    let provisioner = env.sidecar("provisioner", &sidecar_bin(), &["provisioner"]);
+    const N: usize = 30;
+    for i in 0..N {
+        create(&env.pvcs(), &pvc(&format!("c{i}"), Some(&env.sc), "1Mi")).await;
+    }
+    wait_until("all claims bound", T, async || {
+        let bound = env
+            .pvcs()
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count()
+            })
+            .unwrap_or(0);
+        (bound == N, bound)
+    })
+    .await;
+    let mut args: Vec<String> = csi_sidecar_integration::failover::fast_leader_election(env.ns.name());
+    args.extend(
+        ["resizer", "--workers=3", "--retry-interval-start=200ms", "--retry-interval-max=2s"].map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = env.sidecar("resizer-a", &sidecar_bin(), &args);
+    let mut b = env.sidecar("resizer-b", &sidecar_bin(), &args);
+    csi_sidecar_integration::failover::wait_one_leader(&a, &b).await;
+    for i in 0..N {
+        env.request(&format!("c{i}"), "2Mi").await;
+    }
+    wait_until("some expansions done", T, async || {
+        let n = driver.expand_calls().iter().filter(|c| c.outcome == Some(CallOutcome::Ok)).count();
+        (n >= 5, n)
+    })
+    .await;
+    csi_sidecar_integration::failover::kill_leader(&mut a, &mut b).await;
+    wait_until("every claim at 2Mi", Duration::from_secs(120), async || {
+        let done = env
+            .pvcs()
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.iter().filter(|c| capacity(c).as_deref() == Some("2Mi")).count())
+            .unwrap_or(0);
+        (done == N, done)
+    })
+    .await;
+    let calls = driver.expand_calls();
+    assert!(calls.iter().all(|c| c.bytes == 2 * MI), "only the requested size: {calls:?}");
+    assert!(driver.overlaps().is_empty(), "two calls at once on one volume: {:?}", driver.overlaps());
+    let volumes: std::collections::BTreeSet<_> = calls.iter().map(|c| c.volume_id.clone()).collect();
+    assert_eq!(volumes.len(), N, "every volume expanded");
+    drop(provisioner);
+}
