@@ -286,3 +286,150 @@ pub mod attacher {
     /// PV finalizer queue.
     pub const QUEUE_PV: &str = "csi-attacher-pv";
 }
+
+/// external-resizer.
+pub mod resizer {
+    /// Lease name before sanitising: `external-resizer-<driver>` (one Lease
+    /// for the resize and modify controllers).
+    pub fn lease_lock_name(driver: &str) -> String {
+        format!("external-resizer-{}", super::sanitize_lease_name(driver))
+    }
+    /// Event source component: `external-resizer <driver>`.
+    pub fn event_component(driver: &str) -> String {
+        format!("external-resizer {driver}")
+    }
+    /// Resize work queue: upstream's name `<driver>-pvc`.
+    pub fn queue_resize(driver: &str) -> String {
+        format!("{driver}-pvc")
+    }
+    /// Modify work queue: `<driver>-pvc-modify` (upstream reuses `<driver>-pvc`,
+    /// so the two queues' metrics collide there).
+    pub fn queue_modify(driver: &str) -> String {
+        format!("{driver}-pvc-modify")
+    }
+    /// PVC: the resizer of a migrated in-tree volume.
+    pub const ANN_STORAGE_RESIZER: &str = "volume.kubernetes.io/storage-resizer";
+    /// PV: the claim's capacity before a resize that needs the node (`AnnotateFsResize`).
+    pub const ANN_PRE_RESIZE_CAPACITY: &str = "volume.alpha.kubernetes.io/pre-resize-capacity";
+    /// PVC: `"true"` once a resize finished without the node.
+    pub const ANN_NODE_EXPANSION_NOT_REQUIRED: &str = "volume.kubernetes.io/node-expansion-not-required";
+    /// PVC condition types of a resize.
+    pub const COND_RESIZING: &str = "Resizing";
+    /// See [`COND_RESIZING`].
+    pub const COND_FS_RESIZE_PENDING: &str = "FileSystemResizePending";
+    /// See [`COND_RESIZING`].
+    pub const COND_CONTROLLER_RESIZE_ERROR: &str = "ControllerResizeError";
+    /// See [`COND_RESIZING`].
+    pub const COND_NODE_RESIZE_ERROR: &str = "NodeResizeError";
+    /// PVC condition types of a modification.
+    pub const COND_MODIFYING_VOLUME: &str = "ModifyingVolume";
+    /// See [`COND_MODIFYING_VOLUME`].
+    pub const COND_MODIFY_VOLUME_ERROR: &str = "ModifyVolumeError";
+    /// `status.allocatedResourceStatuses.storage` values.
+    pub const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
+    /// See [`CONTROLLER_RESIZE_IN_PROGRESS`].
+    pub const CONTROLLER_RESIZE_INFEASIBLE: &str = "ControllerResizeInfeasible";
+    /// See [`CONTROLLER_RESIZE_IN_PROGRESS`].
+    pub const NODE_RESIZE_PENDING: &str = "NodeResizePending";
+    /// See [`CONTROLLER_RESIZE_IN_PROGRESS`].
+    pub const NODE_RESIZE_IN_PROGRESS: &str = "NodeResizeInProgress";
+    /// See [`CONTROLLER_RESIZE_IN_PROGRESS`].
+    pub const NODE_RESIZE_INFEASIBLE: &str = "NodeResizeInfeasible";
+    /// Event reasons.
+    pub const REASON_RESIZING: &str = "Resizing";
+    /// See [`REASON_RESIZING`].
+    pub const REASON_RESIZE_FAILED: &str = "VolumeResizeFailed";
+    /// See [`REASON_RESIZING`].
+    pub const REASON_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+    /// See [`REASON_RESIZING`].
+    pub const REASON_FS_RESIZE_REQUIRED: &str = "FileSystemResizeRequired";
+    /// Event text of [`REASON_RESIZING`].
+    pub fn text_resizing(pv: &str) -> String {
+        format!("External resizer is resizing volume {pv}")
+    }
+    /// Event text of [`REASON_RESIZE_SUCCESSFUL`].
+    pub const TEXT_RESIZE_SUCCESSFUL: &str = "Resize volume succeeded";
+    /// Event text of [`REASON_FS_RESIZE_REQUIRED`].
+    pub const TEXT_FS_RESIZE_REQUIRED: &str = "Require file system resize of volume on node";
+    /// Message of the `FileSystemResizePending` condition.
+    pub const TEXT_FS_RESIZE_PENDING: &str =
+        "Waiting for user to (re-)start a pod to finish file system resize of volume on node.";
+    /// The error (and event) text of a failed `ControllerExpandVolume`.
+    pub fn text_resize_failed(pv: &str, driver: &str, err: &str) -> String {
+        format!("resize volume \"{pv}\" by resizer \"{driver}\" failed: {err}")
+    }
+    /// Message of the `ControllerResizeError` condition.
+    pub fn text_controller_resize_error(err: &str) -> String {
+        format!("failed to expand pvc with {err}")
+    }
+    /// Event text while an offline-only driver's volume is in use.
+    pub fn text_in_use(key: &str, driver: &str) -> String {
+        format!(
+            "Unable to expand {key} because CSI driver {driver} only supports offline expansion and volume is currently in-use"
+        )
+    }
+    /// Error text while an infeasible size is held back.
+    pub fn text_infeasible_skipped(key: &str) -> String {
+        format!("skipping volume expansion for pvc {key}, because expansion previously failed with infeasible error")
+    }
+}
+
+/// external-resizer's modify controller (VolumeAttributesClass).
+pub mod modifier {
+    /// `status.modifyVolumeStatus.status` values.
+    pub const PENDING: &str = "Pending";
+    /// See [`PENDING`].
+    pub const IN_PROGRESS: &str = "InProgress";
+    /// See [`PENDING`].
+    pub const INFEASIBLE: &str = "Infeasible";
+    /// Event reasons.
+    pub const REASON_MODIFY: &str = "VolumeModify";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_FAILED: &str = "VolumeModifyFailed";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_SUCCESSFUL: &str = "VolumeModifySuccessful";
+    /// See [`REASON_MODIFY`].
+    pub const REASON_MODIFY_CANCELED: &str = "VolumeModifyCanceled";
+    /// Event text of [`REASON_MODIFY_CANCELED`].
+    pub const TEXT_CANCELED: &str = "Cancelled modify.";
+    /// Event text of [`REASON_MODIFY`].
+    pub fn text_modifying(pvc: &str, vac: &str) -> String {
+        format!("external resizer is modifying volume {pvc} with vac {vac}")
+    }
+    /// Event text of [`REASON_MODIFY_SUCCESSFUL`].
+    pub fn text_modified(pvc: &str, vac: &str) -> String {
+        format!("external resizer modified volume {pvc} with vac {vac} successfully")
+    }
+    /// Event text when the class is not there.
+    pub fn text_vac_missing(vac: &str) -> String {
+        format!("VAC \"{vac}\" does not exist.")
+    }
+    /// Suffix of a non-final failure's event text.
+    pub fn text_still_modifying(vac: &str) -> String {
+        format!(". Still modifying to VAC {vac}")
+    }
+    /// Message of the `ModifyingVolume` condition while in progress.
+    pub fn text_in_progress(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" is in progress.")
+    }
+    /// Message of the `ModifyingVolume` condition after a final failure.
+    pub fn text_failed_waiting(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" failed. Waiting for retry.")
+    }
+    /// Message of the `ModifyingVolume` condition after a non-final failure.
+    pub fn text_still_in_progress(vac: &str) -> String {
+        format!("Modifying volume to \"{vac}\" is still in progress.")
+    }
+    /// Error text while an infeasible class is held back.
+    pub fn text_infeasible_skipped(key: &str) -> String {
+        format!(
+            "skipping volume modification for pvc {key}, because modification previously failed with infeasible error"
+        )
+    }
+    /// `--extra-modify-metadata` parameter keys.
+    pub const PARAM_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+    /// See [`PARAM_PVC_NAME`].
+    pub const PARAM_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+    /// See [`PARAM_PVC_NAME`].
+    pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+}

@@ -6,7 +6,8 @@
 //! calls so tests can prove that csi-sidecar shares one connection and one
 //! Probe, and records every ControllerPublish/ControllerUnpublish with its
 //! start, end and outcome so tests can find calls on one (volume, node) that
-//! overlapped ([`FaultDriver::overlaps`]).
+//! overlapped ([`FaultDriver::overlaps`]); ControllerExpandVolume calls are
+//! recorded the same way with their requested size ([`FaultDriver::expand_calls`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -83,6 +84,23 @@ pub struct Script {
     /// The first this many `ControllerPublishVolume` calls of each
     /// (volume, node) fail with `Internal` (after the delay).
     pub publish_failures_per_pair: u32,
+    /// Advertise EXPAND_VOLUME (with `controller`).
+    pub expand: bool,
+    /// Delay of `ControllerExpandVolume`.
+    pub expand_delay: Duration,
+    /// `ControllerExpandVolume` fails with this (after its delay) while set.
+    pub expand_error: Option<(Code, String)>,
+    /// `ControllerExpandVolume` above this many bytes fails with `OutOfRange`.
+    pub expand_limit: Option<i64>,
+    /// `ControllerExpandVolume` answers `required_bytes` minus this (a
+    /// driver that gives less than asked).
+    pub expand_shortfall: i64,
+    /// `ControllerExpandVolume` answers `node_expansion_required`.
+    pub node_expansion_required: bool,
+    /// Advertise MODIFY_VOLUME (with `controller`).
+    pub modify: bool,
+    /// `ControllerModifyVolume` fails with this while set.
+    pub modify_error: Option<(Code, String)>,
 }
 
 impl Default for Script {
@@ -104,6 +122,14 @@ impl Default for Script {
             required_secret: None,
             publish_error: None,
             publish_failures_per_pair: 0,
+            expand: false,
+            expand_delay: Duration::ZERO,
+            expand_error: None,
+            expand_limit: None,
+            expand_shortfall: 0,
+            node_expansion_required: false,
+            modify: false,
+            modify_error: None,
         }
     }
 }
@@ -176,6 +202,10 @@ pub enum CallKind {
     Publish,
     /// `ControllerUnpublishVolume`.
     Unpublish,
+    /// `ControllerExpandVolume` (`node_id` empty, `bytes` the required size).
+    Expand,
+    /// `ControllerModifyVolume` (`node_id` empty; parameters in [`FaultDriver::modify_parameters`]).
+    Modify,
 }
 
 /// How a [`ControllerCall`] ended.
@@ -199,6 +229,8 @@ pub struct ControllerCall {
     pub volume_id: String,
     /// `node_id`.
     pub node_id: String,
+    /// Expand: `capacity_range.required_bytes` (0 for the others).
+    pub bytes: i64,
     /// Arrival.
     pub start: Instant,
     /// End (answer or cancellation); None while running.
@@ -246,12 +278,13 @@ struct CallRecord {
 }
 
 impl CallRecord {
-    fn begin(log: &CallLog, kind: CallKind, volume_id: &str, node_id: &str) -> CallRecord {
+    fn begin(log: &CallLog, kind: CallKind, volume_id: &str, node_id: &str, bytes: i64) -> CallRecord {
         let mut calls = log.lock().expect("call log");
         calls.push(ControllerCall {
             kind,
             volume_id: volume_id.to_string(),
             node_id: node_id.to_string(),
+            bytes,
             start: Instant::now(),
             end: None,
             outcome: None,
@@ -287,7 +320,11 @@ struct Service {
     published: Published,
     publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
+    modify_log: ModifyLog,
 }
+
+/// The `mutable_parameters` of every ControllerModifyVolume call.
+type ModifyLog = Arc<Mutex<Vec<BTreeMap<String, String>>>>;
 
 impl Service {
     fn script(&self) -> Script {
@@ -420,6 +457,12 @@ impl Controller for Service {
                 rpcs.push(RpcType::PublishReadonly);
             }
         }
+        if s.expand {
+            rpcs.push(RpcType::ExpandVolume);
+        }
+        if s.modify {
+            rpcs.push(RpcType::ModifyVolume);
+        }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
@@ -461,7 +504,7 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
         self.counters.publishes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        let record = CallRecord::begin(&self.calls, CallKind::Publish, &req.volume_id, &req.node_id);
+        let record = CallRecord::begin(&self.calls, CallKind::Publish, &req.volume_id, &req.node_id, 0);
         let result = self.publish(req).await;
         record.finish(result)
     }
@@ -472,8 +515,44 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
         self.counters.unpublishes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        let record = CallRecord::begin(&self.calls, CallKind::Unpublish, &req.volume_id, &req.node_id);
+        let record = CallRecord::begin(&self.calls, CallKind::Unpublish, &req.volume_id, &req.node_id, 0);
         let result = self.unpublish(req).await;
+        record.finish(result)
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let bytes = req.capacity_range.map_or(0, |c| c.required_bytes);
+        let record = CallRecord::begin(&self.calls, CallKind::Expand, &req.volume_id, "", bytes);
+        let s = self.script();
+        tokio::time::sleep(s.expand_delay).await;
+        let result = match (&s.expand_error, s.expand_limit) {
+            (Some((code, msg)), _) => Err(Status::new(*code, msg.clone())),
+            (None, Some(limit)) if bytes > limit => {
+                Err(Status::out_of_range(format!("{bytes} bytes exceed the backend's limit of {limit}")))
+            }
+            _ => Ok(Response::new(csi::ControllerExpandVolumeResponse {
+                capacity_bytes: bytes - s.expand_shortfall,
+                node_expansion_required: s.node_expansion_required,
+            })),
+        };
+        record.finish(result)
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let req = req.into_inner();
+        let record = CallRecord::begin(&self.calls, CallKind::Modify, &req.volume_id, "", 0);
+        self.modify_log.lock().expect("modify log").push(req.mutable_parameters.clone().into_iter().collect());
+        let result = match self.script().modify_error {
+            Some((code, msg)) => Err(Status::new(code, msg)),
+            None => Ok(Response::new(csi::ControllerModifyVolumeResponse {})),
+        };
         record.finish(result)
     }
 
@@ -530,6 +609,7 @@ pub struct FaultDriver {
     /// Every publish call.
     pub publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
+    modify_log: ModifyLog,
     stop: CancellationToken,
 }
 
@@ -565,7 +645,9 @@ impl FaultDriver {
         let published: Published = Arc::default();
         let publish_log: Arc<Mutex<PublishLog>> = Arc::default();
         let calls: CallLog = Arc::default();
+        let modify_log: ModifyLog = Arc::default();
         let svc = Service {
+            modify_log: modify_log.clone(),
             script: script.clone(),
             counters: counters.clone(),
             volumes: volumes.clone(),
@@ -606,7 +688,17 @@ impl FaultDriver {
                 }
             }
         });
-        FaultDriver { socket: socket.to_path_buf(), script, counters, volumes, published, publish_log, calls, stop }
+        FaultDriver {
+            socket: socket.to_path_buf(),
+            script,
+            counters,
+            volumes,
+            published,
+            publish_log,
+            calls,
+            modify_log,
+            stop,
+        }
     }
 
     /// Changes the script.
@@ -644,6 +736,17 @@ impl FaultDriver {
     pub fn calls_for(&self, volume_id: &str, node_id: &str) -> Vec<ControllerCall> {
         let calls = self.calls.lock().expect("call log");
         calls.iter().filter(|c| c.volume_id == volume_id && c.node_id == node_id).cloned().collect()
+    }
+
+    /// The ControllerExpandVolume calls so far, in arrival order.
+    pub fn expand_calls(&self) -> Vec<ControllerCall> {
+        let calls = self.calls.lock().expect("call log");
+        calls.iter().filter(|c| c.kind == CallKind::Expand).cloned().collect()
+    }
+
+    /// The `mutable_parameters` of every ControllerModifyVolume call so far.
+    pub fn modify_parameters(&self) -> Vec<BTreeMap<String, String>> {
+        self.modify_log.lock().expect("modify log").clone()
     }
 
     /// Pairs of calls on one (volume, node) that ran at the same time.
@@ -725,6 +828,7 @@ mod tests {
             kind,
             volume_id: volume.into(),
             node_id: "n".into(),
+            bytes: 0,
             start: t0 + Duration::from_millis(start_ms),
             end: end_ms.map(|e| t0 + Duration::from_millis(e)),
             outcome: end_ms.map(|_| CallOutcome::Ok),

@@ -270,3 +270,39 @@ async fn one_shared_lease_leads_every_module_of_the_process() {
     let logs = standby.logs();
     assert_eq!(logs.matches("Caches synced").count(), 2, "both modules run in the new leader:\n{logs}");
 }
+
+/// With the resizer beside the provisioner and the attacher: still one
+/// watch per kind (claims and PVs shared by the three modules), plus the
+/// resizer's pods (an offline-only driver) and VolumeAttributesClasses (the
+/// driver can modify), once each.
+#[tokio::test]
+async fn the_resizer_shares_the_watches_of_provisioner_and_attacher() {
+    let cp = ControlPlane::start();
+    let client = cp.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[
+            format!("--endpoint=unix://{}", csi.display()),
+            "--name=watch3.csi.example.com".into(),
+            "--disable-online-expansion".into(),
+        ],
+        dir.path(),
+    );
+    let base = watches(&client).await;
+    let mut combined = spawn(dir.path(), "combined", &cp, &csi, &["provisioner", "attacher", "resizer"]);
+    synced(&combined, 3).await;
+    let extra = ["pods", "volumeattributesclasses"];
+    let now = wait_until("every watch open", Duration::from_secs(30), async || {
+        let now = watches(&client).await;
+        (RESOURCES.iter().chain(extra.iter()).all(|r| delta(&now, &base, r) >= 1), now)
+    })
+    .await;
+    for r in RESOURCES.iter().chain(extra.iter()) {
+        assert_eq!(delta(&now, &base, r), 1, "one watch on {r}; {now:?} vs {base:?}");
+    }
+    assert!(combined.logs().contains("watch_pods=true"), "{}", combined.logs());
+    combined.terminate().await;
+}

@@ -65,7 +65,7 @@ fn combined_examples_run_one_csi_sidecar_container_per_pod() {
         let args = strings(&s[0]["args"]);
         let modules: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
         let want: &[&str] =
-            if kind(&w) == "Deployment" { &["provisioner", "prober"] } else { &["registrar", "prober"] };
+            if kind(&w) == "Deployment" { &["provisioner", "resizer", "prober"] } else { &["registrar", "prober"] };
         assert_eq!(modules, want, "{file}: {args:?}");
         assert_eq!(containers(&w).len(), 2, "{file}: the driver and csi-sidecar");
     }
@@ -76,14 +76,16 @@ fn drop_in_examples_swap_only_the_image_and_keep_upstream_binary_names() {
     let links = image_symlinks();
     for (file, w) in example_workloads().into_iter().filter(|(f, _)| f.contains("drop-in")) {
         let s = sidecars(&w);
-        assert_eq!(s.len(), 2, "{file}: one container per upstream sidecar");
+        let want = if kind(&w) == "Deployment" { 3 } else { 2 };
+        assert_eq!(s.len(), want, "{file}: one container per upstream sidecar");
         for c in s {
             let command = strings(&c["command"]);
             assert_eq!(command.len(), 1, "{file}: {c}");
             let name = command[0].strip_prefix('/').expect("absolute command");
             assert!(links.contains(name), "{file}: /{name} is not a symlink of the image ({links:?})");
             assert!(
-                ["csi-provisioner", "csi-attacher", "csi-node-driver-registrar", "livenessprobe"].contains(&name),
+                ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-node-driver-registrar", "livenessprobe"]
+                    .contains(&name),
                 "{file}: {name} is not an upstream binary name"
             );
         }
@@ -281,6 +283,12 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         rules(find(&static_att, "ClusterRole", "-attacher")),
         "chart vs manifests/rbac/attacher.yaml"
     );
+    let static_rsz = load(&manifests().join("rbac/resizer.yaml"));
+    assert_eq!(
+        rules(find(&with_attacher, "ClusterRole", "-resizer")),
+        rules(find(&static_rsz, "ClusterRole", "-resizer")),
+        "chart vs manifests/rbac/resizer.yaml"
+    );
     // The narrower Secrets alternative: no cluster-wide secrets rule, a Role per namespace.
     let narrow = load(&out.path().join("chart-attacher.yaml"));
     for role in ["-provisioner", "-attacher"] {
@@ -305,7 +313,7 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 14, "rendered csi-sidecar containers");
+    assert_eq!(checked, 15, "rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();

@@ -1,7 +1,7 @@
 //! The RBAC manifests (`manifests/rbac/`) against the code and against the
 //! real kube-apiserver.
 //!
-//! * Minimality: the provisioner's and the attacher's ClusterRoles and
+//! * Minimality: the provisioner's, the attacher's and the resizer's ClusterRoles and
 //!   leader-election Roles hold exactly the (apiGroup, resource, verb)
 //!   triples the code uses, listed below with the code that uses each; no
 //!   wildcard anywhere; the node ServiceAccount carries no token; the code
@@ -186,6 +186,42 @@ fn attacher_cluster_role_is_exactly_what_the_code_calls() {
     assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
 }
 
+/// What the resizer module calls (src/modules/resizer/mod.rs). No `get`
+/// on claims, PVs, pods or classes: informer caches only.
+const RESIZER_CALLS: &[(&str, &str, &str)] = &[
+    // `run`: views::bound_claims.
+    ("", "persistentvolumeclaims", "list"),
+    ("", "persistentvolumeclaims", "watch"),
+    // `patch_status`: the resize and modify status (and the
+    // node-expansion-not-required annotation, through /status as upstream).
+    ("", "persistentvolumeclaims/status", "patch"),
+    // `run`: views::driver_pvs.
+    ("", "persistentvolumes", "list"),
+    ("", "persistentvolumes", "watch"),
+    // `patch_pv`: capacity, pre-resize annotation, volumeAttributesClassName.
+    ("", "persistentvolumes", "patch"),
+    // `run`: views::pods_using_claims (offline-only driver).
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    // `run`: informers.get::<VolumeAttributesClass>() (the driver can modify).
+    ("storage.k8s.io", "volumeattributesclasses", "list"),
+    ("storage.k8s.io", "volumeattributesclasses", "watch"),
+    // `expand`, `sync_modify`: Api::<Secret>::get (controllerExpandSecretRef).
+    ("", "secrets", "get"),
+    // src/kube/events.rs `write`: create, and a repeat's PATCH.
+    ("", "events", "create"),
+    ("", "events", "patch"),
+];
+
+#[test]
+fn resizer_cluster_role_is_exactly_what_the_code_calls() {
+    let role = doc("resizer.yaml", "ClusterRole", "csi-sidecar-resizer");
+    assert_eq!(triples(&role), set(RESIZER_CALLS));
+    let lease = doc("resizer.yaml", "Role", "csi-sidecar-resizer-leader-election");
+    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
+    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
+}
+
 /// A tripwire for new API calls: the kinds the controller modules and the
 /// shared Kubernetes runtime touch (typed `Api<K>` and informers). A new kind
 /// here needs a new RBAC rule (and a new entry in the lists above).
@@ -193,7 +229,7 @@ fn attacher_cluster_role_is_exactly_what_the_code_calls() {
 fn the_code_touches_no_kind_the_rbac_does_not_cover() {
     let root = workspace_root().join("src");
     let mut found = BTreeSet::new();
-    for dir in ["modules/provisioner", "modules/attacher", "kube"] {
+    for dir in ["modules/provisioner", "modules/attacher", "modules/resizer", "kube"] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();
             if path.extension().is_none_or(|e| e != "rs") {
@@ -226,6 +262,7 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "Secret",
         "Event",
         "Lease",
+        "VolumeAttributesClass",
     ]
     .into_iter()
     .map(str::to_string)
@@ -303,6 +340,7 @@ const STEP: Duration = Duration::from_secs(45);
 enum Module {
     Provisioner,
     Attacher,
+    Resizer,
 }
 
 impl Module {
@@ -310,6 +348,7 @@ impl Module {
         match self {
             Module::Provisioner => "provisioner",
             Module::Attacher => "attacher",
+            Module::Resizer => "resizer",
         }
     }
 
@@ -318,6 +357,7 @@ impl Module {
         let calls = match self {
             Module::Provisioner => PROVISIONER_CALLS,
             Module::Attacher => ATTACHER_CALLS,
+            Module::Resizer => RESIZER_CALLS,
         };
         set(calls).into_iter().chain(set(LEADER_ELECTION_CALLS)).collect()
     }
@@ -441,6 +481,10 @@ impl Cycle {
         if module == Module::Provisioner {
             driver_args.push("--enable-topology".into());
         }
+        if module == Module::Resizer {
+            // Offline-only expansion: the resizer also watches pods.
+            driver_args.push("--disable-online-expansion".into());
+        }
         let driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
         let mut args = vec![
             format!("--csi-address={}", csi.display()),
@@ -548,6 +592,7 @@ impl Cycle {
         match self.module {
             Module::Provisioner => self.run_provisioner().await?,
             Module::Attacher => self.run_attacher().await?,
+            Module::Resizer => self.run_resizer().await?,
         }
         // One more look for refusals after the last step.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -811,6 +856,93 @@ impl Cycle {
         Ok(())
     }
 
+    /// A pre-bound PV (with a controller-expand secret) of an expandable
+    /// class: its claim is expanded (PV and claim status), the Lease is
+    /// renewed, and a class that does not exist gives a repeated (aggregated)
+    /// event. The driver expands offline only, so pods are watched, and it
+    /// can modify, so VolumeAttributesClasses are watched.
+    async fn run_resizer(&mut self) -> Result<(), Failure> {
+        let client = self.ns.client().clone();
+        let ns = self.ns.name().to_string();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        create(&Api::namespaced(client.clone(), &ns), &Self::secret("expand-creds")).await;
+        let sc_name = self.ns.scoped("sc");
+        let mut sc = storage_class(&sc_name, &self.driver_name);
+        sc.allow_volume_expansion = Some(true);
+        create(&Api::<StorageClass>::all(client.clone()), &sc).await;
+        let pv_name = self.ns.scoped("pv");
+        // Volume "1" exists in the mock driver from its start (100 GiB).
+        let mut pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
+        if let Some(spec) = pv.spec.as_mut() {
+            spec.storage_class_name = Some(sc_name.clone());
+            spec.claim_ref =
+                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
+            if let Some(csi) = spec.csi.as_mut() {
+                csi.controller_expand_secret_ref =
+                    Some(SecretReference { name: Some("expand-creds".into()), namespace: Some(ns.clone()) });
+            }
+        }
+        create(&pvs, &pv).await;
+        let mut claim = pvc("data", Some(&sc_name), "1Mi");
+        if let Some(spec) = claim.spec.as_mut() {
+            spec.volume_name = Some(pv_name.clone());
+        }
+        create(&pvcs, &claim).await;
+        self.until("PVC data bound", async |_| {
+            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
+        })
+        .await?;
+        let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "200Gi"}}}});
+        pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.fail(format!("request 200Gi: {e}")))?;
+        self.until("the claim expanded", async |_| {
+            let c = pvcs.get("data").await.ok()?;
+            (c.status?.capacity?.get("storage")?.0 == "200Gi").then_some(())
+        })
+        .await?;
+        let pv_now = pvs.get(&pv_name).await.map_err(|e| self.fail(format!("get PV: {e}")))?;
+        let cap = pv_now.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").cloned());
+        if cap.map(|q| q.0).as_deref() != Some("200Gi") {
+            return Err(self.fail("the PV capacity was not updated"));
+        }
+        if self.calls_ok("ControllerExpandVolume") != 1 {
+            return Err(self.fail(format!(
+                "not one ControllerExpandVolume:
+{}",
+                self.driver.logs()
+            )));
+        }
+        self.lease_renewed(&sanitize(&format!("external-resizer-{}", sanitize(&self.driver_name)))).await?;
+        // A class that does not exist: the same Warning again and again,
+        // aggregated (events PATCH).
+        let patch = serde_json::json!({"spec": {"volumeAttributesClassName": "missing"}});
+        pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .map_err(|e| self.fail(format!("set the class: {e}")))?;
+        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        // Aggregated: one Event whose count grows. Without the PATCH the
+        // recorder creates a new Event per repeat instead.
+        let aggregated = self
+            .until("a repeated VolumeModifyFailed event", async |_| {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                let failed: Vec<_> =
+                    list.items.iter().filter(|e| e.reason.as_deref() == Some("VolumeModifyFailed")).collect();
+                if failed.len() >= 2 {
+                    return Some(Err(failed.len()));
+                }
+                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
+            })
+            .await?;
+        if let Err(n) = aggregated {
+            return Err(self.fail(format!(
+                "{n} VolumeModifyFailed Events with one message for one repeated failure: the aggregation PATCH failed"
+            )));
+        }
+        Ok(())
+    }
+
     async fn finish(mut self) {
         self.sidecar.terminate().await;
         self.ns.delete().await;
@@ -842,6 +974,11 @@ async fn provisioner_runs_under_exactly_the_manifests_rbac() {
 #[tokio::test]
 async fn attacher_runs_under_exactly_the_manifests_rbac() {
     runs_under_the_manifests(Module::Attacher).await;
+}
+
+#[tokio::test]
+async fn resizer_runs_under_exactly_the_manifests_rbac() {
+    runs_under_the_manifests(Module::Resizer).await;
 }
 
 /// A control plane whose kube-apiserver runs without the WatchList feature
@@ -906,4 +1043,11 @@ async fn provisioner_fails_without_any_one_exercised_verb() {
 async fn attacher_fails_without_any_one_exercised_verb() {
     assert_eq!(Module::Attacher.exercised().len(), 13);
     every_exercised_verb_is_needed(Module::Attacher).await;
+}
+
+/// 16 triples: all of the resizer's.
+#[tokio::test]
+async fn resizer_fails_without_any_one_exercised_verb() {
+    assert_eq!(Module::Resizer.exercised().len(), 16);
+    every_exercised_verb_is_needed(Module::Resizer).await;
 }

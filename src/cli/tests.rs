@@ -171,9 +171,9 @@ fn list_help_version() {
 
 #[test]
 fn unbuilt_modules_refuse_to_start() {
-    let (code, text) = exit("csi-resizer --csi-address=/x");
+    let (code, text) = exit("csi-snapshotter --csi-address=/x");
     assert_eq!(code, 1);
-    assert!(text.contains("resizer") && text.contains("not built"), "{text}");
+    assert!(text.contains("snapshotter") && text.contains("not built"), "{text}");
     let (code, _) = exit("csi-sidecar snapshotter");
     assert_eq!(code, 1);
 }
@@ -198,6 +198,31 @@ fn readme_flag_reference_matches_the_code() {
         readme.contains(&reference),
         "README.md's flag reference is out of date; replace it with:\n\n{reference}\nEND"
     );
+}
+
+#[test]
+fn resizer_flags_and_defaults() {
+    let inv = run("csi-resizer --csi-address=/csi/csi.sock --leader-election --http-endpoint=:8080 -v=5");
+    let ModuleConfig::Resizer(r) = &inv.modules[0] else { panic!("resizer expected") };
+    assert_eq!(r.workers, 10);
+    assert_eq!(r.timeout, Duration::from_secs(10));
+    assert_eq!(r.resync_period, Duration::from_secs(600));
+    assert_eq!(r.retry_interval_start, Duration::from_secs(1));
+    assert_eq!(r.retry_interval_max, Duration::from_secs(300));
+    assert!(r.handle_volume_inuse_error && !r.extra_modify_metadata && r.master.is_none());
+    assert!(inv.shared.leader_election);
+    let inv = run(
+        "csi-sidecar resizer --workers=3 --handle-volume-inuse-error=false --extra-modify-metadata --master=https://a:6443 --feature-gates=AnnotateFsResize=false",
+    );
+    let ModuleConfig::Resizer(r) = &inv.modules[0] else { panic!("resizer expected") };
+    assert_eq!(r.workers, 3);
+    assert!(!r.handle_volume_inuse_error && r.extra_modify_metadata);
+    assert_eq!(inv.modules[0].master(), Some("https://a:6443"));
+    assert!(!r.validate().unwrap().annotate_fs_resize);
+    let (code, text) = exit("csi-resizer --worker-threads=3");
+    assert_eq!(code, 2, "upstream's flag is --workers: {text}");
+    let inv = run("csi-resizer --feature-gates=Topology=true");
+    assert!(inv.modules[0].validate().unwrap_err().to_string().contains("unrecognized feature gate: Topology"));
 }
 
 #[test]

@@ -14,9 +14,10 @@ use std::{borrow::Cow, collections::BTreeMap};
 use k8s_openapi::{
     api::{
         core::v1::{
-            CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-            PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus, SecretReference,
-            TypedLocalObjectReference, TypedObjectReference, VolumeNodeAffinity, VolumeResourceRequirements,
+            CSIPersistentVolumeSource, ModifyVolumeStatus, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+            PersistentVolumeClaimCondition, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+            PersistentVolumeSpec, PersistentVolumeStatus, Pod, SecretReference, TypedLocalObjectReference,
+            TypedObjectReference, VolumeNodeAffinity, VolumeResourceRequirements,
         },
         storage::v1::{VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus},
     },
@@ -307,13 +308,61 @@ impl CachedCsiSource {
     }
 }
 
-/// A PersistentVolumeClaim as cached: metadata and the spec fields a
-/// provisioner reads (no status: it decides from the spec and annotations).
+/// A PersistentVolumeClaim as cached: metadata, the spec fields the
+/// provisioner and resizer read, and the status fields of a resize or a
+/// modification (boxed: `None` costs one pointer).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPvc {
     #[serde(default, deserialize_with = "slim_meta")]
     pub metadata: ObjectMeta,
     pub spec: Option<CachedPvcSpec>,
+    pub status: Option<Box<CachedPvcStatus>>,
+}
+
+/// The parts of a `PersistentVolumeClaimStatus` the resizer reads (only the
+/// `storage` entries of the resource maps).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPvcStatus {
+    #[serde(default, deserialize_with = "shared")]
+    pub phase: Option<Shared>,
+    /// `capacity.storage`.
+    #[serde(rename = "capacity", default, deserialize_with = "storage_of")]
+    pub capacity_storage: Option<Quantity>,
+    /// `allocatedResources.storage`.
+    #[serde(rename = "allocatedResources", default, deserialize_with = "storage_of")]
+    pub allocated_storage: Option<Quantity>,
+    /// `allocatedResourceStatuses.storage`.
+    #[serde(rename = "allocatedResourceStatuses", default, deserialize_with = "storage_status_of")]
+    pub allocated_status_storage: Option<Shared>,
+    #[serde(default)]
+    pub conditions: Option<Vec<PersistentVolumeClaimCondition>>,
+    pub current_volume_attributes_class_name: Option<String>,
+    pub modify_volume_status: Option<ModifyVolumeStatus>,
+}
+
+fn storage_status_of<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shared>, D::Error> {
+    let m: Option<BTreeMap<String, String>> = Deserialize::deserialize(d)?;
+    Ok(m.and_then(|m| m.get("storage").map(|v| intern(v))))
+}
+
+impl CachedPvcStatus {
+    /// The k8s-openapi form.
+    pub fn to_full(&self) -> PersistentVolumeClaimStatus {
+        PersistentVolumeClaimStatus {
+            phase: owned(&self.phase),
+            capacity: storage_map(&self.capacity_storage),
+            allocated_resources: storage_map(&self.allocated_storage),
+            allocated_resource_statuses: self
+                .allocated_status_storage
+                .as_ref()
+                .map(|v| BTreeMap::from([("storage".to_string(), v.to_string())])),
+            conditions: self.conditions.clone(),
+            current_volume_attributes_class_name: self.current_volume_attributes_class_name.clone(),
+            modify_volume_status: self.modify_volume_status.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// The parts of a `PersistentVolumeClaimSpec` kept.
@@ -349,7 +398,7 @@ fn requested_storage<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Quantity>
 resource_as!(CachedPvc, PersistentVolumeClaim);
 
 impl CachedPvc {
-    /// The PersistentVolumeClaim with the kept fields (no status).
+    /// The PersistentVolumeClaim with the kept fields.
     pub fn to_full(&self) -> PersistentVolumeClaim {
         let spec = self.spec.as_ref().map(|s| PersistentVolumeClaimSpec {
             access_modes: owned_list(&s.access_modes),
@@ -365,7 +414,8 @@ impl CachedPvc {
             volume_mode: owned(&s.volume_mode),
             volume_name: s.volume_name.clone(),
         });
-        PersistentVolumeClaim { metadata: self.metadata.clone(), spec, status: None }
+        let status = self.status.as_deref().map(CachedPvcStatus::to_full);
+        PersistentVolumeClaim { metadata: self.metadata.clone(), spec, status }
     }
 }
 
@@ -464,9 +514,126 @@ impl CachedVa {
     }
 }
 
+/// A Pod as cached for the resizer's in-use check: its identity, the
+/// claims it mounts and whether it has terminated; nothing else.
+#[derive(Clone, Debug, Default)]
+pub struct CachedPod {
+    /// Name, namespace, UID and resourceVersion only.
+    pub metadata: ObjectMeta,
+    /// `spec.volumes[*].persistentVolumeClaim.claimName`.
+    pub claims: Box<[String]>,
+    /// `status.phase` is `Succeeded` or `Failed`.
+    pub terminated: bool,
+}
+
+resource_as!(CachedPod, Pod);
+
+impl<'de> Deserialize<'de> for CachedPod {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            name: Option<String>,
+            namespace: Option<String>,
+            uid: Option<String>,
+            resource_version: Option<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ClaimSource {
+            claim_name: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Volume {
+            persistent_volume_claim: Option<ClaimSource>,
+        }
+        #[derive(Deserialize)]
+        struct Spec {
+            #[serde(default)]
+            volumes: Option<Vec<Volume>>,
+        }
+        #[derive(Deserialize)]
+        struct Status {
+            phase: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Wire {
+            metadata: Option<Meta>,
+            spec: Option<Spec>,
+            status: Option<Status>,
+        }
+        let w = Wire::deserialize(d)?;
+        let m = w.metadata.unwrap_or(Meta { name: None, namespace: None, uid: None, resource_version: None });
+        let claims = w
+            .spec
+            .and_then(|s| s.volumes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
+            .collect();
+        let phase = w.status.and_then(|s| s.phase);
+        Ok(CachedPod {
+            metadata: ObjectMeta {
+                name: m.name,
+                namespace: m.namespace,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                ..Default::default()
+            },
+            claims,
+            terminated: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_keep_only_their_claims_and_whether_they_ended() {
+        let pod: CachedPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i"}],
+                     "volumes": [{"name": "a", "persistentVolumeClaim": {"claimName": "data"}},
+                                 {"name": "b", "emptyDir": {}},
+                                 {"name": "c", "persistentVolumeClaim": {"claimName": "logs", "readOnly": true}}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        assert_eq!(&*pod.claims, ["data".to_string(), "logs".to_string()]);
+        assert!(!pod.terminated);
+        assert!(pod.metadata.labels.is_none() && pod.metadata.managed_fields.is_none());
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ns"));
+        let done: CachedPod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "q"}, "status": {"phase": "Succeeded"}}))
+                .unwrap();
+        assert!(done.terminated && done.claims.is_empty());
+        assert_eq!(CachedPod::kind(&()), "Pod");
+    }
+
+    #[test]
+    fn claim_status_keeps_the_resize_fields() {
+        let pvc: CachedPvc = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"volumeName": "pv1", "resources": {"requests": {"storage": "2Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "allocatedResources": {"storage": "2Gi"},
+                       "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress", "x": "y"},
+                       "conditions": [{"type": "Resizing", "status": "True"}],
+                       "modifyVolumeStatus": {"status": "InProgress", "targetVolumeAttributesClassName": "gold"}}
+        }))
+        .unwrap();
+        let st = pvc.status.as_deref().unwrap();
+        assert_eq!(st.allocated_status_storage.as_deref(), Some("ControllerResizeInProgress"));
+        assert_eq!(st.allocated_storage, Some(Quantity("2Gi".into())));
+        let full = pvc.to_full().status.unwrap();
+        assert_eq!(full.capacity.unwrap()["storage"].0, "1Gi");
+        assert_eq!(full.conditions.unwrap()[0].type_, "Resizing");
+        assert_eq!(full.modify_volume_status.unwrap().target_volume_attributes_class_name.as_deref(), Some("gold"));
+    }
 
     #[test]
     fn cached_forms_are_small() {

@@ -6,6 +6,7 @@ pub mod led;
 pub mod prober;
 pub mod provisioner;
 pub mod registrar;
+pub mod resizer;
 pub mod views;
 
 use argh::{ArgsInfo, FromArgs};
@@ -21,6 +22,8 @@ pub enum ModuleConfig {
     Provisioner(Box<provisioner::config::ProvisionerFlags>),
     /// external-attacher.
     Attacher(Box<attacher::config::AttacherFlags>),
+    /// external-resizer.
+    Resizer(Box<resizer::config::ResizerFlags>),
 }
 
 /// How a module's own flags are parsed.
@@ -103,8 +106,14 @@ pub static MODULES: &[ModuleDesc] = &[
         name: "resizer",
         binary_names: &["csi-resizer"],
         replaces: "external-resizer",
-        summary: "volume expansion",
-        flags: None,
+        summary: "volume expansion and VolumeAttributesClass changes",
+        flags: Some(FlagSpec {
+            info: resizer::config::ResizerFlags::get_args_info,
+            parse: |cmd, args| {
+                resizer::config::ResizerFlags::from_args(&[cmd], args).map(|f| ModuleConfig::Resizer(Box::new(f)))
+            },
+            shared: resizer::config::SHARED_FLAGS,
+        }),
     },
     ModuleDesc {
         name: "snapshotter",
@@ -128,6 +137,7 @@ impl ModuleConfig {
             ModuleConfig::Registrar(_) => "registrar",
             ModuleConfig::Provisioner(_) => "provisioner",
             ModuleConfig::Attacher(_) => "attacher",
+            ModuleConfig::Resizer(_) => "resizer",
         }
     }
 }
@@ -179,6 +189,9 @@ impl ModuleConfig {
             ModuleConfig::Attacher(a) => {
                 a.validate().map_err(|message| ModuleError::Config { module: "attacher", message })
             }
+            ModuleConfig::Resizer(r) => {
+                r.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "resizer", message })
+            }
         }
     }
 
@@ -187,7 +200,10 @@ impl ModuleConfig {
     pub fn early_exit(&self) -> Option<u8> {
         match self {
             ModuleConfig::Registrar(r) => registrar::early_exit(r),
-            ModuleConfig::Prober(_) | ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_) => None,
+            ModuleConfig::Prober(_)
+            | ModuleConfig::Provisioner(_)
+            | ModuleConfig::Attacher(_)
+            | ModuleConfig::Resizer(_) => None,
         }
     }
 
@@ -198,18 +214,20 @@ impl ModuleConfig {
             ModuleConfig::Registrar(r) => r.timeout,
             ModuleConfig::Provisioner(p) => p.timeout,
             ModuleConfig::Attacher(a) => a.timeout,
+            ModuleConfig::Resizer(r) => r.timeout,
         }
     }
 
     /// Whether the module needs the Kubernetes client and informer cache.
     pub fn needs_kube(&self) -> bool {
-        matches!(self, ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_))
+        matches!(self, ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_) | ModuleConfig::Resizer(_))
     }
 
     /// `--master`, where the module has it.
     pub fn master(&self) -> Option<&str> {
         match self {
             ModuleConfig::Provisioner(p) => p.master.as_deref(),
+            ModuleConfig::Resizer(r) => r.master.as_deref(),
             _ => None,
         }
     }
@@ -221,6 +239,7 @@ impl ModuleConfig {
             ModuleConfig::Registrar(c) => registrar::run(c, ctx).await,
             ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
             ModuleConfig::Attacher(c) => attacher::run(*c, ctx).await,
+            ModuleConfig::Resizer(c) => resizer::run(*c, ctx).await,
         }
     }
 }

@@ -7,7 +7,7 @@
 use crate::{
     compat::provisioner::ANN_PROVISIONED_BY,
     kube::{
-        cached::{CachedPv, CachedPvc, CachedVa},
+        cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         informers::{Informer, Informers},
     },
 };
@@ -44,4 +44,27 @@ pub fn unbound_claims(
     informers.view(&format!("unbound,driver={driver}"), move |c: &CachedPvc| {
         for_driver(&c.metadata, &d) && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty)
     })
+}
+
+/// Bound claims (with `spec.volumeName`) that may be on a volume of the
+/// driver: `for_driver` drops those another driver provisioned, so other
+/// drivers' claims cost nothing; a claim bound to a pre-created PV has no
+/// provisioner annotation and is kept (its PV decides).
+pub fn bound_claims(
+    informers: &Informers,
+    driver: &str,
+    for_driver: fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, &str) -> bool,
+) -> Informer<CachedPvc> {
+    let d = driver.to_string();
+    informers.view(&format!("bound,driver={driver}"), move |c: &CachedPvc| {
+        for_driver(&c.metadata, &d)
+            && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_some_and(|v| !v.is_empty())
+    })
+}
+
+/// Pods that use claims and have not terminated, as the resizer's in-use
+/// check needs them (claims only); asked for only when the driver can
+/// expand offline only. A pod that terminates leaves the view.
+pub fn pods_using_claims(informers: &Informers) -> Informer<CachedPod> {
+    informers.view("using-claims", |p: &CachedPod| !p.claims.is_empty() && !p.terminated)
 }

@@ -1,6 +1,6 @@
 //! The README's demo: a real control plane, the real CSI driver, the
 //! kubelet's plugin manager and ONE csi-sidecar process running the
-//! provisioner, registrar and prober modules; everything on 127.0.0.1.
+//! provisioner, resizer, registrar and prober modules; everything on 127.0.0.1.
 //!
 //! `demo` runs the scenario and keeps serving until Ctrl-C; `demo --once`
 //! runs it and exits non-zero if a step failed.
@@ -80,7 +80,7 @@ async fn main() -> anyhow::Result<()> {
     let client = cp.client().await;
 
     step(
-        "starting the kubelet's plugin manager and csi-sidecar (provisioner + registrar + prober, one process, one port)",
+        "starting the kubelet's plugin manager and csi-sidecar (provisioner + resizer + registrar + prober, one process, one port)",
     );
     let kubelet = Proc::spawn(
         "kubelet-plugin-harness",
@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         format!("--http-endpoint={addr}"),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
         "provisioner".into(),
+        "resizer".into(),
         "registrar".into(),
         format!("--kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock"),
         format!("--plugin-registration-path={}", registry.display()),
@@ -119,7 +120,9 @@ async fn main() -> anyhow::Result<()> {
     step("a StorageClass and a PVC: provisioned by csi-sidecar, bound by the real PV binder");
     let ns = TestNamespace::new(&client, "demo").await;
     let sc_name = ns.scoped("demo");
-    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, DRIVER)).await;
+    let mut class = storage_class(&sc_name, DRIVER);
+    class.allow_volume_expansion = Some(true);
+    create(&Api::<StorageClass>::all(client.clone()), &class).await;
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
     create(&pvcs, &pvc("data", Some(&sc_name), "1Gi")).await;
     let pv_name = bound(&pvcs, "data").await?;
@@ -127,6 +130,18 @@ async fn main() -> anyhow::Result<()> {
     let pv = pvs.get(&pv_name).await?;
     let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default();
     println!("PVC {}/data Bound to {pv_name} (CSI volume {handle})", ns.name());
+
+    step("expanding the PVC to 2Gi: ControllerExpandVolume, PV and PVC capacity");
+    let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
+    pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;
+    until("the PVC to show 2Gi", Duration::from_secs(60), async || {
+        let c = pvcs.get("data").await.ok()?;
+        (c.status?.capacity?.get("storage")?.0 == "2Gi").then_some(())
+    })
+    .await?;
+    let pv = pvs.get(&pv_name).await?;
+    let cap = pv.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").map(|q| q.0.clone())).unwrap_or_default();
+    println!("PVC {}/data expanded: capacity 2Gi, PV {pv_name} {cap}", ns.name());
 
     step("deleting the PVC: DeleteVolume, PV removed");
     pvcs.delete("data", &DeleteParams::default()).await?;

@@ -43,6 +43,9 @@
 //     those keys are removed from CreateVolume, ListVolumes and
 //     ControllerGetVolume responses, so volume_context is {"name": <volume name>}.
 //   - MODIFY_VOLUME is advertised but ControllerModifyVolume is a no-op.
+//   - With --disable-online-expansion, ControllerExpandVolume fails with
+//     FailedPrecondition while the volume is ControllerPublished; upstream never
+//     clears that mark, this program clears it on ControllerUnpublishVolume.
 //   - The service starts with three volumes ("Mock Volume 1..3", IDs 1-3,
 //     100 GiB) and three snapshots; created volumes get IDs 4, 5, ...
 //     CreateVolume without a capacity range gives 100 GiB; >= 1 TiB is OutOfRange.
@@ -243,6 +246,15 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	resp, err := handler(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	// The mock service marks a volume published on ControllerPublish but
+	// never unmarks it, so with --disable-online-expansion a volume once
+	// attached could never be expanded again. Unmark it on unpublish.
+	if r, ok := req.(*csi.ControllerUnpublishVolumeRequest); ok {
+		if v, found := service.MockVolumes[r.VolumeId]; found {
+			v.ISControllerPublished = false
+			service.MockVolumes[r.VolumeId] = v
+		}
 	}
 	// Copy the response while holding the lock: the mock service returns
 	// pointers into its own state (maps included).

@@ -1,0 +1,134 @@
+//! external-resizer flags (`csi-resizer`), under their upstream names and
+//! defaults, and its feature gates.
+
+use std::time::Duration;
+
+use argh::{ArgsInfo, FromArgs};
+
+use crate::flags::goflags::{go_bool_value, parse_go_bool, parse_go_duration};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s)
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+fn yes() -> bool {
+    true
+}
+
+/// resizer: volume expansion and VolumeAttributesClass changes (external-resizer).
+#[derive(FromArgs, ArgsInfo, Debug, Clone, PartialEq)]
+pub struct ResizerFlags {
+    /// API server URL, overriding the kubeconfig's (out of cluster)
+    #[argh(option)]
+    pub master: Option<String>,
+    /// resync period of the claim, volume and pod handlers (default 10m)
+    #[argh(option, default = "secs(600)", from_str_fn(duration))]
+    pub resync_period: Duration,
+    /// workers of the resize queue, and as many of the modify queue (default 10)
+    #[argh(option, default = "10")]
+    pub workers: usize,
+    /// add PVC name and namespace and PV name to ControllerModifyVolume parameters (default false)
+    #[argh(switch)]
+    pub extra_modify_metadata: bool,
+    /// timeout of each CSI call (default 10s)
+    #[argh(option, default = "secs(10)", from_str_fn(duration))]
+    pub timeout: Duration,
+    /// first retry delay of a failed resize or modify (default 1s)
+    #[argh(option, default = "secs(1)", from_str_fn(duration))]
+    pub retry_interval_start: Duration,
+    /// maximum retry delay; also how long an infeasible size is held back (default 5m)
+    #[argh(option, default = "secs(300)", from_str_fn(duration))]
+    pub retry_interval_max: Duration,
+    /// offline-only drivers: no expansion while a pod uses the claim (watches pods) (default true)
+    #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
+    pub handle_volume_inuse_error: bool,
+    /// feature gates k=v: AnnotateFsResize, RecoverVolumeExpansionFailure, VolumeAttributesClass, ReleaseLeaderElectionOnExit
+    #[argh(option, default = "String::new()")]
+    pub feature_gates: String,
+}
+
+/// Shared flags upstream external-resizer accepts, besides logging.
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
+
+/// Feature gates external-resizer knows, with their defaults.
+pub const FEATURE_GATES: &[(&str, bool)] = &[
+    ("AnnotateFsResize", true),
+    ("RecoverVolumeExpansionFailure", true),
+    ("VolumeAttributesClass", true),
+    ("ReleaseLeaderElectionOnExit", false),
+];
+
+/// The feature gates in effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    /// `AnnotateFsResize`: the PV's pre-resize-capacity annotation.
+    pub annotate_fs_resize: bool,
+    /// `RecoverVolumeExpansionFailure`: allocatedResources, the shrink-back rule.
+    pub recover: bool,
+    /// `VolumeAttributesClass`: the modify controller.
+    pub volume_attributes_class: bool,
+    /// Whether `VolumeAttributesClass` was given explicitly (otherwise it is
+    /// switched off when the apiserver does not serve the API).
+    pub volume_attributes_class_explicit: bool,
+    /// `ReleaseLeaderElectionOnExit` (csi-sidecar always releases; accepted).
+    pub release_leader_election_on_exit: bool,
+}
+
+/// Parses `--feature-gates` (component-base syntax: `Name=bool`, comma separated).
+pub fn parse_gates(s: &str) -> Result<Gates, String> {
+    let mut g = Gates {
+        annotate_fs_resize: true,
+        recover: true,
+        volume_attributes_class: true,
+        volume_attributes_class_explicit: false,
+        release_leader_election_on_exit: false,
+    };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| format!("missing bool value for {part}"))?;
+        let k = k.trim();
+        let v = parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
+        match k {
+            "AnnotateFsResize" => g.annotate_fs_resize = v,
+            "RecoverVolumeExpansionFailure" => g.recover = v,
+            "VolumeAttributesClass" => {
+                g.volume_attributes_class = v;
+                g.volume_attributes_class_explicit = true;
+            }
+            "ReleaseLeaderElectionOnExit" => g.release_leader_election_on_exit = v,
+            _ => return Err(format!("unrecognized feature gate: {k}")),
+        }
+    }
+    Ok(g)
+}
+
+impl ResizerFlags {
+    /// Start-up checks (upstream exits 1 for these).
+    pub fn validate(&self) -> Result<Gates, String> {
+        if self.workers == 0 {
+            return Err("--workers must be greater than 0".into());
+        }
+        parse_gates(&self.feature_gates)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_defaults_and_overrides() {
+        let g = parse_gates("").unwrap();
+        assert!(g.annotate_fs_resize && g.recover && g.volume_attributes_class);
+        assert!(!g.volume_attributes_class_explicit && !g.release_leader_election_on_exit);
+        let g =
+            parse_gates("AnnotateFsResize=false, VolumeAttributesClass=true,ReleaseLeaderElectionOnExit=true").unwrap();
+        assert!(!g.annotate_fs_resize && g.volume_attributes_class_explicit && g.release_leader_election_on_exit);
+        assert!(!parse_gates("RecoverVolumeExpansionFailure=false").unwrap().recover);
+        assert!(parse_gates("Nope=true").unwrap_err().contains("unrecognized feature gate: Nope"));
+        assert!(parse_gates("AnnotateFsResize").is_err());
+        assert!(parse_gates("AnnotateFsResize=maybe").is_err());
+        assert_eq!(FEATURE_GATES.len(), 4);
+    }
+}
