@@ -21,7 +21,7 @@ use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, start_mock_driver},
     cluster::{ControlPlane, Identity},
-    kube_support::{pvc, storage_class},
+    kube_support::{csi_pv, pod, pvc, storage_class},
     process::{Proc, status_kib},
     sidecar_bin,
 };
@@ -47,6 +47,101 @@ struct Args {
     /// comma-separated client QPS settings: default, unlimited, or a number (default "default,unlimited")
     #[argh(option, default = "String::from(\"default,unlimited\")")]
     qps: String,
+    /// idle cache: bound claims, their PVs and a pod using each, of an
+    /// offline-only driver (so the resizer watches pods), then the idle RSS
+    /// of a resizer with all of them cached (default 0: skipped)
+    #[argh(option, default = "0")]
+    idle_cache: usize,
+}
+
+/// The idle-cache driver: offline expansion only, so the in-use check (the Pod watch) is on.
+const IDLE_DRIVER: &str = "bench-idle.csi.example.com";
+const IDLE_NS: &str = "bench-resize-idle";
+
+/// Creates `n` claims bound to `n` PVs of [`IDLE_DRIVER`] (both statuses
+/// written here, consistent, so the PV binder has nothing to do) and a
+/// pending pod using each; starts a resizer and reads its RSS 5 s after its
+/// caches synced; returns the report line.
+async fn idle_cache(admin: &Client, kubeconfig: &std::path::Path, dir: &std::path::Path, n: usize) -> Result<String> {
+    use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, Pod};
+    let csi = dir.join("idle.sock");
+    let mut driver = Proc::spawn(
+        "csi-mock-driver-idle",
+        &csi_sidecar_integration::component_bin("csi-mock-driver"),
+        &[
+            format!("--endpoint=unix://{}", csi.display()),
+            format!("--name={IDLE_DRIVER}"),
+            "--disable-online-expansion".into(),
+        ],
+        dir,
+    );
+    let ns =
+        Namespace { metadata: ObjectMeta { name: Some(IDLE_NS.into()), ..Default::default() }, ..Default::default() };
+    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), IDLE_NS);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), IDLE_NS);
+    let t = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let (pvcs, pvs, pods) = (pvcs.clone(), pvs.clone(), pods.clone());
+            async move {
+                let (claim, volume) = (format!("c{i:05}"), format!("{IDLE_NS}-pv-{i:05}"));
+                let mut c = pvc(&claim, Some(""), "1Gi");
+                if let Some(spec) = c.spec.as_mut() {
+                    spec.volume_name = Some(volume.clone());
+                }
+                let created = pvcs.create(&PostParams::default(), &c).await?;
+                let mut pv = csi_pv(&volume, IDLE_DRIVER, &format!("vol-{i:05}"), "1Gi");
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.claim_ref = Some(ObjectReference {
+                        kind: Some("PersistentVolumeClaim".into()),
+                        namespace: Some(IDLE_NS.into()),
+                        name: Some(claim.clone()),
+                        uid: created.metadata.uid.clone(),
+                        ..Default::default()
+                    });
+                }
+                pvs.create(&PostParams::default(), &pv).await?;
+                let bound = serde_json::json!({"status": {"phase": "Bound"}});
+                pvs.patch_status(&volume, &PatchParams::default(), &Patch::Merge(&bound)).await?;
+                let claim_bound = serde_json::json!({"status": {"phase": "Bound",
+                    "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}});
+                pvcs.patch_status(&claim, &PatchParams::default(), &Patch::Merge(&claim_bound)).await?;
+                let mut p = pod(&format!("p{i:05}"), "", &claim);
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.node_name = None;
+                }
+                pods.create(&PostParams::default(), &p).await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let created = t.elapsed().as_secs_f64();
+    let spawned = Instant::now();
+    let mut rsz = sidecar("resizer-idle", &csi, kubeconfig, &["resizer".into()], dir);
+    wait_for("the idle resizer's caches", Duration::from_secs(300), async || Ok(rsz.logs().contains("Caches synced")))
+        .await?;
+    let synced = spawned.elapsed().as_secs_f64();
+    // Idle: what the caches hold once the start-up is over.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (rss, hwm) = (mib(status_kib(rsz.pid(), "VmRSS:")), mib(status_kib(rsz.pid(), "VmHWM:")));
+    let watches: Vec<String> = rsz
+        .logs()
+        .lines()
+        .filter(|l| l.contains("Watch synced"))
+        .map(|l| l.split("Watch synced").last().unwrap_or("").trim().to_string())
+        .collect();
+    rsz.terminate().await;
+    driver.kill();
+    Ok(format!(
+        "Idle cache: {n} bound claims + {n} PVs + {n} pending pods using them (offline-only driver: pods watched), \
+         created in {created:.0} s; the resizer's caches synced {synced:.2} s after its spawn ({}); \
+         RSS 5 s later **{rss:.1} MiB**, peak {hwm:.1} MiB.",
+        watches.join(", ")
+    ))
 }
 
 struct Round {
@@ -130,6 +225,12 @@ async fn run(args: Args) -> Result<()> {
     .await?;
     prov.terminate().await;
 
+    let idle = if args.idle_cache > 0 {
+        eprintln!("idle cache: {} claims, PVs and pods ...", args.idle_cache);
+        Some(idle_cache(&admin, &kubeconfig, tmp.path(), args.idle_cache).await?)
+    } else {
+        None
+    };
     let mut rounds = Vec::new();
     for (r, q) in qps.iter().enumerate() {
         let size = format!("{}Mi", r + 2);
@@ -181,6 +282,9 @@ async fn run(args: Args) -> Result<()> {
     println!("| QPS | all expanded | requests per expansion | peak RSS |\n|---|---|---|---|");
     for r in &rounds {
         println!("| {} | {:.1} s | {:.2} | {:.1} MiB |", r.qps.label(), r.secs, r.requests_per_expansion, r.peak_rss);
+    }
+    if let Some(idle) = idle {
+        println!("\n{idle}");
     }
     Ok(())
 }
