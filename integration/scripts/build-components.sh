@@ -20,6 +20,9 @@
 #             kubelet-plugin-harness (the test components, built by default)
 #             helm kubectl (for integration/scripts/check-manifests.sh; built
 #             only when named, from integration/go/helm)
+#             snapshot-controller (the common snapshot controller; built only
+#             when named, from integration/go/snapshotter; the snapshot CRDs of
+#             the same release are copied next to it, into crd/)
 #
 # Environment:
 #   CSI_SIDECAR_CACHE        cache root (default $HOME/.cache/csi-sidecar)
@@ -34,7 +37,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" helm kubectl)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" helm kubectl snapshot-controller)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -54,6 +57,7 @@ module_of() {
 	etcd) echo etcd ;;
 	kube-apiserver | kube-controller-manager | csi-mock-driver | kubelet-plugin-harness) echo kube ;;
 	helm | kubectl) echo helm ;;
+	snapshot-controller) echo snapshotter ;;
 	*) return 1 ;;
 	esac
 }
@@ -65,6 +69,7 @@ package_of() {
 	kube-apiserver | kube-controller-manager) echo "k8s.io/kubernetes/cmd/$1" ;;
 	csi-mock-driver | kubelet-plugin-harness | kubectl) echo "./cmd/$1" ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
+	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;
 	esac
 }
 
@@ -127,6 +132,15 @@ recipe() {
 		for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 			LDFLAGS+=" -X $p.gitVersion=$KUBECTL_VERSION -X $p.gitMajor=1 -X $p.gitMinor=${BASH_REMATCH[1]} -X $p.gitTreeState=clean"
 		done
+		;;
+	snapshotter)
+		VERSION=$(modver "$gomod" github.com/kubernetes-csi/external-snapshotter/v8)
+		[[ -n $VERSION ]] || die "no github.com/kubernetes-csi/external-snapshotter/v8 requirement in $gomod"
+		local cv
+		cv=$(modver "$gomod" github.com/kubernetes-csi/external-snapshotter/client/v8)
+		[[ $cv == "$VERSION" ]] || die "client/v8 ($cv) and external-snapshotter/v8 ($VERSION) differ in $gomod"
+		TAGS=""
+		LDFLAGS="-s -w -X main.version=$VERSION"
 		;;
 	*) die "unknown module $mod" ;;
 	esac
@@ -214,6 +228,13 @@ build_module() {
 			dest=$(bin_path "$comp")
 			[[ -f $tmp/$comp ]] || die "go build did not produce $comp"
 			mkdir -p "$(dirname "$dest")"
+			if [[ $comp == snapshot-controller ]]; then
+				# The CRDs of the same release, from the client module.
+				local crds
+				crds=$(cd "$GO_DIR/$mod" && go list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8)/config/crd
+				mkdir -p "$(dirname "$dest")/crd"
+				cp "$crds"/*.storage.k8s.io_*.yaml "$(dirname "$dest")/crd/"
+			fi
 			mv -f "$tmp/$comp" "$dest"
 			echo "built: $dest"
 		done
@@ -275,7 +296,7 @@ command -v go >/dev/null || die "go is not on PATH (Go >= 1.26 is needed)"
 GO_VERSION=$(go env GOVERSION)
 GO_PLATFORM=$(go env GOOS)/$(go env GOARCH)
 
-for mod in etcd kube helm; do
+for mod in etcd kube helm snapshotter; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(module_of "$comp") == "$mod" ]]; then
