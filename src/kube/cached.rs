@@ -51,7 +51,7 @@ struct WireMeta {
     uid: Option<String>,
 }
 
-fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+pub(crate) fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let m: Option<WireMeta> = Deserialize::deserialize(d)?;
     let Some(m) = m else { return Ok(ObjectMeta::default()) };
     Ok(ObjectMeta {

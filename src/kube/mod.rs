@@ -13,6 +13,7 @@ pub mod quantity;
 pub mod queue;
 pub mod secrets;
 pub mod shared_lease;
+pub mod snapshot_api;
 
 use std::{collections::BTreeMap, time::Duration};
 

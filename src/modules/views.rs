@@ -9,6 +9,7 @@ use crate::{
     kube::{
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         informers::{Informer, Informers},
+        snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
     },
 };
 
@@ -67,4 +68,18 @@ pub fn bound_claims(
 /// expand offline only. A pod that terminates leaves the view.
 pub fn pods_using_claims(informers: &Informers) -> Informer<CachedPod> {
     informers.view("using-claims", |p: &CachedPod| !p.claims.is_empty() && !p.terminated)
+}
+
+/// VolumeSnapshotContents of the driver (`spec.driver`): the snapshotter
+/// acts on them, the provisioner reads the content of a snapshot it
+/// restores from. Ask for it only when the snapshot API is installed
+/// ([`crate::kube::snapshot_api::installed`]).
+pub fn driver_snapshot_contents(informers: &Informers, driver: &str) -> Informer<VolumeSnapshotContent> {
+    let d = driver.to_string();
+    informers.view(&format!("driver={driver}"), move |c: &VolumeSnapshotContent| c.spec.driver == d)
+}
+
+/// Every VolumeSnapshotClass (a cluster has a handful).
+pub fn snapshot_classes(informers: &Informers) -> Informer<VolumeSnapshotClass> {
+    informers.get::<VolumeSnapshotClass>()
 }
