@@ -258,8 +258,29 @@ pub mod provisioner {
     pub const REASON_PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
     /// See [`REASON_PROVISIONING`].
     pub const REASON_VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+    /// Finalizer on a PVC that is the source of a clone in progress.
+    pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
+    /// Finalizer on a VolumeSnapshot a volume is being restored from (the
+    /// provisioner's own, distinct from the snapshot-controller's
+    /// `snapshot.storage.kubernetes.io/volumesnapshot-as-source-protection`).
+    pub const SNAPSHOT_SOURCE_FINALIZER: &str = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+    /// VolumeSnapshotContent annotation allowing a restore to another volume mode.
+    pub const ANN_ALLOW_VOLUME_MODE_CHANGE: &str = "snapshot.storage.kubernetes.io/allow-volume-mode-change";
+    /// Data source kinds the provisioner handles itself.
+    pub const KIND_PVC: &str = "PersistentVolumeClaim";
+    /// See [`KIND_PVC`].
+    pub const KIND_SNAPSHOT: &str = "VolumeSnapshot";
+    /// The feature gate for `dataSourceRef.namespace`.
+    pub const GATE_CROSS_NAMESPACE: &str = "CrossNamespaceVolumeDataSource";
+    /// The ReferenceGrant API (Gateway API) consulted for cross-namespace sources.
+    pub const REFERENCE_GRANT_GROUP: &str = "gateway.networking.k8s.io";
+    /// See [`REFERENCE_GRANT_GROUP`].
+    pub const REFERENCE_GRANT_VERSION: &str = "v1beta1";
     /// Work queue names (metrics label).
     pub const QUEUE_CLAIMS: &str = "claims";
+    /// The cloning-protection controller's queue. Upstream names it
+    /// `claims` as well (its metrics collide with the provisioning queue's).
+    pub const QUEUE_CLONING_PROTECTION: &str = "cloning-protection";
     /// See [`QUEUE_CLAIMS`].
     pub const QUEUE_VOLUMES: &str = "volumes";
     /// Resync period of the claim and volume handlers (fixed upstream: the

@@ -10,6 +10,7 @@ pub mod finalizers;
 pub mod informers;
 pub mod leader;
 pub mod quantity;
+pub mod reference_grant;
 pub mod queue;
 pub mod secrets;
 pub mod shared_lease;

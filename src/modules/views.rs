@@ -5,11 +5,11 @@
 //! views of one kind share one watch and one store.
 
 use crate::{
-    compat::provisioner::ANN_PROVISIONED_BY,
+    compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
     kube::{
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         informers::{Informer, Informers},
-        snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
+        snapshot_api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent},
     },
 };
 
@@ -82,4 +82,22 @@ pub fn driver_snapshot_contents(informers: &Informers, driver: &str) -> Informer
 /// Every VolumeSnapshotClass (a cluster has a handful).
 pub fn snapshot_classes(informers: &Informers) -> Informer<VolumeSnapshotClass> {
     informers.get::<VolumeSnapshotClass>()
+}
+
+/// Claims carrying the provisioner's cloning-protection finalizer (clone
+/// sources; bound, so not in [`unbound_claims`]): the cloning-protection
+/// controller releases them. A cluster has few.
+pub fn cloning_protected_claims(informers: &Informers) -> Informer<CachedPvc> {
+    informers.view("cloning-protection", |c: &CachedPvc| {
+        c.metadata.finalizers.iter().flatten().any(|f| f == CLONE_FINALIZER)
+    })
+}
+
+/// VolumeSnapshots carrying the provisioner's source finalizer (restores
+/// in progress, or orphans for the sweep). Ask for it only when the
+/// snapshot API is installed ([`crate::kube::snapshot_api::installed`]).
+pub fn provisioner_protected_snapshots(informers: &Informers) -> Informer<VolumeSnapshot> {
+    informers.view("provisioner-source", |s: &VolumeSnapshot| {
+        s.metadata.finalizers.iter().flatten().any(|f| f == SNAPSHOT_SOURCE_FINALIZER)
+    })
 }

@@ -39,10 +39,10 @@ pub struct ProvisionerFlags {
     /// PVC workers, and as many PV workers (default 100)
     #[argh(option, default = "100")]
     pub worker_threads: usize,
-    /// clone protection workers (accepted; cloning is not implemented yet) (default 1)
+    /// workers removing the cloning-protection finalizer from clone sources (default 1)
     #[argh(option, default = "1")]
     pub cloning_protection_threads: usize,
-    /// snapshot finalizer sweep interval (accepted; snapshots are not implemented yet) (default 5m)
+    /// how often orphaned snapshot source finalizers are swept; 0 disables it (default 5m)
     #[argh(option, default = "secs(300)", from_str_fn(duration))]
     pub snapshot_orphan_sweep_interval: Duration,
     /// capacity workers (accepted; capacity tracking is not implemented yet) (default 1)
@@ -96,7 +96,7 @@ pub struct ProvisionerFlags {
     /// PV spec.csi.readOnly when the PVC's only access mode is ReadOnlyMany (default false)
     #[argh(switch)]
     pub controller_publish_readonly: bool,
-    /// block snapshot restores that change volumeMode (accepted) (default true)
+    /// refuse snapshot restores that change volumeMode unless the content allows it (default true)
     #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
     pub prevent_volume_mode_conversion: bool,
     /// feature gates k=v,k2=v2: Topology, CrossNamespaceVolumeDataSource, VolumeAttributesClass, ReleaseLeaderElectionOnExit
@@ -142,14 +142,8 @@ impl ProvisionerFlags {
         if self.node_deployment {
             return Err("--node-deployment is not implemented by csi-sidecar yet".into());
         }
-        let gates = parse_feature_gates(&self.feature_gates)?;
-        let mut notes = Vec::new();
-        for (gate, on) in gates {
-            if gate == "CrossNamespaceVolumeDataSource" && on {
-                notes.push("feature gate CrossNamespaceVolumeDataSource is accepted but has no effect yet".to_string());
-            }
-        }
-        Ok(notes)
+        parse_feature_gates(&self.feature_gates)?;
+        Ok(Vec::new())
     }
 }
 

@@ -14,7 +14,10 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
 
-use super::params::{self, ParamError, SecretKind, SecretRef, TemplateContext};
+use super::{
+    params::{self, ParamError, SecretKind, SecretRef, TemplateContext},
+    sources::{self, PlanSource, SourceKind, SourceRef},
+};
 use crate::{
     compat::provisioner as up,
     csi::{
@@ -152,6 +155,9 @@ pub struct Plan {
     pub requested_bytes: i64,
     /// `volumeMode: Block`.
     pub block: bool,
+    /// The clone or restore source (`request.volume_content_source` is set
+    /// by the executor once it checked the source).
+    pub source: Option<PlanSource>,
 }
 
 /// Maps one PVC access mode to a CSI access mode (csi-lib-utils `accessmodes`).
@@ -173,24 +179,25 @@ pub fn csi_access_mode(
 
 /// Checks and prepares a provisioning (upstream `prepareProvision`), for the
 /// parts that need no API reads besides the PVC and its StorageClass.
+/// `source`: the claim's data source ([`sources::data_source`], checked
+/// against ReferenceGrants when in another namespace); the content source
+/// itself needs API reads and is filled in by the executor.
 pub fn plan(
     pvc: &PersistentVolumeClaim,
     sc: &StorageClass,
     driver: &DriverInfo,
     s: &Settings,
+    source: Option<&SourceRef>,
 ) -> Result<Plan, PlanError> {
     let spec = pvc.spec.clone().unwrap_or_default();
-    if let Some(ds) = spec.data_source.as_ref().or(None) {
-        match ds.kind.as_str() {
-            "VolumeSnapshot" | "PersistentVolumeClaim" => {
-                return Err(PlanError::Capability(format!(
-                    "data source {} is not supported by this version of csi-sidecar yet",
-                    ds.kind
-                )));
-            }
-            other => return Err(PlanError::ExternalPopulator(other.to_string())),
-        }
-    }
+    let source = match source {
+        None => None,
+        Some(src) => match sources::classify(pvc, src) {
+            Ok(kind) => Some(PlanSource { kind, namespace: src.namespace.clone(), name: src.name.clone() }),
+            Err(sources::SourceError::Populator(kind)) => return Err(PlanError::ExternalPopulator(kind)),
+            Err(e) => return Err(PlanError::Invalid(e.to_string())),
+        },
+    };
     if !driver.has_plugin_service(Svc::ControllerService) {
         return Err(PlanError::Capability(
             "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported"
@@ -202,6 +209,21 @@ pub fn plan(
             "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported"
                 .into(),
         ));
+    }
+    match source.as_ref().map(|s| s.kind) {
+        Some(SourceKind::Snapshot) if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) => {
+            return Err(PlanError::Capability(
+                "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+                    .into(),
+            ));
+        }
+        Some(SourceKind::Clone) if !driver.has_controller_capability(Rpc::CloneVolume) => {
+            return Err(PlanError::Capability(
+                "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+                    .into(),
+            ));
+        }
+        _ => {}
     }
     if spec.selector.is_some() {
         return Err(PlanError::Invalid("claim Selector is not supported".into()));
@@ -271,7 +293,17 @@ pub fn plan(
         parameters,
         ..Default::default()
     };
-    Ok(Plan { pv_name, request, provisioner_secret, pv_secrets, modify_secret, fs_type, requested_bytes, block })
+    Ok(Plan {
+        pv_name,
+        request,
+        provisioner_secret,
+        pv_secrets,
+        modify_secret,
+        fs_type,
+        requested_bytes,
+        block,
+        source,
+    })
 }
 
 /// How a failed `CreateVolume` is handled (upstream `checkError`).
@@ -305,6 +337,9 @@ pub enum ResponseError {
     /// Empty volume ID.
     #[error("CreateVolume returned a volume without an ID")]
     NoVolumeId,
+    /// A clone or restore answered without saying what it was made from.
+    #[error("volume content source missing")]
+    NoContentSource,
     /// Smaller than requested.
     #[error("created volume capacity {got} less than requested capacity {want}")]
     TooSmall {
@@ -335,6 +370,9 @@ pub fn build_pv(
         c if c < plan.requested_bytes => return Err(ResponseError::TooSmall { got: c, want: plan.requested_bytes }),
         c => c,
     };
+    if plan.source.is_some() && vol.content_source.is_none() {
+        return Err(ResponseError::NoContentSource);
+    }
     let mut attributes: BTreeMap<String, String> =
         BTreeMap::from([(up::IDENTITY_KEY.to_string(), identity.to_string())]);
     attributes.extend(vol.volume_context.iter().map(|(k, v)| (k.clone(), v.clone())));

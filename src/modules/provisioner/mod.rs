@@ -10,6 +10,7 @@
 pub mod config;
 pub mod decide;
 pub mod params;
+pub mod sources;
 pub mod topology;
 
 use std::{
@@ -46,12 +47,15 @@ use crate::{
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
         queue::{Backoff, Outcome, WorkQueue},
+        reference_grant::ReferenceGrant,
+        snapshot_api::{VolumeSnapshot, VolumeSnapshotContent},
     },
     modules::{ModuleContext, ModuleError},
 };
 use config::ProvisionerFlags;
 use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};
 use params::SecretRef;
+use sources::{CloneProtection, PlanSource, SourceKind};
 
 const NAME: &str = "provisioner";
 /// How long a deleted backend volume is remembered (stale cache events of
@@ -125,6 +129,23 @@ struct Provisioner {
     /// still show it for a moment, and patching again is a wasted request.
     /// Entries expire after [`DELETED_MEMORY`].
     finalizer_released: RecentUids,
+    /// Feature gate `CrossNamespaceVolumeDataSource`.
+    cross_namespace: bool,
+    /// Clone sources carrying the cloning-protection finalizer, and their
+    /// queue (only with a driver that can clone).
+    clone_protection: Option<(Cache<CachedPvc>, WorkQueue<String>)>,
+    /// VolumeSnapshots carrying the provisioner's source finalizer (only
+    /// with the snapshot API installed, a driver that can snapshot and a
+    /// sweep interval).
+    protected_snapshots: Option<Cache<VolumeSnapshot>>,
+}
+
+/// The message of a failed API read (the apiserver's text for its refusals).
+fn api_error_text(e: &::kube::Error) -> String {
+    match e {
+        ::kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
 }
 
 fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -252,6 +273,193 @@ impl Provisioner {
         }
     }
 
+    /// The plan of a new provisioning, with its data source checked and
+    /// protected (upstream `prepareProvision`).
+    async fn prepare(&self, pvc: &PersistentVolumeClaim, sc: &StorageClass) -> Result<Plan, PlanError> {
+        let invalid = |e: String| PlanError::Invalid(e);
+        let source = sources::data_source(pvc, self.cross_namespace).map_err(|e| invalid(e.to_string()))?;
+        let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
+        if let Some(src) = source.as_ref().filter(|s| s.namespace != claim_ns) {
+            let api: Api<ReferenceGrant> = Api::namespaced(self.client.clone(), &src.namespace);
+            let grants = api.list(&ListParams::default()).await.map_err(|e| {
+                invalid(format!(
+                    "error getting ReferenceGrants in {} namespace from api server: {}",
+                    src.namespace,
+                    api_error_text(&e)
+                ))
+            })?;
+            sources::check_granted(pvc, src, &grants.items).map_err(|e| invalid(e.to_string()))?;
+        }
+        let mut plan = decide::plan(pvc, sc, &self.driver, &self.settings, source.as_ref())?;
+        if let Some(src) = plan.source.clone() {
+            let kind = match src.kind {
+                SourceKind::Clone => up::KIND_PVC,
+                SourceKind::Snapshot => up::KIND_SNAPSHOT,
+            };
+            let content = match src.kind {
+                SourceKind::Clone => self.clone_source(pvc, sc, &src).await,
+                SourceKind::Snapshot => self.snapshot_source(pvc, sc, &src).await,
+            };
+            let content = content.map_err(|e| invalid(sources::handle_error(kind, &src.name, &e)))?;
+            plan.request.volume_content_source = Some(content);
+            self.protect_source(&src).await.map_err(invalid)?;
+        }
+        Ok(plan)
+    }
+
+    /// The clone source's volume, checked (read live: bound claims and
+    /// their PVs need not be in this provisioner's caches).
+    async fn clone_source(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
+        src: &PlanSource,
+    ) -> Result<csi::VolumeContentSource, String> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
+        let source = claims.get(&src.name).await.map_err(|e| {
+            format!(
+                "error getting PVC {} (namespace {:?}) from api server: {}",
+                src.name,
+                pvc.metadata.namespace.as_deref().unwrap_or_default(),
+                api_error_text(&e)
+            )
+        })?;
+        let volume = source.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
+        let pv = match volume {
+            None => None,
+            Some(v) => match Api::<PersistentVolume>::all(self.client.clone()).get(&v).await {
+                Ok(pv) => Some(pv),
+                Err(e) => {
+                    tracing::warn!(pv = %v, source = %src.key(), error = %e, "Cannot read the clone source's volume");
+                    None
+                }
+            },
+        };
+        sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())
+    }
+
+    /// The snapshot's handle, checked (read live, as upstream).
+    async fn snapshot_source(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
+        src: &PlanSource,
+    ) -> Result<csi::VolumeContentSource, String> {
+        let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
+        let snapshot = snapshots
+            .get(&src.name)
+            .await
+            .map_err(|e| format!("error getting snapshot {} from api server: {}", src.name, api_error_text(&e)))?;
+        sources::snapshot_usable(&snapshot)?;
+        let content = match sources::bound_content_name(&snapshot) {
+            None => None,
+            Some(name) => match Api::<VolumeSnapshotContent>::all(self.client.clone()).get(name).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(content = %name, snapshot = %src.key(), error = %e, "Cannot read the snapshot's content");
+                    None
+                }
+            },
+        };
+        sources::snapshot_source(pvc, &sc.provisioner, &snapshot, content.as_ref(), self.cfg.prevent_volume_mode_conversion)
+    }
+
+    /// Puts the provisioner's finalizer on the source (read again: the
+    /// finalizer patch of a custom resource tests the list it read).
+    async fn protect_source(&self, src: &PlanSource) -> Result<(), String> {
+        let result = match src.kind {
+            SourceKind::Clone => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
+                let obj = PersistentVolumeClaim {
+                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some(src.name.clone()),
+                        namespace: Some(src.namespace.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                // A strategic merge: the list merges, nothing read is needed.
+                crate::kube::finalizers::add(&api, &obj, up::CLONE_FINALIZER).await
+            }
+            SourceKind::Snapshot => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
+                match api.get(&src.name).await {
+                    Ok(snap) => crate::kube::finalizers::add(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        result.map_err(|e| e.to_string())
+    }
+
+    /// Drops the provisioner's finalizer from the snapshot a volume was
+    /// restored from; a failure is left to the sweep.
+    async fn release_snapshot(&self, src: &PlanSource) {
+        let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
+        let result = match api.get(&src.name).await {
+            Ok(snap) => crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
+            Err(::kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(snapshot = %src.key(), error = %e, "Failed to remove the snapshot finalizer; the sweep will");
+        }
+    }
+
+    /// The `namespace/name` keys of the sources of `kind` of unfinished creates.
+    fn in_flight_sources(&self, kind: SourceKind) -> Vec<String> {
+        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        in_flight.values().filter_map(|f| f.plan.source.as_ref()).filter(|s| s.kind == kind).map(|s| s.key()).collect()
+    }
+
+    /// The cloning-protection controller: one source claim.
+    async fn sync_clone_source(&self, key: String) -> Outcome {
+        let Some((protected, _)) = &self.clone_protection else { return Outcome::Done };
+        let Some((ns, name)) = key.split_once('/') else { return Outcome::Done };
+        let Some(source) = protected.get(&ObjectRef::new(name).within(ns)) else { return Outcome::Done };
+        let pending = self.pvcs.state();
+        let in_flight = self.in_flight_sources(SourceKind::Clone);
+        match sources::clone_protection(&source, pending.iter().map(|c| &**c), &in_flight) {
+            CloneProtection::Nothing => Outcome::Done,
+            CloneProtection::Wait(why) => {
+                tracing::debug!(source = %key, why, "Clone source still needed");
+                Outcome::Retry
+            }
+            CloneProtection::Release => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
+                match crate::kube::finalizers::remove(&api, &source.to_full(), up::CLONE_FINALIZER).await {
+                    Ok(()) => {
+                        tracing::info!(source = %key, "Removed the cloning-protection finalizer");
+                        Outcome::Done
+                    }
+                    Err(e) => {
+                        tracing::info!(source = %key, error = %e, "Failed to remove the clone finalizer");
+                        Outcome::Retry
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pass of the snapshot-finalizer sweep (upstream's
+    /// SnapshotFinalizerProtection controller).
+    async fn sweep_snapshots(&self) {
+        let Some(snapshots) = &self.protected_snapshots else { return };
+        let all = snapshots.state();
+        let pending = self.pvcs.state();
+        let in_flight = self.in_flight_sources(SourceKind::Snapshot);
+        let orphans = sources::orphaned_snapshots(all.iter().map(|s| &**s), pending.iter().map(|c| &**c), &in_flight);
+        for key in orphans {
+            let Some((ns, name)) = key.split_once('/') else { continue };
+            let Some(snap) = snapshots.get(&ObjectRef::new(name).within(ns)) else { continue };
+            let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), ns);
+            match crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await {
+                Ok(()) => tracing::info!(snapshot = %key, "Removed an orphaned snapshot source finalizer"),
+                Err(e) => tracing::warn!(snapshot = %key, error = %e, "Failed to remove an orphaned snapshot finalizer"),
+            }
+        }
+    }
+
     /// In-flight creates of claims named `key` other than the live one.
     fn orphans_named(&self, key: &str, live_uid: Option<&str>) -> Vec<(String, InFlight)> {
         let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
@@ -286,8 +494,11 @@ impl Provisioner {
             );
         };
         let saved_secrets = saved.as_ref().map(|f| f.secrets.clone());
-        let plan =
-            match saved.map(|f| Ok(f.plan)).unwrap_or_else(|| decide::plan(pvc, sc, &self.driver, &self.settings)) {
+        let plan = match saved.map(|f| Ok(f.plan)) {
+            Some(p) => p,
+            None => self.prepare(pvc, sc).await,
+        };
+        let plan = match plan {
                 Ok(p) => p,
                 Err(PlanError::ExternalPopulator(kind)) => {
                     tracing::info!(claim = %key, kind, "Data source left to an external populator");
@@ -368,6 +579,9 @@ impl Provisioner {
         }
         self.forget_in_flight(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
+        if let Some(src) = plan.source.as_ref().filter(|s| s.kind == SourceKind::Snapshot) {
+            self.release_snapshot(src).await;
+        }
         self.event_pvc(
             pvc,
             EventType::Normal,
@@ -409,7 +623,13 @@ impl Provisioner {
     }
 
     fn forget_in_flight(&self, uid: &str) {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        let gone = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        // A clone source the create held: the protection controller looks again.
+        if let (Some(src), Some((_, queue))) = (gone.and_then(|f| f.plan.source), &self.clone_protection)
+            && src.kind == SourceKind::Clone
+        {
+            queue.add(src.key());
+        }
     }
 
     /// The PVC with this UID went away while its CreateVolume was undecided:
@@ -612,6 +832,35 @@ async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) {
     }
 }
 
+/// The cloning-protection controller's workers (`--cloning-protection-threads`).
+async fn run_cloning_protection(p: Arc<Provisioner>, queue: Option<WorkQueue<String>>, token: CancellationToken) {
+    let Some(queue) = queue else { return };
+    let threads = p.cfg.cloning_protection_threads;
+    if threads == 0 {
+        return;
+    }
+    queue
+        .run(threads, token, move |key| {
+            let p = p.clone();
+            let span = tracing::info_span!("clone_source", key = %key);
+            async move { p.sync_clone_source(key).await }.instrument(span)
+        })
+        .await;
+}
+
+/// The snapshot-finalizer sweep, every `--snapshot-orphan-sweep-interval`
+/// (first at once).
+async fn run_snapshot_sweep(p: Arc<Provisioner>, token: CancellationToken) {
+    if p.protected_snapshots.is_none() {
+        return;
+    }
+    let mut every = tokio::time::interval(p.cfg.snapshot_orphan_sweep_interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while token.run_until_cancelled(every.tick()).await.is_some() {
+        p.sweep_snapshots().instrument(tracing::info_span!("snapshot_sweep")).await;
+    }
+}
+
 /// Runs the provisioner until shutdown (or until its Lease is lost).
 pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
@@ -628,11 +877,28 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let va_inf = driver
         .has_controller_capability(Rpc::PublishUnpublishVolume)
         .then(|| crate::modules::views::driver_vas(informers, &driver.name));
-    let topology_gate = config::parse_feature_gates(&cfg.feature_gates)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|(g, _)| g == "Topology")
-        .is_none_or(|(_, on)| on);
+    let gates = config::parse_feature_gates(&cfg.feature_gates).unwrap_or_default();
+    let topology_gate = gates.iter().find(|(g, _)| g == "Topology").is_none_or(|(_, on)| *on);
+    let cross_namespace = gates.iter().any(|(g, on)| g == up::GATE_CROSS_NAMESPACE && *on);
+    // Claims that are clone sources carrying the cloning-protection
+    // finalizer (a view of the one PVC watch), only with a driver that can
+    // clone (upstream starts the controller only then).
+    let clone_inf = driver
+        .has_controller_capability(Rpc::CloneVolume)
+        .then(|| crate::modules::views::cloning_protected_claims(informers));
+    // The snapshot sweep: VolumeSnapshots carrying the provisioner's
+    // finalizer, only when the snapshot API is installed (silently off
+    // otherwise), the driver can snapshot and the sweep is not disabled.
+    let sweep = driver.has_controller_capability(Rpc::CreateDeleteSnapshot)
+        && !cfg.snapshot_orphan_sweep_interval.is_zero()
+        && match crate::kube::snapshot_api::installed(&kube.client, "volumesnapshots").await {
+            Ok(installed) => installed,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
+                false
+            }
+        };
+    let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
     // Nodes are only read for their labels: a metadata-only watch.
     let topo_inf = (topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints))
         .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
@@ -640,11 +906,29 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let claims: WorkQueue<String> = WorkQueue::new(up::QUEUE_CLAIMS, backoff);
     let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
+    let clone_queue: Option<WorkQueue<String>> =
+        clone_inf.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff));
     // Handlers before the watches start (late ones would be replayed the
     // cache, but there is no reason to be late).
     {
-        let claims = claims.clone();
-        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+        let (claims, clones) = (claims.clone(), clone_queue.clone());
+        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
+            claims.add(claim_key(&c.object().metadata));
+            // A clone that changed (bound, deleted): its source may be free.
+            if let Some(clones) = &clones
+                && let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object())
+            {
+                clones.add(format!("{ns}/{name}"));
+            }
+        });
+    }
+    if let (Some(inf), Some(clones)) = (&clone_inf, &clone_queue) {
+        let clones = clones.clone();
+        inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
+            if !c.is_deleted() && c.object().metadata.deletion_timestamp.is_some() {
+                clones.add(claim_key(&c.object().metadata));
+            }
+        });
     }
     {
         let (volumes, name) = (volumes.clone(), driver.name.clone());
@@ -678,16 +962,29 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         in_flight: Mutex::default(),
         volume_deleted: RecentUids::default(),
         finalizer_released: RecentUids::default(),
+        cross_namespace,
+        clone_protection: clone_inf.as_ref().zip(clone_queue.clone()).map(|(i, q)| (i.store(), q)),
+        protected_snapshots: snap_inf.as_ref().map(|i| i.store()),
         driver: driver.clone(),
         cfg,
     });
     let work = {
         let (p, claims, volumes) = (p.clone(), claims.clone(), volumes.clone());
         let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
+        let (clone_inf, snap_inf, clone_queue) = (clone_inf.clone(), snap_inf.clone(), clone_queue.clone());
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
-            let synced = async { tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced()) };
+            let synced = async {
+                tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced(), async {
+                    if let Some(i) = &clone_inf {
+                        i.synced().await;
+                    }
+                    if let Some(i) = &snap_inf {
+                        i.synced().await;
+                    }
+                })
+            };
             if token.run_until_cancelled(synced).await.is_none() {
                 return;
             }
@@ -705,6 +1002,8 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                     let span = tracing::info_span!("volume", pv = %name);
                     async move { p.sync_volume(name).await }.instrument(span)
                 }),
+                run_cloning_protection(p.clone(), clone_queue, token.clone()),
+                run_snapshot_sweep(p.clone(), token.clone()),
             );
         }
     };

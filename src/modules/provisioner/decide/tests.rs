@@ -134,7 +134,7 @@ fn plan_builds_the_create_request() {
     let claim = pvc(&[OURS], &["ReadWriteOnce", "ReadOnlyMany"], "1Gi");
     let mut s = settings();
     s.extra_create_metadata = true;
-    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s).unwrap();
+    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s, None).unwrap();
     assert_eq!(p.pv_name, "pvc-0b5c7e7a-1c2d-4e5f-8a9b-0c1d2e3f4a5b");
     assert_eq!(p.request.name, p.pv_name);
     assert_eq!(p.request.capacity_range.as_ref().unwrap().required_bytes, 1 << 30);
@@ -158,15 +158,15 @@ fn plan_builds_the_create_request() {
 fn plan_refusals() {
     let claim = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
     let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
-    let err = plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings()).unwrap_err();
+    let err = plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings(), None).unwrap_err();
     assert!(err.to_string().contains("does not support dynamic provisioning"), "{err}");
     let err =
-        plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings()).unwrap_err();
+        plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings(), None).unwrap_err();
     assert!(err.to_string().contains("found unknown parameter key \"csi.storage.k8s.io/bogus\""), "{err}");
     let mut sel = claim.clone();
     sel.spec.as_mut().unwrap().selector = Some(Default::default());
     assert_eq!(
-        plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err().to_string(),
+        plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings(), None).unwrap_err().to_string(),
         "claim Selector is not supported"
     );
     let mut populated = claim.clone();
@@ -175,8 +175,9 @@ fn plan_refusals() {
         kind: "Backup".into(),
         name: "b".into(),
     });
+    let src = sources::data_source(&populated, false).unwrap();
     assert_eq!(
-        plan(&populated, &sc(&[], "Immediate"), &ok_driver, &settings()).unwrap_err(),
+        plan(&populated, &sc(&[], "Immediate"), &ok_driver, &settings(), src.as_ref()).unwrap_err(),
         PlanError::ExternalPopulator("Backup".into())
     );
 }
@@ -205,7 +206,7 @@ fn pv_from_the_answer() {
     let claim = pvc(&[OURS], &["ReadOnlyMany"], "1Gi");
     let mut s = settings();
     s.controller_publish_readonly = true;
-    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s).unwrap();
+    let p = plan(&claim, &class, &driver(&[Rpc::CreateDeleteVolume]), &s, None).unwrap();
     let pv = build_pv(&p, &response("vol-1", 0), &claim, &class, DRIVER, "123-4-mock", &s).unwrap();
     let spec = pv.spec.as_ref().unwrap();
     let csi = spec.csi.as_ref().unwrap();
@@ -237,8 +238,8 @@ fn pv_from_the_answer() {
     );
 
     // Without a provisioner secret the deletion annotations are empty strings.
-    let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings()).unwrap();
-    let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings()).unwrap();
+    let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings(), None).unwrap();
+    let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings(), None).unwrap();
     let ann = pv.metadata.annotations.unwrap();
     assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("", ""));
 }
