@@ -361,7 +361,13 @@ impl Provisioner {
                 }
             },
         };
-        sources::snapshot_source(pvc, &sc.provisioner, &snapshot, content.as_ref(), self.cfg.prevent_volume_mode_conversion)
+        sources::snapshot_source(
+            pvc,
+            &sc.provisioner,
+            &snapshot,
+            content.as_ref(),
+            self.cfg.prevent_volume_mode_conversion,
+        )
     }
 
     /// Puts the provisioner's finalizer on the source (read again: the
@@ -455,7 +461,9 @@ impl Provisioner {
             let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), ns);
             match crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await {
                 Ok(()) => tracing::info!(snapshot = %key, "Removed an orphaned snapshot source finalizer"),
-                Err(e) => tracing::warn!(snapshot = %key, error = %e, "Failed to remove an orphaned snapshot finalizer"),
+                Err(e) => {
+                    tracing::warn!(snapshot = %key, error = %e, "Failed to remove an orphaned snapshot finalizer")
+                }
             }
         }
     }
@@ -499,22 +507,22 @@ impl Provisioner {
             None => self.prepare(pvc, sc).await,
         };
         let plan = match plan {
-                Ok(p) => p,
-                Err(PlanError::ExternalPopulator(kind)) => {
-                    tracing::info!(claim = %key, kind, "Data source left to an external populator");
-                    self.event_pvc(
-                        pvc,
-                        EventType::Normal,
-                        up::REASON_PROVISIONING,
-                        "Assuming an external populator will provision the volume",
-                    );
-                    return Outcome::Done;
-                }
-                Err(e) => {
-                    failed(e.to_string());
-                    return Outcome::Retry;
-                }
-            };
+            Ok(p) => p,
+            Err(PlanError::ExternalPopulator(kind)) => {
+                tracing::info!(claim = %key, kind, "Data source left to an external populator");
+                self.event_pvc(
+                    pvc,
+                    EventType::Normal,
+                    up::REASON_PROVISIONING,
+                    "Assuming an external populator will provision the volume",
+                );
+                return Outcome::Done;
+            }
+            Err(e) => {
+                failed(e.to_string());
+                return Outcome::Retry;
+            }
+        };
         let mut request = plan.request.clone();
         match self.accessibility(pvc, sc) {
             Ok(r) => request.accessibility_requirements = r,

@@ -130,10 +130,15 @@ pub fn data_source(pvc: &PersistentVolumeClaim, cross_namespace_gate: bool) -> R
 
 /// Whether a ReferenceGrant of the source's namespace lets this claim use a
 /// source in another namespace (upstream `IsGranted`).
-pub fn check_granted(pvc: &PersistentVolumeClaim, src: &SourceRef, grants: &[ReferenceGrant]) -> Result<(), SourceError> {
+pub fn check_granted(
+    pvc: &PersistentVolumeClaim,
+    src: &SourceRef,
+    grants: &[ReferenceGrant],
+) -> Result<(), SourceError> {
     let claim_ns = meta_ns(pvc);
     let allowed = grants.iter().filter(|g| g.metadata.namespace.as_deref() == Some(src.namespace.as_str())).any(|g| {
-        let from_ok = g.spec.from.iter().any(|f| f.group.is_empty() && f.kind == up::KIND_PVC && f.namespace == claim_ns);
+        let from_ok =
+            g.spec.from.iter().any(|f| f.group.is_empty() && f.kind == up::KIND_PVC && f.namespace == claim_ns);
         from_ok
             && g.spec.to.iter().any(|t| {
                 t.group == src.api_group

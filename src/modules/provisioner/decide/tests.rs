@@ -160,8 +160,8 @@ fn plan_refusals() {
     let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
     let err = plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings(), None).unwrap_err();
     assert!(err.to_string().contains("does not support dynamic provisioning"), "{err}");
-    let err =
-        plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings(), None).unwrap_err();
+    let err = plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings(), None)
+        .unwrap_err();
     assert!(err.to_string().contains("found unknown parameter key \"csi.storage.k8s.io/bogus\""), "{err}");
     let mut sel = claim.clone();
     sel.spec.as_mut().unwrap().selector = Some(Default::default());
@@ -239,7 +239,7 @@ fn pv_from_the_answer() {
 
     // Without a provisioner secret the deletion annotations are empty strings.
     let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings(), None).unwrap();
-    let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings(), None).unwrap();
+    let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings()).unwrap();
     let ann = pv.metadata.annotations.unwrap();
     assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("", ""));
 }
@@ -308,4 +308,54 @@ fn volume_decisions() {
             v.status
         );
     }
+}
+
+#[test]
+fn plan_with_data_sources() {
+    use k8s_openapi::api::core::v1::TypedLocalObjectReference;
+    let with = |group: Option<&str>, kind: &str| {
+        let mut c = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
+        c.spec.as_mut().unwrap().data_source =
+            Some(TypedLocalObjectReference { api_group: group.map(Into::into), kind: kind.into(), name: "src".into() });
+        c
+    };
+    let class = sc(&[], "Immediate");
+    let clone = with(None, "PersistentVolumeClaim");
+    let restore = with(Some("snapshot.storage.k8s.io"), "VolumeSnapshot");
+    let src = |c: &PersistentVolumeClaim| sources::data_source(c, false).unwrap();
+    let basic = driver(&[Rpc::CreateDeleteVolume]);
+    assert_eq!(
+        plan(&clone, &class, &basic, &settings(), src(&clone).as_ref()).unwrap_err().to_string(),
+        "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+    );
+    assert_eq!(
+        plan(&restore, &class, &basic, &settings(), src(&restore).as_ref()).unwrap_err().to_string(),
+        "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+    );
+    let able = driver(&[Rpc::CreateDeleteVolume, Rpc::CloneVolume, Rpc::CreateDeleteSnapshot]);
+    let p = plan(&clone, &class, &able, &settings(), src(&clone).as_ref()).unwrap();
+    assert_eq!(p.source, Some(PlanSource { kind: SourceKind::Clone, namespace: "team-a".into(), name: "src".into() }));
+    // The content source is the executor's, once it checked the source.
+    assert_eq!(p.request.volume_content_source, None);
+    let p = plan(&restore, &class, &able, &settings(), src(&restore).as_ref()).unwrap();
+    assert_eq!(p.source.map(|s| s.kind), Some(SourceKind::Snapshot));
+    let wrong_group = with(Some("example.com"), "VolumeSnapshot");
+    assert!(
+        plan(&wrong_group, &class, &able, &settings(), src(&wrong_group).as_ref())
+            .unwrap_err()
+            .to_string()
+            .contains("does not belong to the right APIGroup")
+    );
+
+    // A clone's answer must say what it was made from.
+    let mut p = plan(&clone, &class, &able, &settings(), src(&clone).as_ref()).unwrap();
+    assert_eq!(
+        build_pv(&p, &response("vol-1", 0), &clone, &class, DRIVER, "id", &settings()),
+        Err(ResponseError::NoContentSource)
+    );
+    let mut resp = response("vol-1", 0);
+    resp.volume.as_mut().unwrap().content_source = Some(Default::default());
+    assert!(build_pv(&p, &resp, &clone, &class, DRIVER, "id", &settings()).is_ok());
+    p.source = None;
+    assert!(build_pv(&p, &response("vol-1", 0), &clone, &class, DRIVER, "id", &settings()).is_ok());
 }
