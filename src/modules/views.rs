@@ -101,3 +101,12 @@ pub fn provisioner_protected_snapshots(informers: &Informers) -> Informer<Volume
         s.metadata.finalizers.iter().flatten().any(|f| f == SNAPSHOT_SOURCE_FINALIZER)
     })
 }
+
+/// Claims of any driver still waiting for a volume that clone a claim or
+/// restore a snapshot (`with_source`: the provisioner's test of the data
+/// source): what keeps a clone source's or a snapshot's protection. Any
+/// driver, as upstream: a claim of a late-binding class has no provisioner
+/// annotation before the scheduler picks a node. A claim that binds leaves.
+pub fn claims_waiting_for_sources(informers: &Informers, with_source: fn(&CachedPvc) -> bool) -> Informer<CachedPvc> {
+    informers.view("waiting-for-source", move |c: &CachedPvc| with_source(c))
+}

@@ -131,6 +131,9 @@ struct Provisioner {
     finalizer_released: RecentUids,
     /// Feature gate `CrossNamespaceVolumeDataSource`.
     cross_namespace: bool,
+    /// Claims (any driver) waiting for a volume from a clone or restore
+    /// source, when a protection controller runs.
+    waiting: Option<Cache<CachedPvc>>,
     /// Clone sources carrying the cloning-protection finalizer, and their
     /// queue (only with a driver that can clone).
     clone_protection: Option<(Cache<CachedPvc>, WorkQueue<String>)>,
@@ -423,8 +426,9 @@ impl Provisioner {
         let Some((protected, _)) = &self.clone_protection else { return Outcome::Done };
         let Some((ns, name)) = key.split_once('/') else { return Outcome::Done };
         let Some(source) = protected.get(&ObjectRef::new(name).within(ns)) else { return Outcome::Done };
-        let pending = self.pvcs.state();
+        let pending = self.waiting.as_ref().map(|w| w.state()).unwrap_or_default();
         let in_flight = self.in_flight_sources(SourceKind::Clone);
+        tracing::trace!(source = %key, waiting = pending.len(), in_flight = in_flight.len(), "Checking a clone source");
         match sources::clone_protection(&source, pending.iter().map(|c| &**c), &in_flight) {
             CloneProtection::Nothing => Outcome::Done,
             CloneProtection::Wait(why) => {
@@ -452,7 +456,7 @@ impl Provisioner {
     async fn sweep_snapshots(&self) {
         let Some(snapshots) = &self.protected_snapshots else { return };
         let all = snapshots.state();
-        let pending = self.pvcs.state();
+        let pending = self.waiting.as_ref().map(|w| w.state()).unwrap_or_default();
         let in_flight = self.in_flight_sources(SourceKind::Snapshot);
         let orphans = sources::orphaned_snapshots(all.iter().map(|s| &**s), pending.iter().map(|c| &**c), &in_flight);
         for key in orphans {
@@ -907,6 +911,8 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
             }
         };
     let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
+    let waiting_inf = (clone_inf.is_some() || snap_inf.is_some())
+        .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
     // Nodes are only read for their labels: a metadata-only watch.
     let topo_inf = (topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints))
         .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
@@ -919,13 +925,14 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     // Handlers before the watches start (late ones would be replayed the
     // cache, but there is no reason to be late).
     {
-        let (claims, clones) = (claims.clone(), clone_queue.clone());
-        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
-            claims.add(claim_key(&c.object().metadata));
-            // A clone that changed (bound, deleted): its source may be free.
-            if let Some(clones) = &clones
-                && let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object())
-            {
+        let claims = claims.clone();
+        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+    }
+    if let (Some(inf), Some(clones)) = (&waiting_inf, &clone_queue) {
+        // A clone that changed (bound, deleted): its source may be free.
+        let clones = clones.clone();
+        inf.on_change(move |c| {
+            if let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object()) {
                 clones.add(format!("{ns}/{name}"));
             }
         });
@@ -971,6 +978,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         volume_deleted: RecentUids::default(),
         finalizer_released: RecentUids::default(),
         cross_namespace,
+        waiting: waiting_inf.as_ref().map(|i| i.store()),
         clone_protection: clone_inf.as_ref().zip(clone_queue.clone()).map(|(i, q)| (i.store(), q)),
         protected_snapshots: snap_inf.as_ref().map(|i| i.store()),
         driver: driver.clone(),
@@ -980,6 +988,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (p, claims, volumes) = (p.clone(), claims.clone(), volumes.clone());
         let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
         let (clone_inf, snap_inf, clone_queue) = (clone_inf.clone(), snap_inf.clone(), clone_queue.clone());
+        let waiting_inf = waiting_inf.clone();
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
@@ -989,6 +998,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                         i.synced().await;
                     }
                     if let Some(i) = &snap_inf {
+                        i.synced().await;
+                    }
+                    if let Some(i) = &waiting_inf {
                         i.synced().await;
                     }
                 })

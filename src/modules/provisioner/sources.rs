@@ -359,6 +359,12 @@ pub fn referenced_source(c: &CachedPvc) -> Option<(SourceKind, String, String)> 
     Some((kind_of(&r.kind, r.api_group.as_deref())?, ns, r.name.clone()))
 }
 
+/// Whether a claim waits for a volume made from a clone or restore source
+/// (the view the protection controllers read).
+pub fn waits_for_source(c: &CachedPvc) -> bool {
+    is_pending(c) && referenced_source(c).is_some()
+}
+
 /// Whether a claim is still waiting for its volume (phase `Pending`, or no
 /// phase yet).
 pub fn is_pending(c: &CachedPvc) -> bool {

@@ -517,3 +517,14 @@ fn snapshot_sweep() {
         orphaned_snapshots([&a, &b, &c, &d, &unprotected], [&restore_a, &restored_b, &cross_c], &["team-a/d".into()]);
     assert_eq!(orphans, vec!["team-a/b".to_string()]);
 }
+
+#[test]
+fn claims_waiting_for_a_source() {
+    let clone = with_source(claim("1Gi", None), None, "PersistentVolumeClaim", "src");
+    assert!(waits_for_source(&cached(&clone, Some("Pending"))));
+    assert!(waits_for_source(&cached(&clone, None)), "no phase yet");
+    assert!(!waits_for_source(&cached(&clone, Some("Bound"))));
+    assert!(!waits_for_source(&cached(&claim("1Gi", None), Some("Pending"))), "no source");
+    let populator = with_source(claim("1Gi", None), Some("example.com"), "Backup", "b");
+    assert!(!waits_for_source(&cached(&populator, Some("Pending"))));
+}
