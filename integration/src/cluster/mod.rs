@@ -47,6 +47,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{component_bin, workspace_root};
 
+mod world;
+pub use world::NodeInfo;
+use world::{SNAPSHOT_CONTROLLER, install_snapshot_crds, start_snapshot_controller};
+
 /// Keep the run directory even after a clean run (`1`/`true`).
 pub const KEEP_ENV: &str = "CSI_SIDECAR_KEEP_CLUSTER";
 /// Parent directory for run directories (default: `<workspace>/target/cluster-runs`).
@@ -95,6 +99,9 @@ pub struct ClusterInfo {
     pub pids: Pids,
     /// Milliseconds from the launcher's start until each step was done.
     pub startup_ms: StartupMs,
+    /// The hollow nodes (`cluster serve --nodes N`), Ready when reported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeInfo>,
 }
 
 /// Loopback ports of a cluster.
@@ -124,6 +131,9 @@ pub struct Pids {
     /// The snapshot-controller, when the launcher runs one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_controller: Option<u32>,
+    /// kube-scheduler, when the launcher runs nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_scheduler: Option<u32>,
 }
 
 impl Pids {
@@ -500,6 +510,11 @@ pub struct ServeOptions {
     /// (both from the component cache: `snapshot-controller` and the `crd/`
     /// directory next to it).
     pub snapshots: bool,
+    /// Run kube-scheduler and this many hollow kubelets (kubemark's kubelet
+    /// with a fake runtime and mounter; `hollow-node` in the component
+    /// cache); kube-controller-manager then also runs the node lifecycle
+    /// controller, which lifts the not-ready taint of a new node.
+    pub nodes: u32,
 }
 
 impl Default for ServeOptions {
@@ -513,6 +528,7 @@ impl Default for ServeOptions {
             grace: Duration::from_secs(10),
             apiserver_args: Vec::new(),
             snapshots: false,
+            nodes: 0,
         }
     }
 }
@@ -680,7 +696,7 @@ async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
-async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
+pub(crate) async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
     let req = http::Request::get(path).body(Vec::new())?;
     Ok(client.request_text(req).await?)
 }
@@ -726,7 +742,9 @@ struct Running {
 }
 
 impl Running {
-    /// Stops KCM, then the apiserver, then etcd. Returns whether all stopped cleanly.
+    /// Stops the components in the reverse order of their start (nodes and
+    /// controllers, KCM, the apiserver, etcd). Returns whether all stopped
+    /// cleanly.
     async fn stop(&mut self, grace: Duration, log: &Log) -> bool {
         let mut clean = true;
         while let Some(mut c) = self.comps.pop() {
@@ -757,6 +775,7 @@ async fn start_components(
     running: &mut Running,
     t0: Instant,
     opts: &ServeOptions,
+    nodes_base: Option<PathBuf>,
 ) -> Result<ClusterInfo> {
     let apiserver_args = &opts.apiserver_args;
     let pki = run_dir.join("pki");
@@ -841,7 +860,11 @@ async fn start_components(
         format!("--kubeconfig={kc}"),
         format!("--authentication-kubeconfig={kc}"),
         format!("--authorization-kubeconfig={kc}"),
-        format!("--controllers={KCM_CONTROLLERS}"),
+        if opts.nodes > 0 {
+            format!("--controllers={KCM_CONTROLLERS},node-lifecycle-controller")
+        } else {
+            format!("--controllers={KCM_CONTROLLERS}")
+        },
         "--leader-elect=false".into(),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={kcm_port}"),
@@ -867,6 +890,14 @@ async fn start_components(
         start_snapshot_controller(&kubeconfig, &log_dir, running).await?;
         log.info(&format!("snapshot CRDs and snapshot-controller ready at {} ms", t0.elapsed().as_millis()));
     }
+    let mut nodes = Vec::new();
+    if opts.nodes > 0 {
+        world::start_scheduler(&kubeconfig, &log_dir, running).await?;
+        log.info(&format!("kube-scheduler ready at {} ms", t0.elapsed().as_millis()));
+        let base = nodes_base.as_deref().ok_or_else(|| anyhow!("no directory for the nodes"))?;
+        nodes = world::start_nodes(opts.nodes, base, &kubeconfig, &admin, &log_dir, running).await?;
+        log.info(&format!("{} hollow nodes Ready at {} ms", nodes.len(), t0.elapsed().as_millis()));
+    }
 
     let pid = |name: &str| running.comps.iter().find(|c| c.name == name).map(Component::pid).unwrap_or(0);
     Ok(ClusterInfo {
@@ -885,92 +916,11 @@ async fn start_components(
             kube_apiserver: pid("kube-apiserver"),
             kube_controller_manager: pid("kube-controller-manager"),
             snapshot_controller: Some(pid(SNAPSHOT_CONTROLLER)).filter(|p| *p != 0),
+            kube_scheduler: Some(pid(world::SCHEDULER)).filter(|p| *p != 0),
         },
         startup_ms: StartupMs { pki: pki_ms, etcd: etcd_ms, apiserver: api_ms, kcm: kcm_ms },
+        nodes,
     })
-}
-
-/// The component name (and log file) of the common snapshot controller.
-const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
-
-/// Creates the snapshot CRDs shipped with the snapshot-controller's release
-/// (`crd/*.yaml` next to its binary in the component cache) and waits until
-/// each is Established.
-async fn install_snapshot_crds(admin: &kube::Client, log: &Log) -> Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let bin = component_bin(SNAPSHOT_CONTROLLER);
-    let dir = bin.parent().ok_or_else(|| anyhow!("{} has no parent", bin.display()))?.join("crd");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| {
-            format!("the snapshot CRDs: read {} (run build-components.sh snapshot-controller)", dir.display())
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml") && !p.ends_with("kustomization.yaml"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        bail!("no CRDs in {}", dir.display());
-    }
-    let api: kube::Api<CustomResourceDefinition> = kube::Api::all(admin.clone());
-    let mut names = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
-        let crd: CustomResourceDefinition =
-            serde_saphyr::from_str(&text).map_err(|e| anyhow!("{}: not a CRD: {e}", f.display()))?;
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        match api.create(&kube::api::PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(anyhow!("create CRD {name}: {e}")),
-        }
-        names.push(name);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for name in &names {
-        loop {
-            let crd = api.get(name).await.with_context(|| format!("get CRD {name}"))?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("CRD {name} not Established within 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    log.info(&format!("{} snapshot CRDs Established", names.len()));
-    Ok(())
-}
-
-/// Starts the common snapshot-controller (as the admin, on loopback, without
-/// leader election) and waits until it serves its metrics.
-async fn start_snapshot_controller(kubeconfig: &Path, log_dir: &Path, running: &mut Running) -> Result<()> {
-    let [port] = free_ports::<1>()?;
-    let addr = format!("127.0.0.1:{port}");
-    let args: Vec<String> = vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--http-endpoint={addr}"),
-        "--leader-election=false".into(),
-        // Tests retry quickly; the defaults (1 s .. 5 min) stay for production.
-        "--retry-interval-start=100ms".into(),
-        "--retry-interval-max=5s".into(),
-        "--kube-api-qps=100".into(),
-        "--kube-api-burst=200".into(),
-        "-v=4".into(),
-    ];
-    running.comps.push(Component::spawn(SNAPSHOT_CONTROLLER, &component_bin(SNAPSHOT_CONTROLLER), &args, log_dir)?);
-    let comp = running.comps.last_mut().ok_or_else(|| anyhow!("no snapshot-controller"))?;
-    wait_ready(comp, "/metrics", Duration::from_secs(60), async || {
-        let r = crate::http::get(&addr, "/metrics").await.map_err(|e| anyhow!(e))?;
-        Ok(r.status == 200)
-    })
-    .await
 }
 
 fn pem_to_der(pem: &str) -> Result<Vec<u8>> {
@@ -1140,8 +1090,16 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     };
 
     let mut running = Running { comps: Vec::new() };
+    // The nodes' root directories hold sockets: a short path outside the run
+    // directory, removed at every teardown (the kubelet leaves them behind).
+    let nodes_base = if opts.nodes > 0 { Some(world::nodes_base()?) } else { None };
+    let remove_nodes_base = || {
+        if let Some(b) = &nodes_base {
+            let _ = std::fs::remove_dir_all(b);
+        }
+    };
     let started = tokio::select! {
-        r = start_components(&run_dir, &log, &mut running, t0, &opts) => Ok(r),
+        r = start_components(&run_dir, &log, &mut running, t0, &opts, nodes_base.clone()) => Ok(r),
         _ = sigterm.recv() => Err("SIGTERM"),
         _ = sigint.recv() => Err("SIGINT"),
         _ = sighup.recv() => Err("SIGHUP"),
@@ -1157,6 +1115,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
         Err(msg) => {
             log.error(&format!("startup failed: {msg}"));
             running.stop(opts.grace, &log).await;
+            remove_nodes_base();
             let _ = write_file(&run_dir.join(FAILED_MARKER), &format!("startup failed: {msg}\n"), false);
             let line = serde_json::json!({"error": msg, "run_dir": run_dir});
             let mut out = std::io::stdout().lock();
@@ -1231,6 +1190,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     }
     let t_stop = Instant::now();
     let clean = running.stop(opts.grace, &log).await;
+    remove_nodes_base();
     log.info(&format!("stopped in {} ms", t_stop.elapsed().as_millis()));
     failed |= !clean;
 
@@ -1436,6 +1396,20 @@ impl ControlPlane {
         match cp {
             Ok(cp) => cp,
             Err(e) => panic!("starting the control plane with snapshots failed: {e}"),
+        }
+    }
+
+    /// One control plane per test binary with kube-scheduler and one hollow
+    /// kubelet (`cluster serve --nodes 1`, the node in `info().nodes[0]`),
+    /// started on first use.
+    pub fn with_node() -> &'static ControlPlane {
+        static NODE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let cp = NODE.get_or_init(|| {
+            ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"]).map_err(|e| format!("{e:#}"))
+        });
+        match cp {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the control plane with a node failed: {e}"),
         }
     }
 
