@@ -3,7 +3,7 @@
 //! plugin and plugin manager, with a fake container runtime and mounter),
 //! the real attach-detach and PV controllers, Kubernetes' CSI mock driver,
 //! and csi-sidecar twice: `registrar prober` on the node, `provisioner
-//! attacher` as the controller. Every step is asserted from the API and from
+//! attacher resizer` as the controller. Every step is asserted from the API and from
 //! the driver's own record of the calls it served.
 
 use std::{path::PathBuf, time::Duration};
@@ -55,6 +55,8 @@ impl World {
             format!("--name={driver_name}"),
             format!("--node-id={}", node.name),
             "--enable-topology".to_string(),
+            // NodeExpandVolume after ControllerExpandVolume.
+            "--node-expand-required".to_string(),
         ];
         let driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &args, dir.path());
         let args = vec![
@@ -74,7 +76,7 @@ impl World {
         self.node.plugins_dir.join(&self.driver_name).join("csi.sock")
     }
 
-    /// The controller csi-sidecar: provisioner (with topology) and attacher.
+    /// The controller csi-sidecar: provisioner (with topology), attacher and resizer.
     fn start_controller(&mut self, cp: &ControlPlane) {
         let args = vec![
             format!("--csi-address={}", self.sock().display()),
@@ -84,6 +86,8 @@ impl World {
             "--feature-gates=Topology=true".to_string(),
             "--retry-interval-start=200ms".to_string(),
             "attacher".to_string(),
+            "--retry-interval-start=200ms".to_string(),
+            "resizer".to_string(),
             "--retry-interval-start=200ms".to_string(),
         ];
         self.controller = Some(Proc::spawn("csi-sidecar-controller", &sidecar_bin(), &args, self._dir.path()));
@@ -137,6 +141,7 @@ async fn a_pod_with_a_new_claim_runs_on_the_real_node_and_everything_is_undone_a
     let sc = ns.scoped("sc");
     let mut class = storage_class(&sc, &w.driver_name);
     class.volume_binding_mode = Some("WaitForFirstConsumer".to_string());
+    class.allow_volume_expansion = Some(true);
     create(&Api::<StorageClass>::all(client.clone()), &class).await;
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
     create(&pvcs, &pvc("data", Some(&sc), "1Gi")).await;
@@ -193,7 +198,20 @@ async fn a_pod_with_a_new_claim_runs_on_the_real_node_and_everything_is_undone_a
     w.wait_calls("Node/NodePublishVolume", 1).await;
     step("staged and published by the kubelet: the pod is Running");
 
-    // 4. Deleting the pod unpublishes, unstages and detaches.
+    // 4. Expansion while in use: the resizer expands the volume, the kubelet
+    //    expands it on the node and records the new capacity.
+    let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
+    pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("expand");
+    wait_for(&pvcs, "data", T, |c| {
+        c.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str())
+            == Some("2Gi")
+    })
+    .await;
+    assert_eq!(w.calls("Controller/ControllerExpandVolume"), 1);
+    assert!(w.calls("Node/NodeExpandVolume") >= 1, "the kubelet expanded it on the node");
+    step("expanded to 2Gi: ControllerExpandVolume by csi-sidecar, NodeExpandVolume by the kubelet");
+
+    // 5. Deleting the pod unpublishes, unstages and detaches.
     pods.delete("app", &DeleteParams::default()).await.expect("delete pod");
     wait_deleted(&pods, "app", T).await;
     w.wait_calls("Node/NodeUnpublishVolume", 1).await;
@@ -202,7 +220,7 @@ async fn a_pod_with_a_new_claim_runs_on_the_real_node_and_everything_is_undone_a
     w.wait_calls("Controller/ControllerUnpublishVolume", 1).await;
     step("pod deleted: unpublished, unstaged, detached");
 
-    // 5. Deleting the claim deletes the volume.
+    // 6. Deleting the claim deletes the volume.
     pvcs.delete("data", &DeleteParams::default()).await.expect("delete claim");
     wait_deleted(&pvs, &pv_name, T).await;
     w.wait_calls("Controller/DeleteVolume", 1).await;
@@ -213,6 +231,7 @@ async fn a_pod_with_a_new_claim_runs_on_the_real_node_and_everything_is_undone_a
         ("Controller/CreateVolume", 1),
         ("Controller/ControllerPublishVolume", 1),
         ("Controller/ControllerUnpublishVolume", 1),
+        ("Controller/ControllerExpandVolume", 1),
         ("Controller/DeleteVolume", 1),
         ("Node/NodeStageVolume", 1),
         ("Node/NodeUnstageVolume", 1),
