@@ -47,6 +47,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{component_bin, workspace_root};
 
+mod world;
+pub use world::NodeInfo;
+use world::{SNAPSHOT_CONTROLLER, install_snapshot_crds, start_snapshot_controller};
+
 /// Keep the run directory even after a clean run (`1`/`true`).
 pub const KEEP_ENV: &str = "CSI_SIDECAR_KEEP_CLUSTER";
 /// Parent directory for run directories (default: `<workspace>/target/cluster-runs`).
@@ -95,6 +99,9 @@ pub struct ClusterInfo {
     pub pids: Pids,
     /// Milliseconds from the launcher's start until each step was done.
     pub startup_ms: StartupMs,
+    /// The hollow nodes (`cluster serve --nodes N`), Ready when reported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeInfo>,
 }
 
 /// Loopback ports of a cluster.
@@ -121,6 +128,12 @@ pub struct Pids {
     pub kube_apiserver: u32,
     /// kube-controller-manager.
     pub kube_controller_manager: u32,
+    /// The snapshot-controller, when the launcher runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_controller: Option<u32>,
+    /// kube-scheduler, when the launcher runs nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_scheduler: Option<u32>,
 }
 
 impl Pids {
@@ -493,6 +506,15 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// Extra kube-apiserver flags (e.g. `--feature-gates=WatchList=false`).
     pub apiserver_args: Vec<String>,
+    /// Install the snapshot CRDs and run the common snapshot-controller
+    /// (both from the component cache: `snapshot-controller` and the `crd/`
+    /// directory next to it).
+    pub snapshots: bool,
+    /// Run kube-scheduler and this many hollow kubelets (kubemark's kubelet
+    /// with a fake runtime and mounter; `hollow-node` in the component
+    /// cache); kube-controller-manager then also runs the node lifecycle
+    /// controller, which lifts the not-ready taint of a new node.
+    pub nodes: u32,
 }
 
 impl Default for ServeOptions {
@@ -505,6 +527,8 @@ impl Default for ServeOptions {
             quiet: false,
             grace: Duration::from_secs(10),
             apiserver_args: Vec::new(),
+            snapshots: false,
+            nodes: 0,
         }
     }
 }
@@ -672,7 +696,7 @@ async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
-async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
+pub(crate) async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
     let req = http::Request::get(path).body(Vec::new())?;
     Ok(client.request_text(req).await?)
 }
@@ -718,7 +742,9 @@ struct Running {
 }
 
 impl Running {
-    /// Stops KCM, then the apiserver, then etcd. Returns whether all stopped cleanly.
+    /// Stops the components in the reverse order of their start (nodes and
+    /// controllers, KCM, the apiserver, etcd). Returns whether all stopped
+    /// cleanly.
     async fn stop(&mut self, grace: Duration, log: &Log) -> bool {
         let mut clean = true;
         while let Some(mut c) = self.comps.pop() {
@@ -748,8 +774,10 @@ async fn start_components(
     log: &Log,
     running: &mut Running,
     t0: Instant,
-    apiserver_args: &[String],
+    opts: &ServeOptions,
+    nodes_base: Option<PathBuf>,
 ) -> Result<ClusterInfo> {
+    let apiserver_args = &opts.apiserver_args;
     let pki = run_dir.join("pki");
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -832,7 +860,11 @@ async fn start_components(
         format!("--kubeconfig={kc}"),
         format!("--authentication-kubeconfig={kc}"),
         format!("--authorization-kubeconfig={kc}"),
-        format!("--controllers={KCM_CONTROLLERS}"),
+        if opts.nodes > 0 {
+            format!("--controllers={KCM_CONTROLLERS},node-lifecycle-controller")
+        } else {
+            format!("--controllers={KCM_CONTROLLERS}")
+        },
         "--leader-elect=false".into(),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={kcm_port}"),
@@ -853,6 +885,20 @@ async fn start_components(
     let kcm_ms = t0.elapsed().as_millis() as u64;
     log.info(&format!("kube-controller-manager ready on {kcm_url} at {kcm_ms} ms"));
 
+    if opts.snapshots {
+        install_snapshot_crds(&admin, log).await?;
+        start_snapshot_controller(&kubeconfig, &log_dir, running).await?;
+        log.info(&format!("snapshot CRDs and snapshot-controller ready at {} ms", t0.elapsed().as_millis()));
+    }
+    let mut nodes = Vec::new();
+    if opts.nodes > 0 {
+        world::start_scheduler(&kubeconfig, &log_dir, running).await?;
+        log.info(&format!("kube-scheduler ready at {} ms", t0.elapsed().as_millis()));
+        let base = nodes_base.as_deref().ok_or_else(|| anyhow!("no directory for the nodes"))?;
+        nodes = world::start_nodes(opts.nodes, base, &kubeconfig, &admin, &log_dir, running).await?;
+        log.info(&format!("{} hollow nodes Ready at {} ms", nodes.len(), t0.elapsed().as_millis()));
+    }
+
     let pid = |name: &str| running.comps.iter().find(|c| c.name == name).map(Component::pid).unwrap_or(0);
     Ok(ClusterInfo {
         run_dir: run_dir.to_path_buf(),
@@ -869,8 +915,11 @@ async fn start_components(
             etcd: pid("etcd"),
             kube_apiserver: pid("kube-apiserver"),
             kube_controller_manager: pid("kube-controller-manager"),
+            snapshot_controller: Some(pid(SNAPSHOT_CONTROLLER)).filter(|p| *p != 0),
+            kube_scheduler: Some(pid(world::SCHEDULER)).filter(|p| *p != 0),
         },
         startup_ms: StartupMs { pki: pki_ms, etcd: etcd_ms, apiserver: api_ms, kcm: kcm_ms },
+        nodes,
     })
 }
 
@@ -1041,8 +1090,16 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     };
 
     let mut running = Running { comps: Vec::new() };
+    // The nodes' root directories hold sockets: a short path outside the run
+    // directory, removed at every teardown (the kubelet leaves them behind).
+    let nodes_base = if opts.nodes > 0 { Some(world::nodes_base()?) } else { None };
+    let remove_nodes_base = || {
+        if let Some(b) = &nodes_base {
+            let _ = std::fs::remove_dir_all(b);
+        }
+    };
     let started = tokio::select! {
-        r = start_components(&run_dir, &log, &mut running, t0, &opts.apiserver_args) => Ok(r),
+        r = start_components(&run_dir, &log, &mut running, t0, &opts, nodes_base.clone()) => Ok(r),
         _ = sigterm.recv() => Err("SIGTERM"),
         _ = sigint.recv() => Err("SIGINT"),
         _ = sighup.recv() => Err("SIGHUP"),
@@ -1058,6 +1115,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
         Err(msg) => {
             log.error(&format!("startup failed: {msg}"));
             running.stop(opts.grace, &log).await;
+            remove_nodes_base();
             let _ = write_file(&run_dir.join(FAILED_MARKER), &format!("startup failed: {msg}\n"), false);
             let line = serde_json::json!({"error": msg, "run_dir": run_dir});
             let mut out = std::io::stdout().lock();
@@ -1132,6 +1190,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
     }
     let t_stop = Instant::now();
     let clean = running.stop(opts.grace, &log).await;
+    remove_nodes_base();
     log.info(&format!("stopped in {} ms", t_stop.elapsed().as_millis()));
     failed |= !clean;
 
@@ -1322,6 +1381,35 @@ impl ControlPlane {
         match shared {
             Ok(cp) => cp,
             Err(e) => panic!("starting the shared control plane failed: {e}"),
+        }
+    }
+
+    /// One control plane per test binary with the snapshot CRDs installed
+    /// and the real snapshot-controller running (`cluster serve
+    /// --snapshots`), started on first use. [`ControlPlane::shared`] has
+    /// neither: there, the snapshot API is not installed.
+    pub fn with_snapshots() -> &'static ControlPlane {
+        static SNAPSHOTS: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let cp = SNAPSHOTS.get_or_init(|| {
+            ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"]).map_err(|e| format!("{e:#}"))
+        });
+        match cp {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the control plane with snapshots failed: {e}"),
+        }
+    }
+
+    /// One control plane per test binary with kube-scheduler and one hollow
+    /// kubelet (`cluster serve --nodes 1`, the node in `info().nodes[0]`),
+    /// started on first use.
+    pub fn with_node() -> &'static ControlPlane {
+        static NODE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let cp = NODE.get_or_init(|| {
+            ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"]).map_err(|e| format!("{e:#}"))
+        });
+        match cp {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the control plane with a node failed: {e}"),
         }
     }
 
