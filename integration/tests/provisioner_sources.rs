@@ -4,7 +4,10 @@
 //! the checks that refuse a clone (upstream's events, no CreateVolume), a
 //! populator's kind left alone, and cross-namespace sources (the apiserver
 //! of this binary runs with `CrossNamespaceVolumeDataSource`, so
-//! `dataSourceRef.namespace` is kept) with and without ReferenceGrants.
+//! `dataSourceRef.namespace` is kept) with and without ReferenceGrants;
+//! restores from VolumeSnapshots bound by the real snapshot-controller
+//! (pre-provisioned contents whose status the test writes as a snapshotter
+//! would), the refused restores, and the snapshot-finalizer sweep.
 
 use std::{path::PathBuf, sync::OnceLock, time::Duration};
 
@@ -22,20 +25,21 @@ use k8s_openapi::{
 };
 use kube::{
     Api,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams},
 };
 
 const T: Duration = Duration::from_secs(30);
 const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
-/// This binary's control plane: with the apiserver's
-/// `CrossNamespaceVolumeDataSource` gate, which the shared one lacks.
+/// This binary's control plane: the snapshot CRDs and the real
+/// snapshot-controller, and the apiserver's `CrossNamespaceVolumeDataSource`
+/// gate, which the shared one lacks.
 fn control_plane() -> &'static ControlPlane {
     static CP: OnceLock<ControlPlane> = OnceLock::new();
     CP.get_or_init(|| {
         ControlPlane::spawn_launcher(
             &launcher_bin(),
-            &["--apiserver-arg", "--feature-gates=CrossNamespaceVolumeDataSource=true"],
+            &["--snapshots", "--apiserver-arg", "--feature-gates=CrossNamespaceVolumeDataSource=true"],
         )
         .unwrap_or_else(|e| panic!("starting the control plane failed: {e:#}"))
     })
@@ -421,4 +425,176 @@ async fn cross_namespace_clone_needs_a_reference_grant() {
     assert!(finalizers(&src).iter().any(|f| f == CLONE_FINALIZER), "{:?}", finalizers(&src));
     ns.delete().await;
     src_ns.delete().await;
+}
+
+const SNAPSHOT_FINALIZER: &str = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+
+fn snapshot_api(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", kind))
+}
+
+fn snapshot_obj(kind: &str, mut v: serde_json::Value) -> DynamicObject {
+    v["apiVersion"] = "snapshot.storage.k8s.io/v1".into();
+    v["kind"] = kind.into();
+    serde_json::from_value(v).expect("object")
+}
+
+/// A pre-provisioned VolumeSnapshotContent of `driver` (snapshot handle
+/// `handle`, taken of a Filesystem volume) and the VolumeSnapshot `name`
+/// bound to it; `ready`: its status as a snapshotter would write it (the
+/// snapshot-controller copies it to the snapshot). Returns the content's name.
+async fn snapshot(ns: &TestNamespace, driver: &str, name: &str, handle: &str, ready: Option<i64>) -> String {
+    let client = ns.client().clone();
+    let contents: Api<DynamicObject> = Api::all_with(client.clone(), &snapshot_api("VolumeSnapshotContent"));
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(client, ns.name(), &snapshot_api("VolumeSnapshot"));
+    let content = ns.scoped(&format!("content-{name}"));
+    let spec = serde_json::json!({
+        "metadata": {"name": content},
+        "spec": {"deletionPolicy": "Retain", "driver": driver, "source": {"snapshotHandle": handle},
+                 "sourceVolumeMode": "Filesystem", "volumeSnapshotRef": {"name": name, "namespace": ns.name()}}
+    });
+    create(&contents, &snapshot_obj("VolumeSnapshotContent", spec)).await;
+    if let Some(size) = ready {
+        let status = serde_json::json!({"status": {"snapshotHandle": handle, "readyToUse": true, "restoreSize": size}});
+        contents.patch_status(&content, &PatchParams::default(), &Patch::Merge(&status)).await.expect("content status");
+    }
+    let snap =
+        serde_json::json!({"metadata": {"name": name}, "spec": {"source": {"volumeSnapshotContentName": content}}});
+    create(&snapshots, &snapshot_obj("VolumeSnapshot", snap)).await;
+    // Bound by the snapshot-controller (and, when ready, marked so).
+    wait_for(&snapshots, name, T, |s| {
+        s.data["status"]["boundVolumeSnapshotContentName"] == content.as_str()
+            && (ready.is_none() || s.data["status"]["readyToUse"] == true)
+    })
+    .await;
+    content
+}
+
+fn restore_of(name: &str, class: &str, size: &str, snapshot: &str) -> PersistentVolumeClaim {
+    let mut c = pvc(name, Some(class), size);
+    c.spec.as_mut().expect("spec").data_source = Some(TypedLocalObjectReference {
+        api_group: Some("snapshot.storage.k8s.io".into()),
+        kind: "VolumeSnapshot".into(),
+        name: snapshot.into(),
+    });
+    c
+}
+
+fn dyn_finalizers(o: &DynamicObject) -> Vec<String> {
+    o.metadata.finalizers.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
+    let cp = control_plane();
+    let ns = TestNamespace::new(&cp.client().await, "restore").await;
+    let s = Setup::start(cp, &[]);
+    let sc_name = ns.scoped("sc");
+    create(&Api::<StorageClass>::all(ns.client().clone()), &storage_class(&sc_name, &s.driver_name)).await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    // The mock driver starts with snapshots "1".."3".
+    let content = snapshot(&ns, &s.driver_name, "ready", "1", Some(2 << 20)).await;
+    snapshot(&ns, &s.driver_name, "unready", "2", None).await;
+
+    let restored = create(&pvcs, &restore_of("restored", &sc_name, "2Mi", "ready")).await;
+    bound_pv(&ns, "restored").await;
+    let creates = s.creates_of(&pv_name_of(&restored));
+    assert_eq!(creates.len(), 1, "{creates:?}");
+    assert_eq!(creates[0]["volumeContentSource"]["snapshot"]["snapshotId"], "1", "{}", creates[0]);
+    // The provisioner's finalizer is gone once the PV exists.
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ns.client().clone(), ns.name(), &snapshot_api("VolumeSnapshot"));
+    wait_for(&snapshots, "ready", T, |o| !dyn_finalizers(o).iter().any(|f| f == SNAPSHOT_FINALIZER)).await;
+
+    let prefix = format!("failed to provision volume with StorageClass \"{sc_name}\": ");
+    let handle =
+        |name: &str| format!("{prefix}error getting handle for DataSource Type VolumeSnapshot by Name {name}: ");
+    let unready = create(&pvcs, &restore_of("from-unready", &sc_name, "2Mi", "unready")).await;
+    let smaller = create(&pvcs, &restore_of("smaller", &sc_name, "1Mi", "ready")).await;
+    let mut block = restore_of("block", &sc_name, "2Mi", "ready");
+    block.spec.as_mut().expect("spec").volume_mode = Some("Block".into());
+    let block = create(&pvcs, &block).await;
+    wait_event(
+        &ns,
+        "from-unready",
+        "ProvisioningFailed",
+        &format!("{}snapshot unready is not Ready", handle("unready")),
+    )
+    .await;
+    wait_event(
+        &ns,
+        "smaller",
+        "ProvisioningFailed",
+        &format!(
+            "{}requested volume size 1048576 is less than the size 2097152 for the source snapshot ready",
+            handle("ready")
+        ),
+    )
+    .await;
+    wait_event(
+        &ns,
+        "block",
+        "ProvisioningFailed",
+        &format!(
+            "{}requested volume {}/block modifies the mode of the source volume but does not have permission to do so. \
+             snapshot.storage.kubernetes.io/allow-volume-mode-change annotation is not present on snapshotcontent {content}",
+            handle("ready"),
+            ns.name()
+        ),
+    )
+    .await;
+    // Retried refusals: the system had the chance to call the driver.
+    wait_until("the refused restores are retried", T, async || {
+        let evs = events_for(&ns, "smaller").await;
+        let count = evs
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+            .map(|e| e.count.unwrap_or(1))
+            .sum::<i32>();
+        (count >= 2, count)
+    })
+    .await;
+    for c in [&unready, &smaller, &block] {
+        assert_eq!(s.creates_of(&pv_name_of(c)), Vec::<serde_json::Value>::new(), "{:?}", c.metadata.name);
+    }
+    // While they wait, the snapshot they name keeps the provisioner's
+    // finalizer only if a restore got as far as protecting it: these did not.
+    let ready = snapshots.get("ready").await.expect("snapshot");
+    assert!(!dyn_finalizers(&ready).iter().any(|f| f == SNAPSHOT_FINALIZER), "{:?}", dyn_finalizers(&ready));
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn the_sweep_removes_orphaned_snapshot_finalizers_only() {
+    let cp = control_plane();
+    let ns = TestNamespace::new(&cp.client().await, "sweep").await;
+    let s = Setup::start(cp, &["--snapshot-orphan-sweep-interval=1s"]);
+    let late_sc = ns.scoped("late");
+    let mut late = storage_class(&late_sc, &s.driver_name);
+    late.volume_binding_mode = Some("WaitForFirstConsumer".into());
+    create(&Api::<StorageClass>::all(ns.client().clone()), &late).await;
+    snapshot(&ns, &s.driver_name, "orphan", "1", Some(1 << 20)).await;
+    snapshot(&ns, &s.driver_name, "needed", "2", Some(1 << 20)).await;
+    // A restore waiting for a consumer needs "needed".
+    create(&ns.api::<PersistentVolumeClaim>(), &restore_of("waiting", &late_sc, "1Mi", "needed")).await;
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ns.client().clone(), ns.name(), &snapshot_api("VolumeSnapshot"));
+    // The needed one first: the sweep that clears the orphan's finalizer
+    // saw both (one watch delivers changes in order).
+    for name in ["needed", "orphan"] {
+        let current = snapshots.get(name).await.expect("snapshot");
+        let mut finalizers = dyn_finalizers(&current);
+        finalizers.push(SNAPSHOT_FINALIZER.into());
+        let patch = serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": current.metadata.resource_version}});
+        snapshots.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("add finalizer");
+    }
+    wait_for(&snapshots, "orphan", T, |o| !dyn_finalizers(o).iter().any(|f| f == SNAPSHOT_FINALIZER)).await;
+    wait_until("the provisioner logs the orphan's release", T, async || {
+        (s.provisioner.logs().contains("Removed an orphaned snapshot source finalizer"), ())
+    })
+    .await;
+    let needed = snapshots.get("needed").await.expect("snapshot");
+    assert!(dyn_finalizers(&needed).iter().any(|f| f == SNAPSHOT_FINALIZER), "{:?}", dyn_finalizers(&needed));
+    assert!(!s.provisioner.logs().contains(&format!("snapshot={}/needed", ns.name())), "{}", s.provisioner.logs());
+    ns.delete().await;
 }
