@@ -861,9 +861,17 @@ async fn run_cloning_protection(p: Arc<Provisioner>, queue: Option<WorkQueue<Str
 }
 
 /// The snapshot-finalizer sweep, every `--snapshot-orphan-sweep-interval`
-/// (first at once).
-async fn run_snapshot_sweep(p: Arc<Provisioner>, token: CancellationToken) {
-    if p.protected_snapshots.is_none() {
+/// (first once its cache synced). Provisioning does not wait for that cache:
+/// a role without `list`/`watch` on VolumeSnapshots (upstream's are
+/// optional) costs the sweep, logged as the watch's refusal, not the
+/// provisioner.
+async fn run_snapshot_sweep(
+    p: Arc<Provisioner>,
+    snapshots: Option<crate::kube::informers::Informer<VolumeSnapshot>>,
+    token: CancellationToken,
+) {
+    let Some(snapshots) = snapshots else { return };
+    if token.run_until_cancelled(snapshots.synced()).await.is_none() {
         return;
     }
     let mut every = tokio::time::interval(p.cfg.snapshot_orphan_sweep_interval);
@@ -997,9 +1005,6 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                     if let Some(i) = &clone_inf {
                         i.synced().await;
                     }
-                    if let Some(i) = &snap_inf {
-                        i.synced().await;
-                    }
                     if let Some(i) = &waiting_inf {
                         i.synced().await;
                     }
@@ -1023,7 +1028,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                     async move { p.sync_volume(name).await }.instrument(span)
                 }),
                 run_cloning_protection(p.clone(), clone_queue, token.clone()),
-                run_snapshot_sweep(p.clone(), token.clone()),
+                run_snapshot_sweep(p.clone(), snap_inf.clone(), token.clone()),
             );
         }
     };
