@@ -221,7 +221,9 @@ fn clone_checks() {
     let mut released = pv.clone();
     released.status.as_mut().unwrap().phase = Some("Released".into());
     let block = source_pv(Some("Block"));
-    let cases: Vec<(&str, PersistentVolumeClaim, PersistentVolumeClaim, Option<&PersistentVolume>, Result<String, String>)> = vec![
+    type Case<'a> =
+        (&'a str, PersistentVolumeClaim, PersistentVolumeClaim, Option<&'a PersistentVolume>, Result<String, String>);
+    let cases: Vec<Case> = vec![
         ("source pending", c.clone(), pending, Some(&pv), Err("the PVC DataSource src must have a status of Bound.  Got {Phase:Pending}".into())),
         ("source deleting", c.clone(), deleting, Some(&pv), Err("the PVC DataSource src is currently being deleted".into())),
         ("source without class", c.clone(), no_class, Some(&pv), Err("the source PVC (src) storageclass cannot be empty".into())),
@@ -328,14 +330,9 @@ fn snapshot_checks() {
     let conversion =
         "requested volume team-a/clone modifies the mode of the source volume but does not have permission to do so.";
     let ann = up::ANN_ALLOW_VOLUME_MODE_CHANGE;
-    let cases: Vec<(
-        &str,
-        PersistentVolumeClaim,
-        VolumeSnapshot,
-        Option<VolumeSnapshotContent>,
-        bool,
-        Result<String, String>,
-    )> = vec![
+    type Case<'a> =
+        (&'a str, PersistentVolumeClaim, VolumeSnapshot, Option<VolumeSnapshotContent>, bool, Result<String, String>);
+    let cases: Vec<Case> = vec![
         ("no bound content", c.clone(), unbound, Some(fs.clone()), true, not_bound.clone()),
         ("no status", c.clone(), no_status, Some(fs.clone()), true, not_bound.clone()),
         ("content unreadable", c.clone(), ready.clone(), None, true, not_bound.clone()),
