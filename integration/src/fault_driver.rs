@@ -101,6 +101,9 @@ pub struct Script {
     pub modify: bool,
     /// `ControllerModifyVolume` fails with this while set.
     pub modify_error: Option<(Code, String)>,
+    /// Advertise CLONE_VOLUME (with `controller`); a created volume's
+    /// answer echoes the request's `volume_content_source`.
+    pub clone: bool,
 }
 
 impl Default for Script {
@@ -130,6 +133,7 @@ impl Default for Script {
             node_expansion_required: false,
             modify: false,
             modify_error: None,
+            clone: false,
         }
     }
 }
@@ -463,6 +467,9 @@ impl Controller for Service {
         if s.modify {
             rpcs.push(RpcType::ModifyVolume);
         }
+        if s.clone {
+            rpcs.push(RpcType::CloneVolume);
+        }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
@@ -493,8 +500,9 @@ impl Controller for Service {
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
         let bytes = req.capacity_range.map_or(0, |c| c.required_bytes);
+        let content_source = req.volume_content_source;
         Ok(Response::new(csi::CreateVolumeResponse {
-            volume: Some(csi::Volume { volume_id: id, capacity_bytes: bytes, ..Default::default() }),
+            volume: Some(csi::Volume { volume_id: id, capacity_bytes: bytes, content_source, ..Default::default() }),
         }))
     }
 

@@ -352,3 +352,54 @@ async fn resource_exhausted_on_the_selected_node_reschedules() {
     .await;
     assert!(env.our_pvs().await.is_empty());
 }
+
+/// Invariant 8 with a clone: a clone whose CreateVolume timed out is deleted
+/// while the driver may still be copying its source; the source, deleted
+/// too, keeps its cloning-protection finalizer until that create has a
+/// final answer (and its volume is cleaned up), then goes.
+#[tokio::test]
+async fn a_clone_source_stays_protected_while_an_orphaned_clone_create_is_unfinished() {
+    let env = Env::new("clone").await;
+    let (driver, p) = env.slow_creates(|s| Script { clone: true, create_delay: Duration::ZERO, ..s });
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("src", Some(&env.sc), "1Mi")).await;
+    env.wait_all_bound(1).await;
+    // From now on every create outlives the provisioner's 1 s timeout.
+    driver.update(|s| s.create_delay = Duration::from_secs(3));
+    let mut copy = pvc("copy", Some(&env.sc), "1Mi");
+    copy.spec.as_mut().expect("spec").data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+        api_group: None,
+        kind: "PersistentVolumeClaim".into(),
+        name: "src".into(),
+    });
+    create(&pvcs, &copy).await;
+    wait_until("a DeadlineExceeded event for the clone", T, async || {
+        let e = env.events("ProvisioningFailed").await;
+        (e.iter().any(|m| m.contains("DeadlineExceeded")), e)
+    })
+    .await;
+    pvcs.delete("copy", &DeleteParams::default()).await.expect("delete clone");
+    pvcs.delete("src", &DeleteParams::default()).await.expect("delete source");
+    // The controller looked at the deleting source and kept it for the
+    // unfinished create.
+    wait_until("the source kept for the unfinished create", T, async || {
+        (p.logs().contains("a CreateVolume cloning it is unfinished"), ())
+    })
+    .await;
+    let src = pvcs.get("src").await.expect("the source is still there");
+    assert!(
+        src.metadata.finalizers.iter().flatten().any(|f| f == "provisioner.storage.kubernetes.io/cloning-protection"),
+        "{:?}",
+        src.metadata.finalizers
+    );
+    // The backend answers in time: the orphaned clone is finished and
+    // deleted, then the source is released and goes, and its volume too.
+    driver.update(|s| s.create_delay = Duration::ZERO);
+    csi_sidecar_integration::kube_support::wait_deleted(&pvcs, "src", T).await;
+    wait_until("the backend to be empty again", T, async || {
+        let v = driver.volume_names();
+        (v.is_empty(), v)
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty(), "{:?}", env.our_pvs().await);
+}
