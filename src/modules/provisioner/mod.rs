@@ -143,6 +143,12 @@ struct Provisioner {
     protected_snapshots: Option<Cache<VolumeSnapshot>>,
 }
 
+/// A clone's or restore's source as read for its checks.
+enum ReadSource {
+    Claim(Box<PersistentVolumeClaim>),
+    Snapshot(Box<VolumeSnapshot>),
+}
+
 /// The message of a failed API read (the apiserver's text for its refusals).
 fn api_error_text(e: &::kube::Error) -> String {
     match e {
@@ -303,9 +309,9 @@ impl Provisioner {
                 SourceKind::Clone => self.clone_source(pvc, sc, &src).await,
                 SourceKind::Snapshot => self.snapshot_source(pvc, sc, &src).await,
             };
-            let content = content.map_err(|e| invalid(sources::handle_error(kind, &src.name, &e)))?;
+            let (content, read) = content.map_err(|e| invalid(sources::handle_error(kind, &src.name, &e)))?;
             plan.request.volume_content_source = Some(content);
-            self.protect_source(&src).await.map_err(invalid)?;
+            self.protect_source(read).await.map_err(invalid)?;
         }
         Ok(plan)
     }
@@ -317,7 +323,7 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
         src: &PlanSource,
-    ) -> Result<csi::VolumeContentSource, String> {
+    ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
             format!(
@@ -338,7 +344,8 @@ impl Provisioner {
                 }
             },
         };
-        sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())
+        let content = sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())?;
+        Ok((content, ReadSource::Claim(Box::new(source))))
     }
 
     /// The snapshot's handle, checked (read live, as upstream).
@@ -347,7 +354,7 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
         src: &PlanSource,
-    ) -> Result<csi::VolumeContentSource, String> {
+    ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
         let snapshot = snapshots
             .get(&src.name)
@@ -364,38 +371,24 @@ impl Provisioner {
                 }
             },
         };
-        sources::snapshot_source(
-            pvc,
-            &sc.provisioner,
-            &snapshot,
-            content.as_ref(),
-            self.cfg.prevent_volume_mode_conversion,
-        )
+        let prevent = self.cfg.prevent_volume_mode_conversion;
+        let handle = sources::snapshot_source(pvc, &sc.provisioner, &snapshot, content.as_ref(), prevent)?;
+        Ok((handle, ReadSource::Snapshot(Box::new(snapshot))))
     }
 
-    /// Puts the provisioner's finalizer on the source (read again: the
-    /// finalizer patch of a custom resource tests the list it read).
-    async fn protect_source(&self, src: &PlanSource) -> Result<(), String> {
-        let result = match src.kind {
-            SourceKind::Clone => {
-                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
-                let obj = PersistentVolumeClaim {
-                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                        name: Some(src.name.clone()),
-                        namespace: Some(src.namespace.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                // A strategic merge: the list merges, nothing read is needed.
-                crate::kube::finalizers::add(&api, &obj, up::CLONE_FINALIZER).await
+    /// Puts the provisioner's finalizer on the source as read (nothing to
+    /// write when it has it; a snapshot's tested patch re-reads on a change).
+    async fn protect_source(&self, read: ReadSource) -> Result<(), String> {
+        let result = match read {
+            ReadSource::Claim(c) => {
+                let ns = c.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+                crate::kube::finalizers::add(&api, &*c, up::CLONE_FINALIZER).await
             }
-            SourceKind::Snapshot => {
-                let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
-                match api.get(&src.name).await {
-                    Ok(snap) => crate::kube::finalizers::add(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
-                    Err(e) => Err(e),
-                }
+            ReadSource::Snapshot(snap) => {
+                let ns = snap.metadata.namespace.clone().unwrap_or_default();
+                let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &ns);
+                crate::kube::finalizers::add(&api, &*snap, up::SNAPSHOT_SOURCE_FINALIZER).await
             }
         };
         result.map_err(|e| e.to_string())
