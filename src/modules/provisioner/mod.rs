@@ -2,10 +2,13 @@
 //!
 //! PVCs whose provisioner annotation names the driver get a volume from
 //! `CreateVolume` and a PV; Released PVs with reclaim `Delete` get
-//! `DeleteVolume` and are removed. Decisions are in [`decide`] and
-//! [`params`]; this file does the I/O: informers from the shared cache, two
-//! work queues (`claims`, `volumes`), CSI calls through the shared
-//! connection, events, and the optional Lease.
+//! `DeleteVolume` and are removed. Clones and snapshot restores get their
+//! source checked and protected by a finalizer first; the
+//! cloning-protection controller and the snapshot-finalizer sweep release
+//! those. Decisions are in [`decide`], [`sources`] and [`params`]; this file
+//! does the I/O: views of the shared cache, three work queues (`claims`,
+//! `volumes`, `cloning-protection`), live reads of data sources, CSI calls
+//! through the shared connection, events, and the optional Lease.
 
 pub mod config;
 pub mod decide;
