@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 
 echo "==> building csi-sidecar and the real components (cached after the first run)"
-bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness
+bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness snapshot-controller
 # The debug profile shares its build with the test command (CI runs both).
 cargo build --bin csi-sidecar -p csi-sidecar --bin demo --bin cluster -p csi-sidecar-integration
 exec target/debug/demo "$@"

@@ -121,6 +121,9 @@ pub struct Pids {
     pub kube_apiserver: u32,
     /// kube-controller-manager.
     pub kube_controller_manager: u32,
+    /// The snapshot-controller, when the launcher runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_controller: Option<u32>,
 }
 
 impl Pids {
@@ -493,6 +496,10 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// Extra kube-apiserver flags (e.g. `--feature-gates=WatchList=false`).
     pub apiserver_args: Vec<String>,
+    /// Install the snapshot CRDs and run the common snapshot-controller
+    /// (both from the component cache: `snapshot-controller` and the `crd/`
+    /// directory next to it).
+    pub snapshots: bool,
 }
 
 impl Default for ServeOptions {
@@ -505,6 +512,7 @@ impl Default for ServeOptions {
             quiet: false,
             grace: Duration::from_secs(10),
             apiserver_args: Vec::new(),
+            snapshots: false,
         }
     }
 }
@@ -748,8 +756,9 @@ async fn start_components(
     log: &Log,
     running: &mut Running,
     t0: Instant,
-    apiserver_args: &[String],
+    opts: &ServeOptions,
 ) -> Result<ClusterInfo> {
+    let apiserver_args = &opts.apiserver_args;
     let pki = run_dir.join("pki");
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -853,6 +862,12 @@ async fn start_components(
     let kcm_ms = t0.elapsed().as_millis() as u64;
     log.info(&format!("kube-controller-manager ready on {kcm_url} at {kcm_ms} ms"));
 
+    if opts.snapshots {
+        install_snapshot_crds(&admin, log).await?;
+        start_snapshot_controller(&kubeconfig, &log_dir, running).await?;
+        log.info(&format!("snapshot CRDs and snapshot-controller ready at {} ms", t0.elapsed().as_millis()));
+    }
+
     let pid = |name: &str| running.comps.iter().find(|c| c.name == name).map(Component::pid).unwrap_or(0);
     Ok(ClusterInfo {
         run_dir: run_dir.to_path_buf(),
@@ -869,9 +884,93 @@ async fn start_components(
             etcd: pid("etcd"),
             kube_apiserver: pid("kube-apiserver"),
             kube_controller_manager: pid("kube-controller-manager"),
+            snapshot_controller: Some(pid(SNAPSHOT_CONTROLLER)).filter(|p| *p != 0),
         },
         startup_ms: StartupMs { pki: pki_ms, etcd: etcd_ms, apiserver: api_ms, kcm: kcm_ms },
     })
+}
+
+/// The component name (and log file) of the common snapshot controller.
+const SNAPSHOT_CONTROLLER: &str = "snapshot-controller";
+
+/// Creates the snapshot CRDs shipped with the snapshot-controller's release
+/// (`crd/*.yaml` next to its binary in the component cache) and waits until
+/// each is Established.
+async fn install_snapshot_crds(admin: &kube::Client, log: &Log) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let bin = component_bin(SNAPSHOT_CONTROLLER);
+    let dir = bin.parent().ok_or_else(|| anyhow!("{} has no parent", bin.display()))?.join("crd");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| {
+            format!("the snapshot CRDs: read {} (run build-components.sh snapshot-controller)", dir.display())
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml") && !p.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no CRDs in {}", dir.display());
+    }
+    let api: kube::Api<CustomResourceDefinition> = kube::Api::all(admin.clone());
+    let mut names = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&text).map_err(|e| anyhow!("{}: not a CRD: {e}", f.display()))?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        match api.create(&kube::api::PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(anyhow!("create CRD {name}: {e}")),
+        }
+        names.push(name);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in &names {
+        loop {
+            let crd = api.get(name).await.with_context(|| format!("get CRD {name}"))?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("CRD {name} not Established within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    log.info(&format!("{} snapshot CRDs Established", names.len()));
+    Ok(())
+}
+
+/// Starts the common snapshot-controller (as the admin, on loopback, without
+/// leader election) and waits until it serves its metrics.
+async fn start_snapshot_controller(kubeconfig: &Path, log_dir: &Path, running: &mut Running) -> Result<()> {
+    let [port] = free_ports::<1>()?;
+    let addr = format!("127.0.0.1:{port}");
+    let args: Vec<String> = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--http-endpoint={addr}"),
+        "--leader-election=false".into(),
+        // Tests retry quickly; the defaults (1 s .. 5 min) stay for production.
+        "--retry-interval-start=100ms".into(),
+        "--retry-interval-max=5s".into(),
+        "--kube-api-qps=100".into(),
+        "--kube-api-burst=200".into(),
+        "-v=4".into(),
+    ];
+    running.comps.push(Component::spawn(SNAPSHOT_CONTROLLER, &component_bin(SNAPSHOT_CONTROLLER), &args, log_dir)?);
+    let comp = running.comps.last_mut().ok_or_else(|| anyhow!("no snapshot-controller"))?;
+    wait_ready(comp, "/metrics", Duration::from_secs(60), async || {
+        let r = crate::http::get(&addr, "/metrics").await.map_err(|e| anyhow!(e))?;
+        Ok(r.status == 200)
+    })
+    .await
 }
 
 fn pem_to_der(pem: &str) -> Result<Vec<u8>> {
@@ -1042,7 +1141,7 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
 
     let mut running = Running { comps: Vec::new() };
     let started = tokio::select! {
-        r = start_components(&run_dir, &log, &mut running, t0, &opts.apiserver_args) => Ok(r),
+        r = start_components(&run_dir, &log, &mut running, t0, &opts) => Ok(r),
         _ = sigterm.recv() => Err("SIGTERM"),
         _ = sigint.recv() => Err("SIGINT"),
         _ = sighup.recv() => Err("SIGHUP"),
@@ -1322,6 +1421,21 @@ impl ControlPlane {
         match shared {
             Ok(cp) => cp,
             Err(e) => panic!("starting the shared control plane failed: {e}"),
+        }
+    }
+
+    /// One control plane per test binary with the snapshot CRDs installed
+    /// and the real snapshot-controller running (`cluster serve
+    /// --snapshots`), started on first use. [`ControlPlane::shared`] has
+    /// neither: there, the snapshot API is not installed.
+    pub fn with_snapshots() -> &'static ControlPlane {
+        static SNAPSHOTS: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let cp = SNAPSHOTS.get_or_init(|| {
+            ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"]).map_err(|e| format!("{e:#}"))
+        });
+        match cp {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the control plane with snapshots failed: {e}"),
         }
     }
 

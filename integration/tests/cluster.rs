@@ -335,3 +335,89 @@ read -r _"#;
     }
     assert_all_gone(&info, Duration::from_secs(5));
 }
+
+/// `cluster serve --snapshots`: the snapshot CRDs of the pinned release are
+/// served, and the real snapshot-controller binds a VolumeSnapshot of a bound
+/// claim to a VolumeSnapshotContent it creates for the driver (the part a
+/// CSI snapshotter sidecar then acts on).
+#[tokio::test]
+async fn snapshot_controller_creates_the_content_of_a_volume_snapshot() {
+    use kube::{
+        api::{ApiResource, DynamicObject},
+        core::GroupVersionKind,
+    };
+    let cp = ControlPlane::with_snapshots();
+    assert!(cp.info().pids.snapshot_controller.is_some_and(alive), "{:?}", cp.info().pids);
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "snap").await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let class = ns.scoped("class");
+    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&class, DRIVER)).await;
+    let pv_name = ns.scoped("pv");
+    let handle = format!("handle-{pv_name}");
+    let mut pv = csi_pv(&pv_name, DRIVER, &handle, "1Mi");
+    pv.spec.as_mut().unwrap().storage_class_name = Some(class.clone());
+    create(&pvs, &pv).await;
+    create(&pvcs, &pvc("claim", Some(&class), "1Mi")).await;
+    wait_for(&pvcs, "claim", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+
+    let kind = |k: &str| ApiResource::from_gvk(&GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", k));
+    let classes: Api<DynamicObject> = Api::all_with(client.clone(), &kind("VolumeSnapshotClass"));
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns.name(), &kind("VolumeSnapshot"));
+    let contents: Api<DynamicObject> = Api::all_with(client.clone(), &kind("VolumeSnapshotContent"));
+    let snap_class = ns.scoped("snapclass");
+    let obj = |k: &str, v: serde_json::Value| -> DynamicObject {
+        let mut v = v;
+        v["apiVersion"] = "snapshot.storage.k8s.io/v1".into();
+        v["kind"] = k.into();
+        serde_json::from_value(v).expect("object")
+    };
+    classes
+        .create(
+            &PostParams::default(),
+            &obj(
+                "VolumeSnapshotClass",
+                serde_json::json!({"metadata": {"name": snap_class}, "driver": DRIVER, "deletionPolicy": "Retain"}),
+            ),
+        )
+        .await
+        .expect("class");
+    let snap = snapshots
+        .create(
+            &PostParams::default(),
+            &obj(
+                "VolumeSnapshot",
+                serde_json::json!({"metadata": {"name": "snap"},
+                    "spec": {"volumeSnapshotClassName": snap_class, "source": {"persistentVolumeClaimName": "claim"}}}),
+            ),
+        )
+        .await
+        .expect("snapshot");
+    let uid = snap.metadata.uid.clone().expect("uid");
+    let content_name = format!("snapcontent-{uid}");
+    let content = wait_for(&contents, &content_name, T, |_| true).await;
+    let spec = &content.data["spec"];
+    assert_eq!(spec["driver"], DRIVER, "{content:?}");
+    assert_eq!(spec["source"]["volumeHandle"], handle.as_str(), "{content:?}");
+    assert_eq!(spec["deletionPolicy"], "Retain", "{content:?}");
+    assert_eq!(spec["volumeSnapshotRef"]["uid"], uid.as_str(), "{content:?}");
+    assert!(content.data.get("status").is_none_or(|s| s.is_null()), "nobody created it yet: {content:?}");
+    wait_for(&snapshots, "snap", T, |s| {
+        s.data["status"]["boundVolumeSnapshotContentName"].as_str() == Some(content_name.as_str())
+    })
+    .await;
+
+    // Clean up as far as the controller can without a CSI snapshotter: the
+    // content's bound-protection finalizer is the sidecar's to remove.
+    snapshots.delete("snap", &DeleteParams::default()).await.expect("delete snapshot");
+    wait_deleted(&snapshots, "snap", T).await;
+    // (Deleted first: the controller re-adds the finalizer to a content
+    // that is not being deleted.)
+    contents.delete(&content_name, &DeleteParams::default()).await.expect("delete content");
+    let patch = serde_json::json!({"metadata": {"finalizers": null}});
+    contents.patch(&content_name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("finalizers");
+    wait_deleted(&contents, &content_name, T).await;
+    classes.delete(&snap_class, &DeleteParams::default()).await.expect("delete class");
+    ns.delete().await;
+}

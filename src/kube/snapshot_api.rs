@@ -211,7 +211,12 @@ pub struct VolumeSnapshotClass {
     #[serde(default)]
     pub deletion_policy: String,
 }
-snapshot_resource!(VolumeSnapshotClass, "VolumeSnapshotClass", "volumesnapshotclasses", k8s_openapi::ClusterResourceScope);
+snapshot_resource!(
+    VolumeSnapshotClass,
+    "VolumeSnapshotClass",
+    "volumesnapshotclasses",
+    k8s_openapi::ClusterResourceScope
+);
 
 /// Whether the apiserver serves `snapshot.storage.k8s.io/v1` with
 /// `resource` (e.g. `volumesnapshotcontents`): false when the CRDs are not

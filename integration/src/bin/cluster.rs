@@ -53,6 +53,9 @@ struct Serve {
     /// an extra kube-apiserver flag (e.g. --apiserver-arg --feature-gates=WatchList=false); repeatable
     #[argh(option)]
     apiserver_arg: Vec<String>,
+    /// also install the snapshot CRDs and run the snapshot-controller (built by build-components.sh snapshot-controller)
+    #[argh(switch)]
+    snapshots: bool,
 }
 
 /// Issue a client certificate signed by the cluster's client CA and write a
@@ -108,6 +111,7 @@ fn main() {
                 quiet: s.quiet,
                 grace: Duration::from_secs(s.grace_secs),
                 apiserver_args: s.apiserver_arg,
+                snapshots: s.snapshots,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
