@@ -426,6 +426,7 @@ fn update_filter() {
     relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
     let mut empty_ann = base.clone();
     empty_ann.metadata.annotations = Some(Default::default());
+    let creating = with_ann(base.clone(), &[(up::ANN_BEING_CREATED, "yes")]);
     let rows: Vec<(&str, &VolumeSnapshotContent, VolumeSnapshotContent, bool)> = vec![
         ("resync (same resourceVersion)", &base, base.clone(), true),
         ("status only", &base, bump(with_status(base.clone(), status(Some("h"), Some(false)))), false),
@@ -433,7 +434,7 @@ fn update_filter() {
         ("finalizer only", &base, finalized, false),
         ("managedFields only", &base, managed, false),
         ("being-created only", &base, bump(with_ann(base.clone(), &[(up::ANN_BEING_CREATED, "yes")])), false),
-        ("being-created removed", &with_ann(base.clone(), &[(up::ANN_BEING_CREATED, "yes")]), bump(base.clone()), false),
+        ("being-created removed", &creating, bump(base.clone()), false),
         ("being-deleted added", &base, bump(with_ann(base.clone(), &[(up::ANN_BEING_DELETED, "yes")])), true),
         ("empty annotations equal none", &base, bump(empty_ann), false),
         ("deletion timestamp", &base, deleted, true),
