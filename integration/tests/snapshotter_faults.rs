@@ -131,7 +131,10 @@ async fn a_final_error_is_recorded_retried_with_backoff_and_then_succeeds() {
     let c = env.snaps.wait_content_ready(&content, T).await;
     assert!(c.data["status"]["error"].is_null(), "ready clears the error: {c:?}");
     assert!(!being_created(&c));
-    env.snaps.wait_snapshot_ready("snap", T).await;
+    assert_eq!(c.data["status"]["restoreSize"].as_i64(), Some(1 << 20), "the driver's size in bytes: {c:?}");
+    assert_eq!(c.data["status"]["creationTime"].as_i64(), Some(1_700_000_000_123_456_789), "nanoseconds: {c:?}");
+    let snap = env.snaps.wait_snapshot_ready("snap", T).await;
+    assert_eq!(snap.data["status"]["restoreSize"], "1Mi", "{snap:?}");
     env.cleanup(&class, &content).await;
     assert_eq!(driver.snapshot_calls_of(SnapshotMethod::Delete).len(), 1);
     assert!(sidecar.logs().contains("CreateSnapshot failed"), "the failure is logged");
@@ -318,4 +321,66 @@ async fn start_up_refusals_exit_1_like_upstream() {
     let (code, logs) = run(&["snapshotter"]).await;
     assert_eq!(code, Some(1), "{logs}");
     assert!(logs.contains(&format!("CSI driver {} does not support ControllerCreateSnapshot", env.driver_name)), "{logs}");
+}
+
+/// Two snapshotter replicas; the leader is killed with SIGKILL while 30
+/// snapshots are being created: every VolumeSnapshot ends ready, each with
+/// its own backend snapshot, and the backend holds exactly one snapshot per
+/// VolumeSnapshot (named after its UID: a retry by the new leader finds the
+/// one its predecessor made).
+#[tokio::test]
+async fn leader_killed_during_30_snapshots_creates_each_exactly_once() {
+    let env = Env::new("snapf-kill").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { snapshots: true, create_snapshot_delay: Duration::from_millis(300), ..env.script() },
+    );
+    let provisioner = env.sidecar("provisioner", &sidecar_bin(), &["provisioner"]);
+    env.bound_claim("data").await;
+    let class = env.ns.scoped("vsc");
+    env.snaps.class(&class, &env.driver_name, "Delete", serde_json::Value::Null).await;
+    let mut args: Vec<String> = csi_sidecar_integration::failover::fast_leader_election(env.ns.name());
+    args.extend(["snapshotter", "--worker-threads=3", "--retry-interval-start=200ms", "--retry-interval-max=2s"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut a = env.sidecar("snapshotter-a", &sidecar_bin(), &args);
+    let mut b = env.sidecar("snapshotter-b", &sidecar_bin(), &args);
+    csi_sidecar_integration::failover::wait_one_leader(&a, &b).await;
+    let lease = format!("external-snapshotter-leader-{}", env.driver_name.replace('.', "-"));
+    csi_sidecar_integration::failover::assert_lease_held(&env.ns, &lease).await;
+    const N: usize = 30;
+    let mut contents = Vec::new();
+    for i in 0..N {
+        let name = format!("s{i}");
+        let v = serde_json::json!({"metadata": {"name": name},
+            "spec": {"volumeSnapshotClassName": class, "source": {"persistentVolumeClaimName": "data"}}});
+        let s = env.snaps.snapshots.create(&PostParams::default(), &obj("VolumeSnapshot", v)).await.expect("snapshot");
+        contents.push(s.metadata.uid.expect("uid"));
+    }
+    wait_until("some snapshots made", T, async || {
+        let n = driver.snapshots.lock().expect("snapshots").len();
+        (n >= 5, n)
+    })
+    .await;
+    csi_sidecar_integration::failover::kill_leader(&mut a, &mut b).await;
+    let ready = wait_until("every VolumeSnapshot ready", Duration::from_secs(120), async || {
+        let list = env.snaps.snapshots.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        let ready: Vec<_> = list.into_iter().filter(csi_sidecar_integration::snapshots::ready).collect();
+        (ready.len() == N, ready.len())
+    })
+    .await;
+    assert_eq!(ready, N);
+    let backend = driver.snapshots.lock().expect("snapshots").clone();
+    assert_eq!(backend.len(), N, "one backend snapshot per VolumeSnapshot: {backend:?}");
+    let want: std::collections::BTreeSet<String> = contents.iter().map(|uid| format!("snapshot-{uid}")).collect();
+    assert_eq!(backend.keys().cloned().collect::<std::collections::BTreeSet<_>>(), want);
+    let mut handles = std::collections::BTreeSet::new();
+    for uid in &contents {
+        let c = env.snaps.contents.get(&csi_sidecar_integration::snapshots::content_name(uid)).await.expect("content");
+        let h = c.data["status"]["snapshotHandle"].as_str().expect("handle").to_string();
+        assert_eq!(h, format!("fault-snap-snapshot-{uid}"));
+        handles.insert(h);
+    }
+    assert_eq!(handles.len(), N, "distinct handles");
+    drop(provisioner);
 }
