@@ -525,6 +525,5 @@ pub mod snapshotter {
         format!("CSI driver {driver} does not support ControllerCreateSnapshot")
     }
     /// Start-up: `--node-deployment` with `--leader-election`.
-    pub const TEXT_NODE_DEPLOYMENT_LEADER: &str =
-        "Leader election cannot happen when node-deployment is set to true";
+    pub const TEXT_NODE_DEPLOYMENT_LEADER: &str = "Leader election cannot happen when node-deployment is set to true";
 }

@@ -749,7 +749,9 @@ impl Service {
         if s.create_snapshot_empty {
             return Ok(Response::new(csi::CreateSnapshotResponse { snapshot: None }));
         }
-        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(self.snapshot(&id, &source, !s.snapshot_not_ready)) }))
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(self.snapshot(&id, &source, !s.snapshot_not_ready)),
+        }))
     }
 }
 

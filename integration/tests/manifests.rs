@@ -64,8 +64,11 @@ fn combined_examples_run_one_csi_sidecar_container_per_pod() {
         assert!(s[0].get("command").is_none(), "{file}: the image's entrypoint /csi-sidecar runs");
         let args = strings(&s[0]["args"]);
         let modules: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
-        let want: &[&str] =
-            if kind(&w) == "Deployment" { &["provisioner", "resizer", "snapshotter", "prober"] } else { &["registrar", "prober"] };
+        let want: &[&str] = if kind(&w) == "Deployment" {
+            &["provisioner", "resizer", "snapshotter", "prober"]
+        } else {
+            &["registrar", "prober"]
+        };
         assert_eq!(modules, want, "{file}: {args:?}");
         assert_eq!(containers(&w).len(), 2, "{file}: the driver and csi-sidecar");
     }

@@ -206,8 +206,11 @@ async fn an_unknown_reserved_class_parameter_is_refused_with_upstreams_error() {
 
 #[tokio::test]
 async fn extra_create_metadata_and_the_name_prefix_reach_the_driver() {
-    let s = Setup::start("snap-meta", &["--extra-create-metadata", "--snapshot-name-prefix=snp", "--snapshot-name-uuid-length=8"])
-        .await;
+    let s = Setup::start(
+        "snap-meta",
+        &["--extra-create-metadata", "--snapshot-name-prefix=snp", "--snapshot-name-uuid-length=8"],
+    )
+    .await;
     s.bound_claim("data").await;
     let class = s.ns.scoped("vsc");
     s.snaps.class(&class, &s.driver_name, "Delete", serde_json::json!({"type": "fast"})).await;

@@ -60,7 +60,8 @@ impl Env {
     ) -> (FaultDriver, csi_sidecar_integration::process::Proc) {
         let driver =
             FaultDriver::start(&self.socket(), Transport::Grpc, script(Script { snapshots: true, ..self.script() }));
-        let mut all = vec!["-v=5", "provisioner", "snapshotter", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
+        let mut all =
+            vec!["-v=5", "provisioner", "snapshotter", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
         all.extend(args);
         (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &all))
     }
@@ -101,8 +102,10 @@ fn gaps(calls: &[csi_sidecar_integration::fault_driver::SnapshotCall]) -> Vec<Du
 #[tokio::test]
 async fn a_final_error_is_recorded_retried_with_backoff_and_then_succeeds() {
     let env = Env::new("snapf-final").await;
-    let (driver, sidecar) =
-        env.start(|s| Script { create_snapshot_error: Some((Code::InvalidArgument, "no snapshots today".into())), ..s }, &[]);
+    let (driver, sidecar) = env.start(
+        |s| Script { create_snapshot_error: Some((Code::InvalidArgument, "no snapshots today".into())), ..s },
+        &[],
+    );
     let (class, content, volume) = env.snapshot("Delete", serde_json::Value::Null).await;
     let want = format!(
         "failed to take snapshot of the volume {volume}: \"rpc error: code = InvalidArgument desc = no snapshots today\""
@@ -143,7 +146,8 @@ async fn a_final_error_is_recorded_retried_with_backoff_and_then_succeeds() {
 #[tokio::test]
 async fn a_timeout_or_unavailable_keeps_the_being_created_annotation_until_an_answer() {
     let env = Env::new("snapf-timeout").await;
-    let (driver, mut sidecar) = env.start(|s| Script { create_snapshot_delay: Duration::from_secs(3), ..s }, &["--timeout=500ms"]);
+    let (driver, mut sidecar) =
+        env.start(|s| Script { create_snapshot_delay: Duration::from_secs(3), ..s }, &["--timeout=500ms"]);
     let (class, content, _) = env.snapshot("Delete", serde_json::Value::Null).await;
     let c = env.wait_error(&content, "code = DeadlineExceeded").await;
     assert!(being_created(&c), "the outcome is unknown: the annotation stays: {c:?}");
@@ -239,7 +243,8 @@ async fn list_snapshots_failures_are_reported_and_retried() {
         "deletionPolicy": "Delete", "driver": env.driver_name, "source": {"snapshotHandle": handle},
         "volumeSnapshotRef": {"name": "snap", "namespace": env.ns.name()}}});
     env.snaps.contents.create(&PostParams::default(), &obj("VolumeSnapshotContent", v)).await.expect("content");
-    let v = serde_json::json!({"metadata": {"name": "snap"}, "spec": {"source": {"volumeSnapshotContentName": content}}});
+    let v =
+        serde_json::json!({"metadata": {"name": "snap"}, "spec": {"source": {"volumeSnapshotContentName": content}}});
     env.snaps.snapshots.create(&PostParams::default(), &obj("VolumeSnapshot", v)).await.expect("snapshot");
     let want = format!(
         "Failed to check and update snapshot content: failed to list snapshot for content {content}: \"can not find snapshot for snapshotID {handle}\""
@@ -282,7 +287,8 @@ async fn without_list_snapshots_a_pre_provisioned_content_is_ready_at_once() {
 #[tokio::test]
 async fn a_failed_delete_is_retried_with_an_event() {
     let env = Env::new("snapf-delete").await;
-    let (driver, _sidecar) = env.start(|s| Script { delete_snapshot_error: Some((Code::Internal, "busy".into())), ..s }, &[]);
+    let (driver, _sidecar) =
+        env.start(|s| Script { delete_snapshot_error: Some((Code::Internal, "busy".into())), ..s }, &[]);
     let (class, content, _) = env.snapshot("Delete", serde_json::Value::Null).await;
     env.snaps.wait_snapshot_ready("snap", T).await;
     env.snaps.delete_snapshot("snap").await;
@@ -320,7 +326,10 @@ async fn start_up_refusals_exit_1_like_upstream() {
     // The driver does not advertise CREATE_DELETE_SNAPSHOT.
     let (code, logs) = run(&["snapshotter"]).await;
     assert_eq!(code, Some(1), "{logs}");
-    assert!(logs.contains(&format!("CSI driver {} does not support ControllerCreateSnapshot", env.driver_name)), "{logs}");
+    assert!(
+        logs.contains(&format!("CSI driver {} does not support ControllerCreateSnapshot", env.driver_name)),
+        "{logs}"
+    );
 }
 
 /// Two snapshotter replicas; the leader is killed with SIGKILL while 30
@@ -341,7 +350,10 @@ async fn leader_killed_during_30_snapshots_creates_each_exactly_once() {
     let class = env.ns.scoped("vsc");
     env.snaps.class(&class, &env.driver_name, "Delete", serde_json::Value::Null).await;
     let mut args: Vec<String> = csi_sidecar_integration::failover::fast_leader_election(env.ns.name());
-    args.extend(["snapshotter", "--worker-threads=3", "--retry-interval-start=200ms", "--retry-interval-max=2s"].map(String::from));
+    args.extend(
+        ["snapshotter", "--worker-threads=3", "--retry-interval-start=200ms", "--retry-interval-max=2s"]
+            .map(String::from),
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut a = env.sidecar("snapshotter-a", &sidecar_bin(), &args);
     let mut b = env.sidecar("snapshotter-b", &sidecar_bin(), &args);

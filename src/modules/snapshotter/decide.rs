@@ -235,7 +235,9 @@ pub fn step(c: &VolumeSnapshotContent) -> Step {
     let status = c.status.as_ref();
     if should_delete(c) {
         let snapshot_id = (c.spec.deletion_policy == up::POLICY_DELETE)
-            .then(|| status.filter(|s| s.volume_group_snapshot_handle.is_none()).and_then(|s| s.snapshot_handle.clone()))
+            .then(|| {
+                status.filter(|s| s.volume_group_snapshot_handle.is_none()).and_then(|s| s.snapshot_handle.clone())
+            })
             .flatten();
         return Step::Delete { snapshot_id };
     }
@@ -246,7 +248,8 @@ pub fn step(c: &VolumeSnapshotContent) -> Step {
     if is_ready(c) {
         return Step::Ready { remove_annotation: has_annotation(c, up::ANN_BEING_CREATED) };
     }
-    let member_handles = status.is_some_and(|s| s.volume_group_snapshot_handle.is_some() && s.snapshot_handle.is_some());
+    let member_handles =
+        status.is_some_and(|s| s.volume_group_snapshot_handle.is_some() && s.snapshot_handle.is_some());
     if let Some(id) = c.spec.source.snapshot_handle.clone() {
         return Step::Check { snapshot_id: id, group_member: member_handles };
     }
@@ -441,7 +444,9 @@ pub struct Observed {
 /// protobuf time converts to the epoch there and is written as 0).
 pub fn creation_ns(ts: Option<&prost_types::Timestamp>, now: Timestamp) -> i64 {
     match ts {
-        Some(t) if t.seconds != 0 || t.nanos != 0 => t.seconds.saturating_mul(1_000_000_000).saturating_add(i64::from(t.nanos)),
+        Some(t) if t.seconds != 0 || t.nanos != 0 => {
+            t.seconds.saturating_mul(1_000_000_000).saturating_add(i64::from(t.nanos))
+        }
         _ => i64::try_from(now.as_nanosecond()).unwrap_or(i64::MAX),
     }
 }
@@ -464,7 +469,10 @@ pub fn observe(snapshot: Option<&csi::Snapshot>, now: Timestamp) -> Result<Obser
 /// only unset fields are filled, `readyToUse` is overwritten when it
 /// differs (clearing the error when it becomes true). `None`: nothing
 /// changed.
-pub fn status_update(current: Option<&VolumeSnapshotContentStatus>, o: &Observed) -> Option<VolumeSnapshotContentStatus> {
+pub fn status_update(
+    current: Option<&VolumeSnapshotContentStatus>,
+    o: &Observed,
+) -> Option<VolumeSnapshotContentStatus> {
     let group = (!o.group_id.is_empty()).then(|| o.group_id.clone());
     let size = (o.size > 0).then_some(o.size);
     let Some(cur) = current else {
@@ -514,12 +522,17 @@ pub fn status_patch(status: &VolumeSnapshotContentStatus) -> serde_json::Value {
 /// `status.error = {time, message}` and `readyToUse: false`; the whole
 /// status when there was none. `None` when the same message is already
 /// recorded (then neither the status nor the event is written).
-pub fn error_patch(current: Option<&VolumeSnapshotContentStatus>, message: &str, now: Timestamp) -> Option<serde_json::Value> {
+pub fn error_patch(
+    current: Option<&VolumeSnapshotContentStatus>,
+    message: &str,
+    now: Timestamp,
+) -> Option<serde_json::Value> {
     let error = SnapshotError { time: Some(Time(now)), message: Some(message.to_string()) };
     match current {
         Some(s) if s.error.as_ref().and_then(|e| e.message.as_deref()) == Some(message) => None,
         None => {
-            let status = VolumeSnapshotContentStatus { ready_to_use: Some(false), error: Some(error), ..Default::default() };
+            let status =
+                VolumeSnapshotContentStatus { ready_to_use: Some(false), error: Some(error), ..Default::default() };
             Some(serde_json::json!([{"op": "replace", "path": "/status", "value": status}]))
         }
         Some(_) => Some(serde_json::json!([

@@ -326,10 +326,11 @@ impl Snapshotter {
         let now = Timestamp::now();
         let observed = if self.driver.has_controller_capability(Rpc::ListSnapshots) {
             let req = csi::ListSnapshotsRequest { snapshot_id: snapshot_id.to_string(), secrets, ..Default::default() };
-            let resp = self.csi.list_snapshots(self.cfg.timeout, req).await.map_err(|s| SnapError::List {
-                content: name.clone(),
-                error: compat::grpc_error_text(&s),
-            })?;
+            let resp = self
+                .csi
+                .list_snapshots(self.cfg.timeout, req)
+                .await
+                .map_err(|s| SnapError::List { content: name.clone(), error: compat::grpc_error_text(&s) })?;
             let not_found = || SnapError::List { content: name.clone(), error: SnapError::not_found(snapshot_id) };
             let entry = resp.entries.first().ok_or_else(not_found)?;
             let snap = entry.snapshot.as_ref().ok_or_else(not_found)?;
@@ -422,7 +423,9 @@ async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
         match snapshot_api::installed(client, "volumesnapshotcontents").await {
             Ok(true) => return true,
             Ok(false) if !said => {
-                tracing::error!("The snapshot.storage.k8s.io/v1 API is not served (snapshot CRDs not installed); waiting");
+                tracing::error!(
+                    "The snapshot.storage.k8s.io/v1 API is not served (snapshot CRDs not installed); waiting"
+                );
                 said = true;
             }
             Ok(false) => {}

@@ -116,7 +116,11 @@ fn what_a_content_needs() {
             with_status(content(), status(None, Some(false))),
             Step::Create { first: false },
         ),
-        ("dynamic not ready yet", with_status(content(), status(Some("h"), Some(false))), Step::Create { first: false }),
+        (
+            "dynamic not ready yet",
+            with_status(content(), status(Some("h"), Some(false))),
+            Step::Create { first: false },
+        ),
         ("ready", with_status(content(), status(Some("h"), Some(true))), Step::Ready { remove_annotation: false }),
         (
             "ready, annotation left",
@@ -144,11 +148,7 @@ fn what_a_content_needs() {
             deleting(with_ann(with_status(content(), status(Some("h"), Some(true))), &deleted)),
             Step::Delete { snapshot_id: Some("h".into()) },
         ),
-        (
-            "deleting, Retain",
-            deleting(with_ann(retain, &deleted)),
-            Step::Delete { snapshot_id: None },
-        ),
+        ("deleting, Retain", deleting(with_ann(retain, &deleted)), Step::Delete { snapshot_id: None }),
         (
             "deleting, handle already cleared",
             deleting(with_ann(with_status(content(), status(None, None)), &deleted)),
@@ -263,13 +263,20 @@ fn list_secrets_come_from_the_class() {
     let ns = up::PARAM_LIST_SECRET_NAMESPACE;
     assert_eq!(list_secret_ref(None, "c"), Ok(None));
     assert_eq!(list_secret_ref(Some(&p(&[("x", "y")])), "c"), Ok(None));
-    assert_eq!(list_secret_ref(Some(&p(&[(n, "s"), (ns, "kube-system")])), "c"), Ok(Some(("s".into(), "kube-system".into()))));
+    assert_eq!(
+        list_secret_ref(Some(&p(&[(n, "s"), (ns, "kube-system")])), "c"),
+        Ok(Some(("s".into(), "kube-system".into())))
+    );
     assert_eq!(
         list_secret_ref(Some(&p(&[(n, "${volumesnapshotcontent.name}"), (ns, "ns")])), "snapcontent-1"),
         Ok(Some(("snapcontent-1".into(), "ns".into())))
     );
     assert!(list_secret_ref(Some(&p(&[(n, "s")])), "c").unwrap_err().contains("Both must be specified"));
-    assert!(list_secret_ref(Some(&p(&[(n, ""), (ns, "x")])), "c").unwrap_err().contains("value of either namespace or name is empty"));
+    assert!(
+        list_secret_ref(Some(&p(&[(n, ""), (ns, "x")])), "c")
+            .unwrap_err()
+            .contains("value of either namespace or name is empty")
+    );
     assert_eq!(
         list_secret_ref(Some(&p(&[(n, "${volumesnapshot.name}"), (ns, "x")])), "c").unwrap_err(),
         "error resolving value \"${volumesnapshot.name}\": invalid tokens: [\"volumesnapshot.name\"]"
@@ -330,13 +337,16 @@ fn the_status_after_an_observation() {
 
 #[test]
 fn status_patch_is_a_json_replace_with_nanoseconds() {
-    let s = status_update(None, &Observed {
-        handle: "h".into(),
-        ready: true,
-        created_ns: 1_700_000_000_123_456_789,
-        size: 1024,
-        group_id: String::new(),
-    })
+    let s = status_update(
+        None,
+        &Observed {
+            handle: "h".into(),
+            ready: true,
+            created_ns: 1_700_000_000_123_456_789,
+            size: 1024,
+            group_id: String::new(),
+        },
+    )
     .expect("status");
     assert_eq!(
         status_patch(&s),
