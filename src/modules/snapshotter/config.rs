@@ -106,7 +106,7 @@ impl SnapshotterFlags {
             ("--snapshot-name-uuid-length", self.snapshot_name_uuid_length),
             ("--groupsnapshot-name-uuid-length", self.groupsnapshot_name_uuid_length),
         ] {
-            if n > MAX_UUID_LENGTH || n < -1 {
+            if !(-1..=MAX_UUID_LENGTH).contains(&n) {
                 return Err(format!("{flag} must be -1 or between 0 and {MAX_UUID_LENGTH}, not {n}"));
             }
         }

@@ -266,7 +266,7 @@ impl Snapshotter {
             Err(e) => return Err((content, SnapError::Take { volume, error: e.to_string() })),
         };
         tracing::debug!(?observed, "Snapshot created");
-        let content = self.write_status(&name, content, &observed).await.map_err(|(c, e)| (c, e))?;
+        let content = self.write_status(&name, content, &observed).await?;
         match self.patch(&name, decide::remove_being_created_patch()).await {
             Ok(c) => Ok(c),
             Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: e.to_string() })),
