@@ -524,6 +524,9 @@ pub mod snapshotter {
     pub fn text_no_create_capability(driver: &str) -> String {
         format!("CSI driver {driver} does not support ControllerCreateSnapshot")
     }
+    /// Start-up: `--node-deployment` without `$NODE_NAME`.
+    pub const TEXT_NODE_NAME_MISSING: &str =
+        "The NODE_NAME environment variable must be set when using --enable-node-deployment.";
     /// Start-up: `--node-deployment` with `--leader-election`.
     pub const TEXT_NODE_DEPLOYMENT_LEADER: &str = "Leader election cannot happen when node-deployment is set to true";
 }

@@ -151,21 +151,27 @@ async fn a_timeout_or_unavailable_keeps_the_being_created_annotation_until_an_an
     let (class, content, _) = env.snapshot("Delete", serde_json::Value::Null).await;
     let c = env.wait_error(&content, "code = DeadlineExceeded").await;
     assert!(being_created(&c), "the outcome is unknown: the annotation stays: {c:?}");
-    // Deleting meanwhile waits for the creation to finish.
+    // Deleted meanwhile: the deletion waits for the creation to finish.
+    env.snaps.delete_snapshot("snap").await;
     driver.update(|s| {
         s.create_snapshot_delay = Duration::ZERO;
         s.create_snapshot_error = Some((Code::Unavailable, "backend restarting".into()));
     });
     let c = env.wait_error(&content, "code = Unavailable desc = backend restarting").await;
     assert!(being_created(&c), "Unavailable is not final either: {c:?}");
+    let c = wait_for(&env.snaps.contents, &content, T, |c| c.metadata.deletion_timestamp.is_some()).await;
+    assert!(being_created(&c), "not deleted while the driver may still be creating: {c:?}");
+    assert!(driver.snapshot_calls_of(SnapshotMethod::Delete).is_empty(), "nothing deleted before the answer");
     driver.update(|s| s.create_snapshot_error = None);
-    let c = env.snaps.wait_content_ready(&content, T).await;
-    assert!(!being_created(&c), "{c:?}");
+    // The answer comes: the snapshot is recorded, then deleted.
+    wait_deleted(&env.snaps.contents, &content, T).await;
     let names: std::collections::BTreeSet<String> =
         driver.snapshot_calls_of(SnapshotMethod::Create).into_iter().map(|c| c.target).collect();
     assert_eq!(names.len(), 1, "every attempt asked for the same name: {names:?}");
-    assert_eq!(driver.snapshots.lock().expect("snapshots").len(), 1, "one backend snapshot");
-    env.cleanup(&class, &content).await;
+    assert_eq!(driver.snapshot_calls_of(SnapshotMethod::Delete).len(), 1, "the snapshot made is deleted");
+    assert!(driver.snapshots.lock().expect("snapshots").is_empty(), "nothing leaked in the backend");
+    wait_deleted(&env.snaps.snapshots, "snap", T).await;
+    env.snaps.delete_class(&class).await;
     assert!(sidecar.try_exit().is_none());
 }
 

@@ -160,7 +160,7 @@ impl Snapshotter {
                     (up::REASON_CHECK_FAILED, up::text_check_failed)
                 };
                 match self.create(content, class.as_deref()).await {
-                    Ok(c) => ready_or_poll(&c),
+                    Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateSnapshot failed");
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
@@ -169,15 +169,20 @@ impl Snapshotter {
                 }
             }
             Step::Ready { remove_annotation } => {
-                if remove_annotation && let Err(e) = self.patch(&name, decide::remove_being_created_patch()).await {
-                    tracing::warn!(error = %e, "Removing the being-created annotation failed");
-                    return Outcome::Retry;
+                if !remove_annotation {
+                    return Outcome::Done;
                 }
-                Outcome::Done
+                match self.patch(&name, decide::remove_being_created_patch()).await {
+                    Ok(c) => self.ready_or_poll(&c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Removing the being-created annotation failed");
+                        Outcome::Retry
+                    }
+                }
             }
             Step::Check { snapshot_id, group_member } => {
                 match self.check(content.clone(), class.as_deref(), &snapshot_id, group_member).await {
-                    Ok(c) => ready_or_poll(&c),
+                    Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
                         let latest = self.current(&name).unwrap_or(content);
@@ -188,6 +193,19 @@ impl Snapshotter {
                 }
             }
             Step::Wait => Outcome::Retry,
+        }
+    }
+
+    /// After a create or check: done when ready, else polled with backoff.
+    /// A ready content that is being deleted is synced again soon: the
+    /// deletion waited for the being-created annotation, whose removal is
+    /// our own change and so not announced to us (upstream waits for the
+    /// resync there).
+    fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Outcome {
+        match (decide::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
+            (true, false) => Outcome::Done,
+            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
+            (false, _) => Outcome::Retry,
         }
     }
 
@@ -411,10 +429,6 @@ impl Snapshotter {
     }
 }
 
-fn ready_or_poll(c: &VolumeSnapshotContent) -> Outcome {
-    if decide::is_ready(c) { Outcome::Done } else { Outcome::Retry }
-}
-
 /// Waits until the apiserver serves VolumeSnapshotContents; `false` on
 /// shutdown. (Upstream's informers retry their lists for as long.)
 async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
@@ -451,9 +465,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         match std::env::var(up::NODE_NAME_ENV) {
             Ok(n) if !n.is_empty() => Some(n),
             _ => {
-                return Err(config(
-                    "The NODE_NAME environment variable must be set when using --enable-node-deployment.".into(),
-                ));
+                return Err(config(up::TEXT_NODE_NAME_MISSING.into()));
             }
         }
     } else {
