@@ -251,11 +251,14 @@ impl Snapshotter {
             }
         }
         let mut content = content;
+        // Whether `content` is the apiserver's latest (our own write's answer).
+        let mut fresh = false;
         if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
             content = match self.patch(&name, decide::being_created_patch(&content)).await {
                 Ok(c) => c,
                 Err(e) => return Err((content, SnapError::AddAnnotation { content: name, error: e.to_string() })),
             };
+            fresh = true;
         }
         let volume = req.source_volume_id.clone();
         tracing::info!(snapshot = %req.name, volume = %volume, "Creating snapshot through the driver");
@@ -284,24 +287,32 @@ impl Snapshotter {
             Err(e) => return Err((content, SnapError::Take { volume, error: e.to_string() })),
         };
         tracing::debug!(?observed, "Snapshot created");
-        let content = self.write_status(&name, content, &observed).await?;
+        let content = self.write_status(&name, content, &observed, fresh).await?;
         match self.patch(&name, decide::remove_being_created_patch()).await {
             Ok(c) => Ok(c),
             Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: e.to_string() })),
         }
     }
 
-    /// Writes the status an observation gives (against a fresh read).
+    /// Writes the status an observation gives, against `content` when it
+    /// is `fresh` (the apiserver's answer to our own write just before the
+    /// call: only this sidecar writes a content's status), else against a
+    /// fresh read (upstream always reads).
     async fn write_status(
         &self,
         name: &str,
         content: Arc<VolumeSnapshotContent>,
         observed: &Observed,
+        fresh: bool,
     ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
         let err = |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: e.to_string() };
-        let fresh = match self.api().get(name).await {
-            Ok(c) => self.wrote(c),
-            Err(e) => return Err((content, err(e))),
+        let fresh = if fresh {
+            content
+        } else {
+            match self.api().get(name).await {
+                Ok(c) => self.wrote(c),
+                Err(e) => return Err((content, err(e))),
+            }
         };
         let Some(status) = decide::status_update(fresh.status.as_ref(), observed) else { return Ok(fresh) };
         match self.patch_status(name, decide::status_patch(&status)).await {
@@ -369,7 +380,7 @@ impl Snapshotter {
             }
         };
         tracing::debug!(?observed, "Snapshot checked");
-        self.write_status(&name, content, &observed).await.map_err(|(_, e)| e)
+        self.write_status(&name, content, &observed, false).await.map_err(|(_, e)| e)
     }
 
     /// DeleteSnapshot (when there is a backend snapshot to delete), then
