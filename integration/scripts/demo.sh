@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo (first command of the README): builds what is missing, then starts a
-# real control plane, the real CSI driver, the kubelet's plugin manager and ONE
-# csi-sidecar process running the provisioner, registrar and prober modules,
-# all on 127.0.0.1, and shows them work (see integration/src/bin/demo.rs).
+# real control plane with a real node (kube-scheduler and kubemark's hollow
+# kubelet), the real CSI driver, and csi-sidecar as a driver deploys it (a
+# controller process and a node process), all on 127.0.0.1, and runs a pod
+# with a new volume through the whole CSI workflow (see
+# integration/src/bin/demo.rs).
 #
 #   demo.sh          run the scenario, then keep serving until Ctrl-C
 #   demo.sh --once   run the scenario and exit (non-zero if any step failed)
@@ -10,7 +12,7 @@ set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 
 echo "==> building csi-sidecar and the real components (cached after the first run)"
-bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness snapshot-controller
+bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler csi-mock-driver kubelet-plugin-harness hollow-node snapshot-controller
 # The debug profile shares its build with the test command (CI runs both).
 cargo build --bin csi-sidecar -p csi-sidecar --bin demo --bin cluster -p csi-sidecar-integration
 exec target/debug/demo "$@"

@@ -56,6 +56,9 @@ struct Serve {
     /// also install the snapshot CRDs and run the snapshot-controller (built by build-components.sh snapshot-controller)
     #[argh(switch)]
     snapshots: bool,
+    /// also run kube-scheduler and N hollow kubelets (built by build-components.sh kube-scheduler hollow-node); default 0
+    #[argh(option, default = "0")]
+    nodes: u32,
 }
 
 /// Issue a client certificate signed by the cluster's client CA and write a
@@ -112,6 +115,7 @@ fn main() {
                 grace: Duration::from_secs(s.grace_secs),
                 apiserver_args: s.apiserver_arg,
                 snapshots: s.snapshots,
+                nodes: s.nodes,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

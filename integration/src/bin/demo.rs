@@ -1,6 +1,11 @@
-//! The README's demo: a real control plane, the real CSI driver, the
-//! kubelet's plugin manager and ONE csi-sidecar process running the
-//! provisioner, resizer, registrar and prober modules; everything on 127.0.0.1.
+//! The README's demo: a real control plane with a real node (kube-scheduler
+//! and a kubelet: kubemark's hollow kubelet, with a fake container runtime
+//! and mounter), the real CSI driver, and csi-sidecar twice, as a driver
+//! deploys it: `provisioner attacher resizer` in the controller process,
+//! `registrar prober` in the node process. A pod with a new claim is
+//! scheduled, provisioned, attached, staged, published and runs; the claim
+//! is expanded while in use; everything is undone again. Everything on
+//! 127.0.0.1.
 //!
 //! `demo` runs the scenario and keeps serving until Ctrl-C; `demo --once`
 //! runs it and exits non-zero if a step failed.
@@ -10,17 +15,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    cluster::ControlPlane,
+    cluster::{ControlPlane, launcher_bin},
     component_bin, free_port, http,
-    kube_support::{TestNamespace, create, pvc, storage_class},
+    kube_support::{NEVER_PULLED_IMAGE, TestNamespace, create, pvc, storage_class},
     process::Proc,
     sidecar_bin,
 };
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim},
-    storage::v1::StorageClass,
+    core::v1::{PersistentVolume, PersistentVolumeClaim, Pod},
+    storage::v1::{CSINode, StorageClass, VolumeAttachment},
 };
-use kube::{Api, api::DeleteParams};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams},
+};
 
 /// csi-sidecar demo.
 #[derive(FromArgs)]
@@ -49,6 +57,21 @@ async fn until<T>(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> Opt
     }
 }
 
+/// Successful calls of `method` the mock driver logged.
+fn calls(driver: &Proc, method: &str) -> usize {
+    let needle = format!("/csi.v1.{method} -> OK");
+    driver.logs().lines().filter(|l| l.contains(&needle)).count()
+}
+
+async fn called(driver: &Proc, method: &str) -> anyhow::Result<()> {
+    until(&format!("{method} on the driver"), Duration::from_secs(60), async || {
+        (calls(driver, method) > 0).then_some(())
+    })
+    .await?;
+    println!("driver: {method} OK");
+    Ok(())
+}
+
 async fn health(addr: &str, path: &str, want: u16) -> anyhow::Result<()> {
     let r = until(&format!("GET {path} -> {want}"), Duration::from_secs(30), async || {
         http::get(addr, path).await.ok().filter(|r| r.status == want)
@@ -70,68 +93,132 @@ async fn bound(api: &Api<PersistentVolumeClaim>, name: &str) -> anyhow::Result<S
 async fn main() -> anyhow::Result<()> {
     let args: Args = argh::from_env();
     let dir = tempfile::tempdir()?;
-    let csi = dir.path().join("csi.sock");
-    let registry = dir.path().join("plugins_registry");
-    std::fs::create_dir(&registry)?;
-
-    step("starting a real control plane: etcd, kube-apiserver, kube-controller-manager (1.36.3) on 127.0.0.1");
-    let cp = ControlPlane::try_start().context("control plane")?;
-    println!("ready in {} ms; kubeconfig {}", cp.info().startup_ms.kcm, cp.kubeconfig().display());
-    let client = cp.client().await;
 
     step(
-        "starting the kubelet's plugin manager and csi-sidecar (provisioner + resizer + registrar + prober, one process, one port)",
+        "starting a real control plane and a real node on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (1.36.3), a kubelet (kubemark's hollow kubelet)",
     );
-    let kubelet = Proc::spawn(
-        "kubelet-plugin-harness",
-        &component_bin("kubelet-plugin-harness"),
-        &[format!("--dir={}", registry.display())],
-        dir.path(),
+    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"]).context("control plane")?;
+    let node = cp.info().nodes.first().cloned().context("the launcher's node")?;
+    println!(
+        "ready in {} ms; node {} Ready; kubeconfig {}",
+        cp.info().startup_ms.kcm,
+        node.name,
+        cp.kubeconfig().display()
     );
+    let client = cp.client().await;
+    let sock_dir = node.plugins_dir.join(DRIVER);
+    std::fs::create_dir_all(&sock_dir)?;
+    let csi = sock_dir.join("csi.sock");
+
+    step("starting the node's csi-sidecar (registrar + prober, one process, one port) before the driver");
+    let node_addr = format!("127.0.0.1:{}", free_port());
+    let node_args = vec![
+        format!("--csi-address={}", csi.display()),
+        format!("--http-endpoint={node_addr}"),
+        "registrar".into(),
+        format!("--kubelet-registration-path={}", csi.display()),
+        format!("--plugin-registration-path={}", node.registration_dir.display()),
+        "prober".into(),
+    ];
+    let mut node_sidecar = Proc::spawn("csi-sidecar-node", &sidecar_bin(), &node_args, dir.path());
+    println!("no driver yet: csi-sidecar waits for it (upstream sidecars exit after 30 s)");
+    health(&node_addr, "/healthz/prober", 500).await?;
+
+    step(&format!("starting the real CSI driver (Kubernetes' CSI mock driver, with topology) as {DRIVER}"));
+    let driver_args = vec![
+        format!("--endpoint=unix://{}", csi.display()),
+        format!("--name={DRIVER}"),
+        format!("--node-id={}", node.name),
+        "--enable-topology".into(),
+        "--node-expand-required".into(),
+    ];
+    let mut driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
+    health(&node_addr, "/healthz", 200).await?;
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let keys = until("the kubelet to register the driver", Duration::from_secs(30), async || {
+        let c = csinodes.get_opt(&node.name).await.ok().flatten()?;
+        c.spec.drivers.into_iter().find(|d| d.name == DRIVER).map(|d| d.topology_keys.unwrap_or_default())
+    })
+    .await?;
+    println!("kubelet: registered {DRIVER}; CSINode {} lists it with topology keys {keys:?}", node.name);
+    health(&node_addr, "/healthz/registrar", 200).await?;
+
+    step("starting the controller's csi-sidecar (provisioner + attacher + resizer, one process, one cache, one port)");
     let addr = format!("127.0.0.1:{}", free_port());
-    let sidecar_args = vec![
+    let controller_args = vec![
         format!("--csi-address={}", csi.display()),
         format!("--http-endpoint={addr}"),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
         "provisioner".into(),
+        "--feature-gates=Topology=true".into(),
+        "attacher".into(),
         "resizer".into(),
-        "registrar".into(),
-        format!("--kubelet-registration-path=/var/lib/kubelet/plugins/{DRIVER}/csi.sock"),
-        format!("--plugin-registration-path={}", registry.display()),
-        "prober".into(),
     ];
-    let mut sidecar = Proc::spawn("csi-sidecar", &sidecar_bin(), &sidecar_args, dir.path());
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    println!("no driver yet: csi-sidecar waits for it (upstream sidecars exit after 30 s)");
-    health(&addr, "/healthz/prober", 500).await?;
-
-    step(&format!("starting the real CSI driver (Kubernetes' CSI mock driver) as {DRIVER}"));
-    let driver_args =
-        vec![format!("--endpoint=unix://{}", csi.display()), format!("--name={DRIVER}"), "--node-id=node-1".into()];
-    let mut driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
+    let mut sidecar = Proc::spawn("csi-sidecar", &sidecar_bin(), &controller_args, dir.path());
     health(&addr, "/healthz", 200).await?;
-    let register = until("the kubelet to register the driver", Duration::from_secs(30), async || {
-        kubelet.logs().lines().find(|l| l.contains("\"event\":\"register\"") && l.contains(DRIVER)).map(String::from)
-    })
-    .await?;
-    println!("kubelet: {register}");
-    health(&addr, "/healthz/registrar", 200).await?;
 
-    step("a StorageClass and a PVC: provisioned by csi-sidecar, bound by the real PV binder");
+    step("a WaitForFirstConsumer StorageClass, a PVC and a pod using it");
     let ns = TestNamespace::new(&client, "demo").await;
     let sc_name = ns.scoped("demo");
     let mut class = storage_class(&sc_name, DRIVER);
     class.allow_volume_expansion = Some(true);
+    class.volume_binding_mode = Some("WaitForFirstConsumer".into());
     create(&Api::<StorageClass>::all(client.clone()), &class).await;
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
     create(&pvcs, &pvc("data", Some(&sc_name), "1Gi")).await;
+    let pods: Api<Pod> = ns.api();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "app"},
+        "spec": {
+            "containers": [{"name": "app", "image": NEVER_PULLED_IMAGE,
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            "terminationGracePeriodSeconds": 1
+        }
+    }))?;
+    create(&pods, &pod).await;
     let pv_name = bound(&pvcs, "data").await?;
+    let claim = pvcs.get("data").await?;
+    let selected = claim.metadata.annotations.unwrap_or_default().get("volume.kubernetes.io/selected-node").cloned();
+    println!("kube-scheduler: pod {}/app on {}", ns.name(), selected.unwrap_or_default());
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let pv = pvs.get(&pv_name).await?;
-    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default();
-    println!("PVC {}/data Bound to {pv_name} (CSI volume {handle})", ns.name());
+    let spec = pv.spec.unwrap_or_default();
+    let handle = spec.csi.map(|c| c.volume_handle).unwrap_or_default();
+    let affinity = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|t| t.match_expressions.unwrap_or_default())
+        .map(|e| format!("{} in {:?}", e.key, e.values.unwrap_or_default()))
+        .collect::<Vec<_>>();
+    println!("csi-sidecar provisioner: {pv_name} (CSI volume {handle}) on the node's topology {affinity:?}; PVC Bound");
 
-    step("expanding the PVC to 2Gi: ControllerExpandVolume, PV and PVC capacity");
+    step("attach, stage, publish: the pod runs");
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let va = until("an attached VolumeAttachment", Duration::from_secs(60), async || {
+        let list = vas.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|va| {
+            va.spec.source.persistent_volume_name.as_deref() == Some(pv_name.as_str())
+                && va.status.as_ref().is_some_and(|s| s.attached)
+        })
+    })
+    .await?;
+    let va_name = va.metadata.name.unwrap_or_default();
+    println!("attach-detach controller: VolumeAttachment {va_name}; csi-sidecar attacher: attached");
+    called(&driver, "Controller/ControllerPublishVolume").await?;
+    until("the pod Running", Duration::from_secs(60), async || {
+        let p = pods.get("app").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await?;
+    called(&driver, "Node/NodeStageVolume").await?;
+    called(&driver, "Node/NodePublishVolume").await?;
+    println!("kubelet: pod {}/app Running", ns.name());
+
+    step("expanding the PVC to 2Gi while the pod uses it: ControllerExpandVolume, then the kubelet's NodeExpandVolume");
     let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
     pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;
     until("the PVC to show 2Gi", Duration::from_secs(60), async || {
@@ -139,9 +226,24 @@ async fn main() -> anyhow::Result<()> {
         (c.status?.capacity?.get("storage")?.0 == "2Gi").then_some(())
     })
     .await?;
+    called(&driver, "Controller/ControllerExpandVolume").await?;
+    called(&driver, "Node/NodeExpandVolume").await?;
     let pv = pvs.get(&pv_name).await?;
     let cap = pv.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").map(|q| q.0.clone())).unwrap_or_default();
     println!("PVC {}/data expanded: capacity 2Gi, PV {pv_name} {cap}", ns.name());
+
+    step("deleting the pod: unpublish, unstage, detach");
+    pods.delete("app", &DeleteParams::default()).await?;
+    until("the pod gone", Duration::from_secs(60), async || pods.get_opt("app").await.ok()?.is_none().then_some(()))
+        .await?;
+    called(&driver, "Node/NodeUnpublishVolume").await?;
+    called(&driver, "Node/NodeUnstageVolume").await?;
+    until("the VolumeAttachment gone", Duration::from_secs(60), async || {
+        vas.get_opt(&va_name).await.ok()?.is_none().then_some(())
+    })
+    .await?;
+    called(&driver, "Controller/ControllerUnpublishVolume").await?;
+    println!("VolumeAttachment {va_name} deleted");
 
     step("deleting the PVC: DeleteVolume, PV removed");
     pvcs.delete("data", &DeleteParams::default()).await?;
@@ -149,15 +251,19 @@ async fn main() -> anyhow::Result<()> {
         pvs.get_opt(&pv_name).await.ok().flatten().is_none().then_some(())
     })
     .await?;
+    called(&driver, "Controller/DeleteVolume").await?;
     println!("PV {pv_name} deleted");
 
-    step("killing the driver: the prober reports it, csi-sidecar stays up");
+    step("killing the driver: the prober reports it, both csi-sidecars stay up");
     driver.kill();
-    health(&addr, "/healthz/prober", 500).await?;
+    health(&node_addr, "/healthz/prober", 500).await?;
     step("restarting the driver: reconnected, healthy, provisioning again");
     driver = Proc::spawn("csi-mock-driver-2", &component_bin("csi-mock-driver"), &driver_args, dir.path());
-    health(&addr, "/healthz", 200).await?;
-    create(&pvcs, &pvc("data-2", Some(&sc_name), "1Gi")).await;
+    health(&node_addr, "/healthz", 200).await?;
+    let mut immediate = storage_class(&ns.scoped("immediate"), DRIVER);
+    immediate.volume_binding_mode = Some("Immediate".into());
+    create(&Api::<StorageClass>::all(client.clone()), &immediate).await;
+    create(&pvcs, &pvc("data-2", immediate.metadata.name.as_deref(), "1Gi")).await;
     let pv2 = bound(&pvcs, "data-2").await?;
     println!("PVC {}/data-2 Bound to {pv2}", ns.name());
 
@@ -166,22 +272,30 @@ async fn main() -> anyhow::Result<()> {
     for l in metrics.lines().filter(|l| l.starts_with("csi_sidecar_operations_seconds_count") && l.contains(DRIVER)) {
         println!("{l}");
     }
-    if let Some(rss) = metrics.lines().find(|l| l.starts_with("process_resident_memory_bytes ")) {
-        println!("{rss}");
+    for (who, a) in [("controller", &addr), ("node", &node_addr)] {
+        let m = http::get(a, "/metrics").await.map_err(anyhow::Error::msg)?.body;
+        if let Some(rss) = m.lines().find(|l| l.starts_with("process_resident_memory_bytes ")) {
+            println!("{who} csi-sidecar: {rss}");
+        }
     }
-    if sidecar.try_exit().is_some() {
-        bail!("csi-sidecar exited:\n{}", sidecar.logs());
+    for (who, p) in [("controller", &mut sidecar), ("node", &mut node_sidecar)] {
+        if p.try_exit().is_some() {
+            bail!("the {who} csi-sidecar exited:\n{}", p.logs());
+        }
     }
     step("demo OK");
     if !args.once {
         println!(
-            "serving on http://{addr}/healthz and /metrics; KUBECONFIG={}; Ctrl-C stops everything",
+            "serving on http://{addr}/metrics (controller) and http://{node_addr}/healthz (node); KUBECONFIG={}; Ctrl-C stops everything",
             cp.kubeconfig().display()
         );
         tokio::signal::ctrl_c().await?;
     }
-    let status = sidecar.terminate().await;
-    println!("csi-sidecar stopped: {status}");
+    println!(
+        "csi-sidecar stopped: {} (controller), {} (node)",
+        sidecar.terminate().await,
+        node_sidecar.terminate().await
+    );
     drop(driver);
     Ok(())
 }
