@@ -402,3 +402,55 @@ async fn leader_killed_during_30_snapshots_creates_each_exactly_once() {
     assert_eq!(handles.len(), N, "distinct handles");
     drop(provisioner);
 }
+
+/// `--node-deployment`: only the contents labelled
+/// `snapshot.storage.kubernetes.io/managed-by=$NODE_NAME` are this
+/// process's; without `NODE_NAME` it refuses to start, as upstream.
+#[tokio::test]
+async fn node_deployment_serves_only_its_nodes_contents() {
+    let env = Env::new("snapf-node").await;
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, Script { snapshots: true, ..env.script() });
+    for (name, handle) in [("mine", "fault-snap-a"), ("theirs", "fault-snap-b")] {
+        driver.snapshots.lock().expect("snapshots").insert(name.into(), (handle.into(), "vol".into()));
+    }
+    let content = |name: &str, node: &str, handle: &str| {
+        obj(
+            "VolumeSnapshotContent",
+            serde_json::json!({"metadata": {"name": env.ns.scoped(name),
+                    "labels": {"snapshot.storage.kubernetes.io/managed-by": node}},
+                "spec": {"deletionPolicy": "Retain", "driver": env.driver_name, "source": {"snapshotHandle": handle},
+                         "volumeSnapshotRef": {"name": name, "namespace": env.ns.name()}}}),
+        )
+    };
+    let pp = PostParams::default();
+    env.snaps.contents.create(&pp, &content("mine", "node-a", "fault-snap-a")).await.expect("content");
+    env.snaps.contents.create(&pp, &content("theirs", "node-b", "fault-snap-b")).await.expect("content");
+    let sidecar_args = |node: Option<&str>| {
+        let mut args: Vec<String> = node.map(|n| format!("NODE_NAME={n}")).into_iter().collect();
+        args.push(sidecar_bin().display().to_string());
+        args.extend([
+            format!("--csi-address={}", env.socket().display()),
+            format!("--kubeconfig={}", env.kubeconfig.display()),
+            "snapshotter".into(),
+            "--node-deployment".into(),
+        ]);
+        args
+    };
+    let env_bin = std::path::Path::new("env");
+    let mut refused =
+        csi_sidecar_integration::process::Proc::spawn("no-node", env_bin, &sidecar_args(None), env.dir.path());
+    let status = refused.wait_exit(T).await.expect("exits");
+    assert_eq!(status.code(), Some(1), "{}", refused.logs());
+    assert!(refused.logs().contains("The NODE_NAME environment variable must be set"), "{}", refused.logs());
+
+    let _node_a =
+        csi_sidecar_integration::process::Proc::spawn("node-a", env_bin, &sidecar_args(Some("node-a")), env.dir.path());
+    env.snaps.wait_content_ready(&env.ns.scoped("mine"), T).await;
+    let lists: Vec<String> = driver.snapshot_calls_of(SnapshotMethod::List).into_iter().map(|c| c.target).collect();
+    assert!(lists.iter().all(|t| t == "fault-snap-a"), "only this node's content was checked: {lists:?}");
+    let theirs = env.snaps.contents.get(&env.ns.scoped("theirs")).await.expect("content");
+    assert!(theirs.data["status"].is_null(), "another node's content is left alone: {theirs:?}");
+    for name in ["mine", "theirs"] {
+        env.snaps.force_delete_content(&env.ns.scoped(name)).await;
+    }
+}
