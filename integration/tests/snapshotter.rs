@@ -24,6 +24,8 @@ const T: Duration = Duration::from_secs(60);
 
 struct Setup {
     driver_name: String,
+    /// `--http-endpoint` of the csi-sidecar process.
+    http: String,
     driver: Proc,
     sidecar: Proc,
     ns: TestNamespace,
@@ -53,7 +55,9 @@ impl Setup {
         let driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &args, dir.path());
         let sc = ns.scoped("sc");
         create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &driver_name)).await;
+        let http = format!("127.0.0.1:{}", csi_sidecar_integration::free_port());
         let mut sidecar_args = vec![
+            format!("--http-endpoint={http}"),
             format!("--csi-address={}", csi.display()),
             format!("--kubeconfig={}", cp.kubeconfig().display()),
             "-v=5".to_string(),
@@ -65,7 +69,7 @@ impl Setup {
         sidecar_args.extend(snapshotter_args.iter().map(|s| s.to_string()));
         let sidecar = Proc::spawn("csi-sidecar", &sidecar_bin(), &sidecar_args, dir.path());
         let snaps = SnapApis::new(&client, ns.name());
-        Setup { _dir: dir, driver_name, driver, sidecar, ns, sc, snaps }
+        Setup { _dir: dir, driver_name, http, driver, sidecar, ns, sc, snaps }
     }
 
     fn pvcs(&self) -> Api<PersistentVolumeClaim> {
@@ -105,7 +109,18 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_delete_removes_it_from_th
     let snap = s.snaps.wait_snapshot_ready("snap", T).await;
     assert_eq!(snap.data["status"]["boundVolumeSnapshotContentName"], content.as_str());
     assert_eq!(s.calls("CreateSnapshot"), 1, "one call for a snapshot the driver made ready at once");
-    assert!(s.sidecar.logs().contains("csi-snapshotter-content") || s.sidecar.logs().contains("Caches synced"));
+    // Upstream's metric names: the content queue, the CSI call.
+    let m = csi_sidecar_integration::http::get(&s.http, "/metrics").await.expect("/metrics").body;
+    assert!(
+        m.lines().any(|l| l.starts_with("workqueue_adds_total") && l.contains("name=\"csi-snapshotter-content\"")),
+        "{m}"
+    );
+    assert!(
+        m.lines().any(|l| l.starts_with("csi_sidecar_operations_seconds_count")
+            && l.contains("method_name=\"/csi.v1.Controller/CreateSnapshot\"")
+            && l.contains("grpc_status_code=\"OK\"")),
+        "{m}"
+    );
 
     s.snaps.delete_snapshot("snap").await;
     wait_deleted(&s.snaps.contents, &content, T).await;
