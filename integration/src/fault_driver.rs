@@ -8,6 +8,9 @@
 //! start, end and outcome so tests can find calls on one (volume, node) that
 //! overlapped ([`FaultDriver::overlaps`]); ControllerExpandVolume calls are
 //! recorded the same way with their requested size ([`FaultDriver::expand_calls`]).
+//! CreateSnapshot, DeleteSnapshot and ListSnapshots keep a backend of
+//! snapshots ([`FaultDriver::snapshots`], idempotent by name) and record every
+//! call with its secrets and parameters ([`FaultDriver::snapshot_calls`]).
 
 use std::{
     path::{Path, PathBuf},
