@@ -109,6 +109,7 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_delete_removes_it_from_th
     let snap = s.snaps.wait_snapshot_ready("snap", T).await;
     assert_eq!(snap.data["status"]["boundVolumeSnapshotContentName"], content.as_str());
     assert_eq!(s.calls("CreateSnapshot"), 1, "one call for a snapshot the driver made ready at once");
+    assert!(s.sidecar.logs().contains("Caches synced; snapshotting"), "{}", s.sidecar.logs());
     // Upstream's metric names: the content queue, the CSI call.
     let m = csi_sidecar_integration::http::get(&s.http, "/metrics").await.expect("/metrics").body;
     assert!(
