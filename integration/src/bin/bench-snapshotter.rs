@@ -54,6 +54,69 @@ struct Args {
     /// comma-separated client QPS settings: default, unlimited, or a number (default "default,unlimited")
     #[argh(option, default = "String::from(\"default,unlimited\")")]
     qps: String,
+    /// idle cache: this many ready pre-provisioned contents of the driver
+    /// and as many of another driver, then the idle RSS of a snapshotter
+    /// with them (default 0: skipped)
+    #[argh(option, default = "0")]
+    idle_cache: usize,
+}
+
+/// Creates `n` ready contents of [`DRIVER`] and `n` of another driver, starts a
+/// snapshotter and reads its RSS 5 s after its caches synced; returns the
+/// report line.
+async fn idle_cache(
+    snaps: &SnapApis,
+    csi: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    dir: &std::path::Path,
+    n: usize,
+) -> Result<String> {
+    use kube::api::{Patch, PatchParams};
+    let t = Instant::now();
+    stream::iter(0..2 * n)
+        .map(|i| {
+            let api = snaps.contents.clone();
+            async move {
+                let (driver, name) = if i < n {
+                    (DRIVER, format!("idle-{i:05}"))
+                } else {
+                    ("other.csi.example.com", format!("other-{i:05}"))
+                };
+                let v = serde_json::json!({"metadata": {"name": name}, "spec": {
+                    "deletionPolicy": "Retain", "driver": driver, "source": {"snapshotHandle": format!("h-{name}")},
+                    "volumeSnapshotRef": {"name": name, "namespace": NS}}});
+                api.create(&PostParams::default(), &obj("VolumeSnapshotContent", v)).await?;
+                let st = serde_json::json!({"status": {"snapshotHandle": format!("h-{name}"), "readyToUse": true,
+                    "creationTime": 1_700_000_000_000_000_000i64, "restoreSize": 1_073_741_824}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&st)).await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let created = t.elapsed().as_secs_f64();
+    let spawned = Instant::now();
+    let mut snap = sidecar("snapshotter-idle", csi, kubeconfig, &["snapshotter".into()], dir);
+    wait_for("the idle snapshotter's caches", Duration::from_secs(300), async || {
+        Ok(snap.logs().contains("Caches synced; snapshotting"))
+    })
+    .await?;
+    let synced = spawned.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (rss, hwm) = (mib(status_kib(snap.pid(), "VmRSS:")), mib(status_kib(snap.pid(), "VmHWM:")));
+    let watches: Vec<String> = snap
+        .logs()
+        .lines()
+        .filter(|l| l.contains("Watch synced"))
+        .map(|l| l.split("Watch synced").last().unwrap_or("").trim().to_string())
+        .collect();
+    snap.terminate().await;
+    Ok(format!(
+        "Idle cache: {n} ready contents of the driver + {n} of another driver, created in {created:.0} s; the \
+         snapshotter's caches synced {synced:.2} s after its spawn ({}); RSS 5 s later **{rss:.1} MiB**, peak {hwm:.1} MiB.",
+        watches.join(", ")
+    ))
 }
 
 struct Round {
@@ -121,6 +184,12 @@ async fn run(args: Args) -> Result<()> {
     wait_for("every claim bound", Duration::from_secs(600), async || Ok(bound(&pvcs).await? == args.claims)).await?;
     prov.terminate().await;
 
+    let idle = if args.idle_cache > 0 {
+        eprintln!("idle cache: {} contents of the driver, as many of another ...", args.idle_cache);
+        Some(idle_cache(&snaps, &csi, &kubeconfig, tmp.path(), args.idle_cache).await?)
+    } else {
+        None
+    };
     let mut rounds = Vec::new();
     for (r, q) in qps.iter().enumerate() {
         let mut extra = q.flags();
@@ -160,8 +229,11 @@ async fn run(args: Args) -> Result<()> {
         let start = Instant::now();
         snaps.snapshots.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
         wait_for("every content gone", Duration::from_secs(1800), async || {
-            Ok(snaps.contents.list(&ListParams::default()).await?.items.is_empty()
-                && snaps.snapshots.list(&ListParams::default()).await?.items.is_empty())
+            let contents = snaps.contents.list(&ListParams::default()).await?.items;
+            // (The idle cache's pre-provisioned contents stay.)
+            let dynamic =
+                contents.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("snapcontent-")));
+            Ok(dynamic.count() == 0 && snaps.snapshots.list(&ListParams::default()).await?.items.is_empty())
         })
         .await?;
         let delete_secs = start.elapsed().as_secs_f64();
@@ -198,6 +270,9 @@ async fn run(args: Args) -> Result<()> {
             r.delete_secs,
             r.peak_rss
         );
+    }
+    if let Some(idle) = idle {
+        println!("\n{idle}");
     }
     Ok(())
 }
