@@ -305,6 +305,43 @@ fn stopping_a_control_plane_leaves_no_process_or_run_dir() {
     }
 }
 
+/// `cluster serve --nodes 2`: two hollow kubelets, each Ready as its own
+/// Node with its own root directory, and none of their processes or
+/// directories (sockets, pods, plugin registrations) left after the stop.
+#[tokio::test]
+async fn nodes_are_ready_and_leave_nothing_behind() {
+    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "2"]).expect("a cluster with 2 nodes");
+    let info = cp.info().clone();
+    let names: Vec<&str> = info.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-1", "node-2"], "{:?}", info.nodes);
+    let scheduler = info.pids.kube_scheduler.expect("the scheduler runs with nodes");
+    assert!(alive(scheduler));
+    let client = cp.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in &info.nodes {
+        assert!(alive(n.pid), "{n:?}");
+        assert!(n.registration_dir.is_dir() && n.plugins_dir.is_dir(), "{n:?}");
+        let node = nodes.get(&n.name).await.expect("node");
+        let ready = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(ready.iter().any(|c| c.type_ == "Ready" && c.status == "True"), "{ready:?}");
+        // The node lifecycle controller lifted the not-ready taint: pods can land here.
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        assert!(taints.iter().all(|t| t.key != "node.kubernetes.io/not-ready"), "{taints:?}");
+    }
+    assert_ne!(info.nodes[0].root_dir, info.nodes[1].root_dir);
+    let status = cp.stop().expect("the launcher exits by itself");
+    assert!(status.success(), "launcher exit status {status}");
+    let start = Instant::now();
+    let pids: Vec<u32> = info.nodes.iter().map(|n| n.pid).chain([scheduler]).collect();
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(start.elapsed() < Duration::from_secs(5), "still alive: {pids:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in &info.nodes {
+        assert!(!n.root_dir.exists(), "left behind: {}", n.root_dir.display());
+    }
+}
+
 #[test]
 fn killing_the_parent_tears_the_cluster_down() {
     // The launcher's parent is a bash holding the write end of its stdin (a
