@@ -126,9 +126,10 @@ async fn a_final_error_is_recorded_retried_with_backoff_and_then_succeeds() {
     let g = gaps(&calls);
     assert!(g[2] > g[0], "backoff grows: {g:?}");
     assert!(g[0] >= Duration::from_millis(150), "not retried at once: {g:?}");
-    // A final error: the driver is not making it, so nothing is "being created".
-    let c = env.snaps.contents.get(&content).await.expect("content");
-    assert!(!being_created(&c), "{c:?}");
+    // A final error: the driver is not making it, so the annotation goes
+    // after each attempt (each retry sets it again before its call; with a
+    // non-final code it would never go, see the timeout test).
+    wait_for(&env.snaps.contents, &content, T, |c| !being_created(c) && error_message(c).is_some()).await;
 
     driver.update(|s| s.create_snapshot_error = None);
     let c = env.snaps.wait_content_ready(&content, T).await;
