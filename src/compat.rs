@@ -454,3 +454,100 @@ pub mod modifier {
     /// See [`PARAM_PVC_NAME`].
     pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
 }
+
+/// csi-snapshotter (external-snapshotter's sidecar) and the names it shares
+/// with snapshot-controller.
+pub mod snapshotter {
+    /// Lease name: `external-snapshotter-leader-<driver>` with `/` → `-`,
+    /// then sanitised.
+    pub fn lease_lock_name(driver: &str) -> String {
+        super::sanitize_lease_name(&format!("external-snapshotter-leader-{}", driver.replace('/', "-")))
+    }
+    /// Event source component: `csi-snapshotter <driver>`.
+    pub fn event_component(driver: &str) -> String {
+        format!("csi-snapshotter {driver}")
+    }
+    /// Content work queue.
+    pub const QUEUE_CONTENT: &str = "csi-snapshotter-content";
+    /// Group content work queue (group snapshots are not implemented yet).
+    pub const QUEUE_GROUP_CONTENT: &str = "csi-snapshotter-groupsnapshotcontent";
+    /// Content finalizer (added by snapshot-controller, removed by the sidecar).
+    pub const CONTENT_FINALIZER: &str = "snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection";
+    /// Content annotation: a CreateSnapshot may be in flight.
+    pub const ANN_BEING_CREATED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-created";
+    /// Content annotation (snapshot-controller): the VolumeSnapshot is being deleted.
+    pub const ANN_BEING_DELETED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-deleted";
+    /// Content annotation (snapshot-controller): the create/delete secret's name.
+    pub const ANN_DELETION_SECRET_NAME: &str = "snapshot.storage.kubernetes.io/deletion-secret-name";
+    /// Content annotation (snapshot-controller): the create/delete secret's namespace.
+    pub const ANN_DELETION_SECRET_NAMESPACE: &str = "snapshot.storage.kubernetes.io/deletion-secret-namespace";
+    /// Content annotation: a member of a dynamically created group snapshot.
+    pub const ANN_GROUP_SNAPSHOT_HANDLE: &str = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle";
+    /// Content label of `--node-deployment`: the node managing the content.
+    pub const LABEL_MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
+    /// Env var naming the node with `--node-deployment`.
+    pub const NODE_NAME_ENV: &str = "NODE_NAME";
+    /// The reserved prefix of class parameters.
+    pub const PARAM_PREFIX: &str = "csi.storage.k8s.io/";
+    /// Class parameter: the create/delete secret's name (template).
+    pub const PARAM_SECRET_NAME: &str = "csi.storage.k8s.io/snapshotter-secret-name";
+    /// Class parameter: the create/delete secret's namespace (template).
+    pub const PARAM_SECRET_NAMESPACE: &str = "csi.storage.k8s.io/snapshotter-secret-namespace";
+    /// Class parameter: the ListSnapshots secret's name (template).
+    pub const PARAM_LIST_SECRET_NAME: &str = "csi.storage.k8s.io/snapshotter-list-secret-name";
+    /// Class parameter: the ListSnapshots secret's namespace (template).
+    pub const PARAM_LIST_SECRET_NAMESPACE: &str = "csi.storage.k8s.io/snapshotter-list-secret-namespace";
+    /// The eight reserved secret parameters dropped from CreateSnapshot's
+    /// parameters (any other `csi.storage.k8s.io/` key is an error).
+    pub const RESERVED_SECRET_PARAMS: [&str; 8] = [
+        PARAM_SECRET_NAME,
+        PARAM_SECRET_NAMESPACE,
+        PARAM_LIST_SECRET_NAME,
+        PARAM_LIST_SECRET_NAMESPACE,
+        "csi.storage.k8s.io/group-snapshotter-secret-name",
+        "csi.storage.k8s.io/group-snapshotter-secret-namespace",
+        "csi.storage.k8s.io/group-snapshotter-get-secret-name",
+        "csi.storage.k8s.io/group-snapshotter-get-secret-namespace",
+    ];
+    /// Extra create metadata: the VolumeSnapshot's name.
+    pub const PARAM_SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
+    /// Extra create metadata: the VolumeSnapshot's namespace.
+    pub const PARAM_SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
+    /// Extra create metadata: the content's name.
+    pub const PARAM_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+    /// Template token of secret parameters: the content's name.
+    pub const TOKEN_CONTENT_NAME: &str = "volumesnapshotcontent.name";
+    /// `spec.deletionPolicy` that deletes the backend snapshot.
+    pub const POLICY_DELETE: &str = "Delete";
+    /// Event: the first CreateSnapshot attempt failed.
+    pub const REASON_CREATION_FAILED: &str = "SnapshotCreationFailed";
+    /// Event: a later attempt (or a ListSnapshots check) failed.
+    pub const REASON_CHECK_FAILED: &str = "SnapshotContentCheckandUpdateFailed";
+    /// Event: deletion failed.
+    pub const REASON_DELETE_ERROR: &str = "SnapshotDeleteError";
+    /// `SnapshotCreationFailed` text.
+    pub fn text_creation_failed(err: &str) -> String {
+        format!("Failed to create snapshot: {err}")
+    }
+    /// `SnapshotContentCheckandUpdateFailed` text.
+    pub fn text_check_failed(err: &str) -> String {
+        format!("Failed to check and update snapshot content: {err}")
+    }
+    /// `SnapshotDeleteError` texts.
+    pub const TEXT_DELETE_CREDENTIALS: &str = "Failed to get snapshot credentials";
+    /// `SnapshotDeleteError`: DeleteSnapshot failed.
+    pub const TEXT_DELETE_FAILED: &str = "Failed to delete snapshot";
+    /// `SnapshotDeleteError`: the status could not be cleared.
+    pub const TEXT_DELETE_CLEAR_STATUS: &str = "Failed to clear content status";
+    /// Start-up: `--snapshot-name-prefix` empty.
+    pub const TEXT_EMPTY_PREFIX: &str = "Snapshot name prefix cannot be of length 0";
+    /// Start-up: the driver cannot create snapshots.
+    pub fn text_no_create_capability(driver: &str) -> String {
+        format!("CSI driver {driver} does not support ControllerCreateSnapshot")
+    }
+    /// Start-up: `--node-deployment` without `$NODE_NAME`.
+    pub const TEXT_NODE_NAME_MISSING: &str =
+        "The NODE_NAME environment variable must be set when using --enable-node-deployment.";
+    /// Start-up: `--node-deployment` with `--leader-election`.
+    pub const TEXT_NODE_DEPLOYMENT_LEADER: &str = "Leader election cannot happen when node-deployment is set to true";
+}

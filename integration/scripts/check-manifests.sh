@@ -130,6 +130,7 @@ module_for() {
 	csi-provisioner | provisioner) echo provisioner ;;
 	csi-attacher | attacher) echo attacher ;;
 	csi-resizer | resizer) echo resizer ;;
+	csi-snapshotter | snapshotter) echo snapshotter ;;
 	csi-node-driver-registrar | node-driver-registrar | registrar) echo registrar ;;
 	livenessprobe | prober) echo prober ;;
 	*) return 1 ;;
@@ -141,7 +142,7 @@ cp -- "$SIDECAR" "$TREE/csi-sidecar"
 for name in "${LINKS[@]}"; do
 	ln -s csi-sidecar "$TREE/$name"
 done
-for needed in csi-provisioner csi-attacher csi-resizer csi-node-driver-registrar livenessprobe; do
+for needed in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar livenessprobe; do
 	[[ -L $TREE/$needed ]] || die "the image has no /$needed symlink (the drop-in manifests use it as command)"
 done
 "$TREE/csi-sidecar" --list >"$WORK/list.txt" || die "/csi-sidecar --list failed"

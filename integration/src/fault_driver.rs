@@ -8,6 +8,9 @@
 //! start, end and outcome so tests can find calls on one (volume, node) that
 //! overlapped ([`FaultDriver::overlaps`]); ControllerExpandVolume calls are
 //! recorded the same way with their requested size ([`FaultDriver::expand_calls`]).
+//! CreateSnapshot, DeleteSnapshot and ListSnapshots keep a backend of
+//! snapshots ([`FaultDriver::snapshots`], idempotent by name) and record every
+//! call with its secrets and parameters ([`FaultDriver::snapshot_calls`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -101,6 +104,23 @@ pub struct Script {
     pub modify: bool,
     /// `ControllerModifyVolume` fails with this while set.
     pub modify_error: Option<(Code, String)>,
+    /// Advertise CREATE_DELETE_SNAPSHOT (with `controller`).
+    pub snapshots: bool,
+    /// Advertise LIST_SNAPSHOTS (with `snapshots`).
+    pub list_snapshots: bool,
+    /// Delay of `CreateSnapshot` (the snapshot is made even if the caller
+    /// gave up meanwhile).
+    pub create_snapshot_delay: Duration,
+    /// `CreateSnapshot` fails with this (before creating anything) while set.
+    pub create_snapshot_error: Option<(Code, String)>,
+    /// `CreateSnapshot` answers without a snapshot (nonsense) while set.
+    pub create_snapshot_empty: bool,
+    /// `CreateSnapshot` answers `ready_to_use: false` while set.
+    pub snapshot_not_ready: bool,
+    /// `DeleteSnapshot` fails with this while set.
+    pub delete_snapshot_error: Option<(Code, String)>,
+    /// `ListSnapshots` fails with this while set.
+    pub list_snapshots_error: Option<(Code, String)>,
     /// Advertise CLONE_VOLUME (with `controller`); a created volume's
     /// answer echoes the request's `volume_content_source`.
     pub clone: bool,
@@ -133,6 +153,14 @@ impl Default for Script {
             node_expansion_required: false,
             modify: false,
             modify_error: None,
+            snapshots: false,
+            list_snapshots: true,
+            create_snapshot_delay: Duration::ZERO,
+            create_snapshot_error: None,
+            create_snapshot_empty: false,
+            snapshot_not_ready: false,
+            delete_snapshot_error: None,
+            list_snapshots_error: None,
             clone: false,
         }
     }
@@ -170,6 +198,36 @@ pub struct Counters {
 
 /// The backend: volumes by name (`CreateVolume` is idempotent by name).
 pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
+
+/// The backend's snapshots: by name, (snapshot id, source volume id).
+pub type Snapshots = Arc<Mutex<BTreeMap<String, (String, String)>>>;
+
+/// Which snapshot call a [`SnapshotCall`] was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotMethod {
+    /// `CreateSnapshot` (`target` = the name).
+    Create,
+    /// `DeleteSnapshot` (`target` = the snapshot id).
+    Delete,
+    /// `ListSnapshots` (`target` = the snapshot id asked about).
+    List,
+}
+
+/// One snapshot call as received, with its secrets (tests check that the
+/// secret reached the driver) and parameters.
+#[derive(Clone, Debug)]
+pub struct SnapshotCall {
+    /// The method.
+    pub method: SnapshotMethod,
+    /// Name (create) or snapshot id (delete, list).
+    pub target: String,
+    /// `secrets`.
+    pub secrets: BTreeMap<String, String>,
+    /// `parameters` (create).
+    pub parameters: BTreeMap<String, String>,
+    /// Arrival.
+    pub at: Instant,
+}
 
 /// Where each volume ID is published (ControllerPublish adds the node).
 pub type Published = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
@@ -318,6 +376,8 @@ impl Drop for CallRecord {
 
 #[derive(Clone)]
 struct Service {
+    snapshots: Snapshots,
+    snapshot_log: Arc<Mutex<Vec<SnapshotCall>>>,
     script: Arc<Mutex<Script>>,
     counters: Arc<Counters>,
     volumes: Volumes,
@@ -467,6 +527,12 @@ impl Controller for Service {
         if s.modify {
             rpcs.push(RpcType::ModifyVolume);
         }
+        if s.snapshots {
+            rpcs.push(RpcType::CreateDeleteSnapshot);
+            if s.list_snapshots {
+                rpcs.push(RpcType::ListSnapshots);
+            }
+        }
         if s.clone {
             rpcs.push(RpcType::CloneVolume);
         }
@@ -582,6 +648,55 @@ impl Controller for Service {
         Ok(Response::new(csi::ListVolumesResponse { entries, next_token: String::new() }))
     }
 
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        self.do_create_snapshot(req.into_inner()).await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        self.log_snapshot_call(SnapshotMethod::Delete, &req.snapshot_id, &req.secrets, &Default::default());
+        let s = self.script();
+        if let Some((code, msg)) = s.delete_snapshot_error {
+            return Err(Status::new(code, msg));
+        }
+        check_secret(&s, &req.secrets)?;
+        self.snapshots.lock().expect("snapshots").retain(|_, (id, _)| *id != req.snapshot_id);
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = req.into_inner();
+        self.log_snapshot_call(SnapshotMethod::List, &req.snapshot_id, &req.secrets, &Default::default());
+        let s = self.script();
+        if let Some((code, msg)) = s.list_snapshots_error {
+            return Err(Status::new(code, msg));
+        }
+        let found: Vec<(String, String)> = self
+            .snapshots
+            .lock()
+            .expect("snapshots")
+            .values()
+            .filter(|(id, _)| req.snapshot_id.is_empty() || *id == req.snapshot_id)
+            .cloned()
+            .collect();
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: found
+                .iter()
+                .map(|(id, src)| csi::list_snapshots_response::Entry { snapshot: Some(self.snapshot(id, src, true)) })
+                .collect(),
+            next_token: String::new(),
+        }))
+    }
+
     async fn delete_volume(
         &self,
         req: Request<csi::DeleteVolumeRequest>,
@@ -592,6 +707,62 @@ impl Controller for Service {
         let id = req.volume_id;
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
         Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+}
+
+impl Service {
+    fn log_snapshot_call(
+        &self,
+        method: SnapshotMethod,
+        target: &str,
+        secrets: &std::collections::HashMap<String, String>,
+        parameters: &std::collections::HashMap<String, String>,
+    ) {
+        self.snapshot_log.lock().expect("snapshot log").push(SnapshotCall {
+            method,
+            target: target.to_string(),
+            secrets: secrets.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            parameters: parameters.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            at: Instant::now(),
+        });
+    }
+
+    fn snapshot(&self, id: &str, source: &str, ready: bool) -> csi::Snapshot {
+        csi::Snapshot {
+            size_bytes: 1 << 20,
+            snapshot_id: id.to_string(),
+            source_volume_id: source.to_string(),
+            creation_time: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 123_456_789 }),
+            ready_to_use: ready,
+            group_snapshot_id: String::new(),
+        }
+    }
+
+    async fn do_create_snapshot(
+        &self,
+        req: csi::CreateSnapshotRequest,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        self.log_snapshot_call(SnapshotMethod::Create, &req.name, &req.secrets, &req.parameters);
+        let s = self.script();
+        if let Some((code, msg)) = s.create_snapshot_error {
+            return Err(Status::new(code, msg));
+        }
+        check_secret(&s, &req.secrets)?;
+        let (snapshots, name, source, delay) =
+            (self.snapshots.clone(), req.name.clone(), req.source_volume_id.clone(), s.create_snapshot_delay);
+        let (id, source) = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let id = format!("fault-snap-{name}");
+            snapshots.lock().expect("snapshots").entry(name).or_insert((id, source)).clone()
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        if s.create_snapshot_empty {
+            return Ok(Response::new(csi::CreateSnapshotResponse { snapshot: None }));
+        }
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(self.snapshot(&id, &source, !s.snapshot_not_ready)),
+        }))
     }
 }
 
@@ -618,6 +789,9 @@ pub struct FaultDriver {
     pub publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
     modify_log: ModifyLog,
+    /// The snapshots that exist in the backend.
+    pub snapshots: Snapshots,
+    snapshot_log: Arc<Mutex<Vec<SnapshotCall>>>,
     stop: CancellationToken,
 }
 
@@ -654,7 +828,11 @@ impl FaultDriver {
         let publish_log: Arc<Mutex<PublishLog>> = Arc::default();
         let calls: CallLog = Arc::default();
         let modify_log: ModifyLog = Arc::default();
+        let snapshots: Snapshots = Arc::default();
+        let snapshot_log: Arc<Mutex<Vec<SnapshotCall>>> = Arc::default();
         let svc = Service {
+            snapshots: snapshots.clone(),
+            snapshot_log: snapshot_log.clone(),
             modify_log: modify_log.clone(),
             script: script.clone(),
             counters: counters.clone(),
@@ -705,6 +883,8 @@ impl FaultDriver {
             publish_log,
             calls,
             modify_log,
+            snapshots,
+            snapshot_log,
             stop,
         }
     }
@@ -744,6 +924,16 @@ impl FaultDriver {
     pub fn calls_for(&self, volume_id: &str, node_id: &str) -> Vec<ControllerCall> {
         let calls = self.calls.lock().expect("call log");
         calls.iter().filter(|c| c.volume_id == volume_id && c.node_id == node_id).cloned().collect()
+    }
+
+    /// The snapshot calls so far (with their secrets), in arrival order.
+    pub fn snapshot_calls(&self) -> Vec<SnapshotCall> {
+        self.snapshot_log.lock().expect("snapshot log").clone()
+    }
+
+    /// The snapshot calls of `method` so far.
+    pub fn snapshot_calls_of(&self, method: SnapshotMethod) -> Vec<SnapshotCall> {
+        self.snapshot_calls().into_iter().filter(|c| c.method == method).collect()
     }
 
     /// The ControllerExpandVolume calls so far, in arrival order.

@@ -12,6 +12,7 @@ pub mod fault_driver;
 pub mod http;
 pub mod kube_support;
 pub mod process;
+pub mod snapshots;
 pub mod yaml;
 
 use std::{

@@ -14,6 +14,8 @@ fn every_upstream_name_dispatches_to_its_module() {
         ("prober", "prober", "--probe-timeout"),
         ("csi-node-driver-registrar", "registrar", "--kubelet-registration-path"),
         ("registrar", "registrar", "--kubelet-registration-path"),
+        ("csi-snapshotter", "snapshotter", "--snapshot-name-prefix"),
+        ("snapshotter", "snapshotter", "--snapshot-name-prefix"),
     ] {
         let bin = symlinked_bin(dir.path(), name);
         let (code, out, err) = run_to_end(&bin, &["--help"], T);
@@ -29,16 +31,23 @@ fn every_upstream_name_dispatches_to_its_module() {
 }
 
 #[test]
-fn unbuilt_modules_are_listed_and_refuse_to_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn every_module_is_listed() {
     let (code, out, _) = run_to_end(&sidecar_bin(), &["--list"], T);
     assert_eq!(code, Some(0));
-    for line in ["provisioner", "attacher", "resizer", "registrar", "prober"] {
+    for line in ["provisioner", "attacher", "resizer", "snapshotter", "registrar", "prober"] {
         assert!(out.lines().any(|l| l.starts_with(line)), "{line} not listed:\n{out}");
     }
-    let (code, _, err) = run_to_end(&symlinked_bin(dir.path(), "csi-snapshotter"), &["--csi-address=/csi/csi.sock"], T);
-    assert_eq!(code, Some(1), "csi-snapshotter");
-    assert!(err.contains("not built"), "csi-snapshotter: {err}");
+}
+
+#[test]
+fn snapshotter_refuses_an_empty_name_prefix_like_upstream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = symlinked_bin(dir.path(), "csi-snapshotter");
+    let (code, _, err) = run_to_end(&bin, &["--csi-address=/csi/csi.sock", "--snapshot-name-prefix="], T);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("Snapshot name prefix cannot be of length 0"), "{err}");
+    let (code, _, err) = run_to_end(&bin, &["--snapshot-name-uuid-length=-1", "--no-such-flag"], T);
+    assert_eq!(code, Some(2), "{err}");
 }
 
 #[test]

@@ -306,3 +306,33 @@ async fn the_resizer_shares_the_watches_of_provisioner_and_attacher() {
     assert!(combined.logs().contains("watch_pods=true"), "{}", combined.logs());
     combined.terminate().await;
 }
+
+/// With the snapshotter beside the other controller modules: still one
+/// watch per kind, plus one on VolumeSnapshotContents and one on
+/// VolumeSnapshotClasses (the provisioner reads the same content view).
+#[tokio::test]
+async fn the_snapshotter_adds_one_watch_per_snapshot_kind() {
+    let cp = ControlPlane::with_snapshots();
+    let client = cp.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", csi.display()), "--name=watch4.csi.example.com".into()],
+        dir.path(),
+    );
+    let base = watches(&client).await;
+    let mut combined = spawn(dir.path(), "combined", cp, &csi, &["provisioner", "attacher", "resizer", "snapshotter"]);
+    synced(&combined, 4).await;
+    let extra = ["volumesnapshotcontents", "volumesnapshotclasses"];
+    let now = wait_until("every watch open", Duration::from_secs(30), async || {
+        let now = watches(&client).await;
+        (RESOURCES.iter().chain(extra.iter()).all(|r| delta(&now, &base, r) >= 1), now)
+    })
+    .await;
+    for r in RESOURCES.iter().chain(extra.iter()) {
+        assert_eq!(delta(&now, &base, r), 1, "one watch on {r}; {now:?} vs {base:?}");
+    }
+    combined.terminate().await;
+}

@@ -64,8 +64,11 @@ fn combined_examples_run_one_csi_sidecar_container_per_pod() {
         assert!(s[0].get("command").is_none(), "{file}: the image's entrypoint /csi-sidecar runs");
         let args = strings(&s[0]["args"]);
         let modules: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
-        let want: &[&str] =
-            if kind(&w) == "Deployment" { &["provisioner", "resizer", "prober"] } else { &["registrar", "prober"] };
+        let want: &[&str] = if kind(&w) == "Deployment" {
+            &["provisioner", "resizer", "snapshotter", "prober"]
+        } else {
+            &["registrar", "prober"]
+        };
         assert_eq!(modules, want, "{file}: {args:?}");
         assert_eq!(containers(&w).len(), 2, "{file}: the driver and csi-sidecar");
     }
@@ -76,7 +79,7 @@ fn drop_in_examples_swap_only_the_image_and_keep_upstream_binary_names() {
     let links = image_symlinks();
     for (file, w) in example_workloads().into_iter().filter(|(f, _)| f.contains("drop-in")) {
         let s = sidecars(&w);
-        let want = if kind(&w) == "Deployment" { 3 } else { 2 };
+        let want = if kind(&w) == "Deployment" { 4 } else { 2 };
         assert_eq!(s.len(), want, "{file}: one container per upstream sidecar");
         for c in s {
             let command = strings(&c["command"]);
@@ -84,8 +87,15 @@ fn drop_in_examples_swap_only_the_image_and_keep_upstream_binary_names() {
             let name = command[0].strip_prefix('/').expect("absolute command");
             assert!(links.contains(name), "{file}: /{name} is not a symlink of the image ({links:?})");
             assert!(
-                ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-node-driver-registrar", "livenessprobe"]
-                    .contains(&name),
+                [
+                    "csi-provisioner",
+                    "csi-attacher",
+                    "csi-resizer",
+                    "csi-snapshotter",
+                    "csi-node-driver-registrar",
+                    "livenessprobe"
+                ]
+                .contains(&name),
                 "{file}: {name} is not an upstream binary name"
             );
         }
@@ -289,6 +299,12 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         rules(find(&static_rsz, "ClusterRole", "-resizer")),
         "chart vs manifests/rbac/resizer.yaml"
     );
+    let static_snap = load(&manifests().join("rbac/snapshotter.yaml"));
+    assert_eq!(
+        rules(find(&with_attacher, "ClusterRole", "-snapshotter")),
+        rules(find(&static_snap, "ClusterRole", "-snapshotter")),
+        "chart vs manifests/rbac/snapshotter.yaml"
+    );
     // The narrower Secrets alternative: no cluster-wide secrets rule, a Role per namespace.
     let narrow = load(&out.path().join("chart-attacher.yaml"));
     for role in ["-provisioner", "-attacher"] {
@@ -313,7 +329,7 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 15, "rendered csi-sidecar containers");
+    assert_eq!(checked, 16, "rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();

@@ -1,7 +1,7 @@
 //! The RBAC manifests (`manifests/rbac/`) against the code and against the
 //! real kube-apiserver.
 //!
-//! * Minimality: the provisioner's, the attacher's and the resizer's ClusterRoles and
+//! * Minimality: the provisioner's, the attacher's, the resizer's and the snapshotter's ClusterRoles and
 //!   leader-election Roles hold exactly the (apiGroup, resource, verb)
 //!   triples the code uses, listed below with the code that uses each; no
 //!   wildcard anywhere; the node ServiceAccount carries no token; the code
@@ -231,6 +231,37 @@ const RESIZER_CALLS: &[(&str, &str, &str)] = &[
     ("", "events", "patch"),
 ];
 
+/// What the snapshotter module calls (src/modules/snapshotter/mod.rs). No
+/// VolumeSnapshots, claims or PVs, no `update`: every write is a patch.
+const SNAPSHOTTER_CALLS: &[(&str, &str, &str)] = &[
+    // `run`: views::driver_snapshot_contents.
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "list"),
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "watch"),
+    // `write_status`, `delete`: the fresh read before a status write.
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"),
+    // `patch`: the being-created annotation; kube/finalizers.rs: the finalizer.
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "patch"),
+    // `patch_status`: handle, readyToUse, creationTime, restoreSize, error.
+    ("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "patch"),
+    // `run`: views::snapshot_classes.
+    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "list"),
+    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "watch"),
+    // `secrets`: Api::<Secret>::get (deletion-secret annotations, list secret).
+    ("", "secrets", "get"),
+    // src/kube/events.rs `write`: create, and a repeat's PATCH.
+    ("", "events", "create"),
+    ("", "events", "patch"),
+];
+
+#[test]
+fn snapshotter_cluster_role_is_exactly_what_the_code_calls() {
+    let role = doc("snapshotter.yaml", "ClusterRole", "csi-sidecar-snapshotter");
+    assert_eq!(triples(&role), set(SNAPSHOTTER_CALLS));
+    let lease = doc("snapshotter.yaml", "Role", "csi-sidecar-snapshotter-leader-election");
+    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
+    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
+}
+
 #[test]
 fn resizer_cluster_role_is_exactly_what_the_code_calls() {
     let role = doc("resizer.yaml", "ClusterRole", "csi-sidecar-resizer");
@@ -247,7 +278,7 @@ fn resizer_cluster_role_is_exactly_what_the_code_calls() {
 fn the_code_touches_no_kind_the_rbac_does_not_cover() {
     let root = workspace_root().join("src");
     let mut found = BTreeSet::new();
-    for dir in ["modules/provisioner", "modules/attacher", "modules/resizer", "kube"] {
+    for dir in ["modules/provisioner", "modules/attacher", "modules/resizer", "modules/snapshotter", "kube"] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();
             if path.extension().is_none_or(|e| e != "rs") {
@@ -283,7 +314,8 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "VolumeAttributesClass",
         "VolumeSnapshot",
         "VolumeSnapshotContent",
-        // The gate-only rule, commented out in manifests/rbac/provisioner.yaml.
+        "VolumeSnapshotClass",
+        // The provisioner's gate-only rule, commented out in manifests/rbac/provisioner.yaml.
         "ReferenceGrant",
     ]
     .into_iter()
@@ -363,6 +395,7 @@ enum Module {
     Provisioner,
     Attacher,
     Resizer,
+    Snapshotter,
 }
 
 impl Module {
@@ -371,6 +404,20 @@ impl Module {
             Module::Provisioner => "provisioner",
             Module::Attacher => "attacher",
             Module::Resizer => "resizer",
+            Module::Snapshotter => "snapshotter",
+        }
+    }
+
+    /// The control plane a run needs: with the snapshot CRDs and
+    /// snapshot-controller for the snapshotter; without streaming lists when
+    /// `list` is what is shown needed.
+    fn control_plane(self, list: bool) -> &'static ControlPlane {
+        match (self, list) {
+            // The provisioner's restores need the snapshot CRDs too.
+            (Module::Snapshotter | Module::Provisioner, false) => ControlPlane::with_snapshots(),
+            (Module::Snapshotter | Module::Provisioner, true) => snapshots_without_streaming_lists(),
+            (_, false) => ControlPlane::shared(),
+            (_, true) => without_streaming_lists(),
         }
     }
 
@@ -380,6 +427,7 @@ impl Module {
             Module::Provisioner => PROVISIONER_CALLS,
             Module::Attacher => ATTACHER_CALLS,
             Module::Resizer => RESIZER_CALLS,
+            Module::Snapshotter => SNAPSHOTTER_CALLS,
         };
         set(calls).into_iter().chain(set(LEADER_ELECTION_CALLS)).collect()
     }
@@ -615,6 +663,7 @@ impl Cycle {
             Module::Provisioner => self.run_provisioner().await?,
             Module::Attacher => self.run_attacher().await?,
             Module::Resizer => self.run_resizer().await?,
+            Module::Snapshotter => self.run_snapshotter().await?,
         }
         // One more look for refusals after the last step.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1042,6 +1091,113 @@ impl Cycle {
         Ok(())
     }
 
+    /// A snapshot of a bound claim with a snapshotter secret: created
+    /// (annotation, status), the Lease renewed, deleted through the driver
+    /// (status cleared, finalizer removed); then a pre-provisioned content
+    /// whose deletion secret is missing gives a repeated (aggregated)
+    /// SnapshotDeleteError until the secret appears.
+    async fn run_snapshotter(&mut self) -> Result<(), Failure> {
+        use csi_sidecar_integration::snapshots::{SnapApis, obj, ready};
+        let client = self.ns.client().clone();
+        let ns = self.ns.name().to_string();
+        let snaps = SnapApis::new(&client, &ns);
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        create(&Api::namespaced(client.clone(), &ns), &Self::secret("snap-creds")).await;
+        let sc_name = self.ns.scoped("sc");
+        create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, &self.driver_name)).await;
+        let pv_name = self.ns.scoped("pv");
+        // Volume "1" exists in the mock driver from its start.
+        let mut pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
+        if let Some(spec) = pv.spec.as_mut() {
+            spec.storage_class_name = Some(sc_name.clone());
+            spec.claim_ref =
+                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
+        }
+        create(&pvs, &pv).await;
+        let mut claim = pvc("data", Some(&sc_name), "1Mi");
+        if let Some(spec) = claim.spec.as_mut() {
+            spec.volume_name = Some(pv_name.clone());
+        }
+        create(&pvcs, &claim).await;
+        self.until("PVC data bound", async |_| {
+            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
+        })
+        .await?;
+        let class = self.ns.scoped("vsc");
+        let params = serde_json::json!({
+            "csi.storage.k8s.io/snapshotter-secret-name": "snap-creds",
+            "csi.storage.k8s.io/snapshotter-secret-namespace": ns,
+        });
+        snaps.class(&class, &self.driver_name, "Delete", params).await;
+        let retain = self.ns.scoped("vsc-retain");
+        snaps.class(&retain, &self.driver_name, "Retain", serde_json::Value::Null).await;
+        let content = snaps.snapshot_of("snap", &class, "data").await;
+        let kept = snaps.snapshot_of("kept", &retain, "data").await;
+        let handle = self
+            .until("both contents ready", async |_| {
+                let a = snaps.contents.get(&content).await.ok()?;
+                let b = snaps.contents.get(&kept).await.ok()?;
+                (ready(&a) && ready(&b)).then(|| b.data["status"]["snapshotHandle"].as_str().map(str::to_string))?
+            })
+            .await?;
+        self.lease_renewed(&sanitize(&format!("external-snapshotter-leader-{}", self.driver_name))).await?;
+        let gone = async |name: &str| snaps.contents.get_opt(name).await.ok().and_then(|c| c.is_none().then_some(()));
+        snaps.delete_snapshot("snap").await;
+        self.until("the Delete content gone", async |_| gone(&content).await).await?;
+        if self.calls_ok("DeleteSnapshot") != 1 {
+            return Err(self.fail(format!("not one DeleteSnapshot:\n{}", self.driver.logs())));
+        }
+        // A pre-provisioned content of the retained snapshot, whose deletion
+        // secret does not exist (yet): each deletion attempt fails the same way.
+        let stat = self.ns.scoped("static");
+        let v = serde_json::json!({"metadata": {"name": stat,
+                "finalizers": ["snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection"],
+                "annotations": {"snapshot.storage.kubernetes.io/deletion-secret-name": "late-creds",
+                                "snapshot.storage.kubernetes.io/deletion-secret-namespace": ns}},
+            "spec": {"deletionPolicy": "Delete", "driver": self.driver_name, "source": {"snapshotHandle": handle},
+                     "volumeSnapshotRef": {"name": "nobody", "namespace": ns}}});
+        snaps
+            .contents
+            .create(&PostParams::default(), &obj("VolumeSnapshotContent", v))
+            .await
+            .map_err(|e| self.fail(format!("create the static content: {e}")))?;
+        self.until("the static content ready (ListSnapshots)", async |_| {
+            snaps.contents.get(&stat).await.ok().filter(ready).map(|_| ())
+        })
+        .await?;
+        let _ = snaps.contents.delete(&stat, &DeleteParams::default()).await;
+        let events: Api<Event> = Api::namespaced(client.clone(), "default");
+        let aggregated = self
+            .until("a repeated SnapshotDeleteError event", async |_| {
+                let lp = ListParams::default().fields(&format!("involvedObject.name={stat}"));
+                let list = events.list(&lp).await.ok()?;
+                let failed: Vec<_> =
+                    list.items.iter().filter(|e| e.reason.as_deref() == Some("SnapshotDeleteError")).collect();
+                if failed.len() >= 2 {
+                    return Some(Err(failed.len()));
+                }
+                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
+            })
+            .await?;
+        if let Err(n) = aggregated {
+            return Err(self.fail(format!(
+                "{n} SnapshotDeleteError Events with one message for one repeated failure: the aggregation PATCH failed"
+            )));
+        }
+        create(&Api::namespaced(client.clone(), &ns), &Self::secret("late-creds")).await;
+        self.until("the static content gone", async |_| gone(&stat).await).await?;
+        snaps.delete_snapshot("kept").await;
+        let _ = snaps.contents.delete(&kept, &DeleteParams::default()).await;
+        self.until("the retained content gone", async |_| gone(&kept).await).await?;
+        if self.calls_ok("DeleteSnapshot") != 2 {
+            return Err(self.fail(format!("not two DeleteSnapshot calls:\n{}", self.driver.logs())));
+        }
+        snaps.delete_class(&class).await;
+        snaps.delete_class(&retain).await;
+        Ok(())
+    }
+
     async fn finish(mut self) {
         self.sidecar.terminate().await;
         self.ns.delete().await;
@@ -1049,7 +1205,7 @@ impl Cycle {
 }
 
 async fn runs_under_the_manifests(module: Module) {
-    let cp = plane(module, false);
+    let cp = module.control_plane(false);
     let mut c = Cycle::start(cp, module, None).await;
     if let Err(f) = c.run().await {
         panic!(
@@ -1076,6 +1232,11 @@ async fn attacher_runs_under_exactly_the_manifests_rbac() {
 }
 
 #[tokio::test]
+async fn snapshotter_runs_under_exactly_the_manifests_rbac() {
+    runs_under_the_manifests(Module::Snapshotter).await;
+}
+
+#[tokio::test]
 async fn resizer_runs_under_exactly_the_manifests_rbac() {
     runs_under_the_manifests(Module::Resizer).await;
 }
@@ -1090,7 +1251,8 @@ fn without_streaming_lists() -> &'static ControlPlane {
     })
 }
 
-/// The snapshot CRDs and the real snapshot-controller, without WatchList.
+/// Like [`without_streaming_lists`], with the snapshot CRDs and
+/// snapshot-controller.
 fn snapshots_without_streaming_lists() -> &'static ControlPlane {
     static CP: std::sync::OnceLock<ControlPlane> = std::sync::OnceLock::new();
     CP.get_or_init(|| {
@@ -1098,19 +1260,8 @@ fn snapshots_without_streaming_lists() -> &'static ControlPlane {
             &launcher_bin(),
             &["--snapshots", "--apiserver-arg", "--feature-gates=WatchList=false"],
         )
-        .unwrap_or_else(|e| panic!("a control plane with snapshots, without WatchList: {e:#}"))
+        .unwrap_or_else(|e| panic!("a control plane with snapshots without WatchList: {e:#}"))
     })
-}
-
-/// Where a module's run goes: the provisioner's restores need the snapshot
-/// CRDs; `lists`: an apiserver refusing streaming lists.
-fn plane(module: Module, lists: bool) -> &'static ControlPlane {
-    match (module, lists) {
-        (Module::Provisioner, false) => ControlPlane::with_snapshots(),
-        (Module::Provisioner, true) => snapshots_without_streaming_lists(),
-        (_, false) => ControlPlane::shared(),
-        (_, true) => without_streaming_lists(),
-    }
 }
 
 /// Every verb the live run exercises is needed: without it, the run fails
@@ -1123,7 +1274,7 @@ async fn every_exercised_verb_is_needed(module: Module) {
         let runs = batch.iter().map(|t| async move {
             // The informers list only where the apiserver refuses streaming
             // lists: `list` is shown needed on such an apiserver.
-            let cp = plane(module, t.2 == "list");
+            let cp = module.control_plane(t.2 == "list");
             let mut c = Cycle::start(cp, module, Some(t)).await;
             let outcome = c.run().await;
             c.finish().await;
@@ -1172,4 +1323,11 @@ async fn attacher_fails_without_any_one_exercised_verb() {
 async fn resizer_fails_without_any_one_exercised_verb() {
     assert_eq!(Module::Resizer.exercised().len(), 16);
     every_exercised_verb_is_needed(Module::Resizer).await;
+}
+
+/// 13 triples: all of the snapshotter's.
+#[tokio::test]
+async fn snapshotter_fails_without_any_one_exercised_verb() {
+    assert_eq!(Module::Snapshotter.exercised().len(), 13);
+    every_exercised_verb_is_needed(Module::Snapshotter).await;
 }

@@ -49,6 +49,12 @@ pub mod method {
     pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
     /// Controller/ControllerGetCapabilities.
     pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
+    /// Controller/CreateSnapshot.
+    pub const CREATE_SNAPSHOT: &str = "/csi.v1.Controller/CreateSnapshot";
+    /// Controller/DeleteSnapshot.
+    pub const DELETE_SNAPSHOT: &str = "/csi.v1.Controller/DeleteSnapshot";
+    /// Controller/ListSnapshots.
+    pub const LIST_SNAPSHOTS: &str = "/csi.v1.Controller/ListSnapshots";
 }
 
 struct Inner {
@@ -202,6 +208,42 @@ impl Connection {
             csi::ControllerGetCapabilitiesRequest {},
             |ch, r| async move { ControllerClient::new(ch).controller_get_capabilities(r).await },
         )
+        .await
+    }
+
+    /// `Controller/CreateSnapshot`.
+    pub async fn create_snapshot(
+        &self,
+        timeout: Duration,
+        req: csi::CreateSnapshotRequest,
+    ) -> Result<csi::CreateSnapshotResponse, Status> {
+        self.call(method::CREATE_SNAPSHOT, timeout, req, |ch, r| async move {
+            ControllerClient::new(ch).create_snapshot(r).await
+        })
+        .await
+    }
+
+    /// `Controller/DeleteSnapshot`.
+    pub async fn delete_snapshot(
+        &self,
+        timeout: Duration,
+        req: csi::DeleteSnapshotRequest,
+    ) -> Result<csi::DeleteSnapshotResponse, Status> {
+        self.call(method::DELETE_SNAPSHOT, timeout, req, |ch, r| async move {
+            ControllerClient::new(ch).delete_snapshot(r).await
+        })
+        .await
+    }
+
+    /// `Controller/ListSnapshots`.
+    pub async fn list_snapshots(
+        &self,
+        timeout: Duration,
+        req: csi::ListSnapshotsRequest,
+    ) -> Result<csi::ListSnapshotsResponse, Status> {
+        self.call(method::LIST_SNAPSHOTS, timeout, req, |ch, r| async move {
+            ControllerClient::new(ch).list_snapshots(r).await
+        })
         .await
     }
 

@@ -7,6 +7,7 @@ pub mod prober;
 pub mod provisioner;
 pub mod registrar;
 pub mod resizer;
+pub mod snapshotter;
 pub mod views;
 
 use argh::{ArgsInfo, FromArgs};
@@ -24,6 +25,8 @@ pub enum ModuleConfig {
     Attacher(Box<attacher::config::AttacherFlags>),
     /// external-resizer.
     Resizer(Box<resizer::config::ResizerFlags>),
+    /// csi-snapshotter.
+    Snapshotter(Box<snapshotter::config::SnapshotterFlags>),
 }
 
 /// How a module's own flags are parsed.
@@ -119,8 +122,15 @@ pub static MODULES: &[ModuleDesc] = &[
         name: "snapshotter",
         binary_names: &["csi-snapshotter"],
         replaces: "csi-snapshotter",
-        summary: "volume snapshots",
-        flags: None,
+        summary: "CreateSnapshot/DeleteSnapshot/ListSnapshots for VolumeSnapshotContents",
+        flags: Some(FlagSpec {
+            info: snapshotter::config::SnapshotterFlags::get_args_info,
+            parse: |cmd, args| {
+                snapshotter::config::SnapshotterFlags::from_args(&[cmd], args)
+                    .map(|f| ModuleConfig::Snapshotter(Box::new(f)))
+            },
+            shared: snapshotter::config::SHARED_FLAGS,
+        }),
     },
 ];
 
@@ -138,6 +148,7 @@ impl ModuleConfig {
             ModuleConfig::Provisioner(_) => "provisioner",
             ModuleConfig::Attacher(_) => "attacher",
             ModuleConfig::Resizer(_) => "resizer",
+            ModuleConfig::Snapshotter(_) => "snapshotter",
         }
     }
 }
@@ -192,6 +203,9 @@ impl ModuleConfig {
             ModuleConfig::Resizer(r) => {
                 r.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "resizer", message })
             }
+            ModuleConfig::Snapshotter(s) => {
+                s.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "snapshotter", message })
+            }
         }
     }
 
@@ -203,7 +217,8 @@ impl ModuleConfig {
             ModuleConfig::Prober(_)
             | ModuleConfig::Provisioner(_)
             | ModuleConfig::Attacher(_)
-            | ModuleConfig::Resizer(_) => None,
+            | ModuleConfig::Resizer(_)
+            | ModuleConfig::Snapshotter(_) => None,
         }
     }
 
@@ -215,12 +230,19 @@ impl ModuleConfig {
             ModuleConfig::Provisioner(p) => p.timeout,
             ModuleConfig::Attacher(a) => a.timeout,
             ModuleConfig::Resizer(r) => r.timeout,
+            ModuleConfig::Snapshotter(s) => s.timeout,
         }
     }
 
     /// Whether the module needs the Kubernetes client and informer cache.
     pub fn needs_kube(&self) -> bool {
-        matches!(self, ModuleConfig::Provisioner(_) | ModuleConfig::Attacher(_) | ModuleConfig::Resizer(_))
+        matches!(
+            self,
+            ModuleConfig::Provisioner(_)
+                | ModuleConfig::Attacher(_)
+                | ModuleConfig::Resizer(_)
+                | ModuleConfig::Snapshotter(_)
+        )
     }
 
     /// `--master`, where the module has it.
@@ -240,6 +262,7 @@ impl ModuleConfig {
             ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
             ModuleConfig::Attacher(c) => attacher::run(*c, ctx).await,
             ModuleConfig::Resizer(c) => resizer::run(*c, ctx).await,
+            ModuleConfig::Snapshotter(c) => snapshotter::run(*c, ctx).await,
         }
     }
 }

@@ -1,0 +1,158 @@
+//! csi-snapshotter flags, under their upstream names and defaults, and its
+//! feature gates.
+
+use std::time::Duration;
+
+use argh::{ArgsInfo, FromArgs};
+
+use crate::{
+    compat::snapshotter as up,
+    flags::goflags::{parse_go_bool, parse_go_duration},
+};
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s)
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The longest `--snapshot-name-uuid-length` that means something: a UID
+/// without its dashes has 32 characters (upstream panics above that).
+pub const MAX_UUID_LENGTH: i64 = 32;
+
+/// snapshotter: VolumeSnapshotContents → CreateSnapshot/DeleteSnapshot/ListSnapshots (csi-snapshotter).
+#[derive(FromArgs, ArgsInfo, Debug, Clone, PartialEq)]
+pub struct SnapshotterFlags {
+    /// resync period of the content handler (default 15m)
+    #[argh(option, default = "secs(900)", from_str_fn(duration))]
+    pub resync_period: Duration,
+    /// prefix of the snapshot name sent to CreateSnapshot (default "snapshot")
+    #[argh(option, default = "String::from(\"snapshot\")")]
+    pub snapshot_name_prefix: String,
+    /// characters of the VolumeSnapshot UID (dashes removed) in the snapshot name; -1: the whole UID (default -1)
+    #[argh(option, default = "-1")]
+    pub snapshot_name_uuid_length: i64,
+    /// workers of the content queue (default 10)
+    #[argh(option, default = "10")]
+    pub worker_threads: usize,
+    /// timeout of each CSI call (default 1m)
+    #[argh(option, default = "secs(60)", from_str_fn(duration))]
+    pub timeout: Duration,
+    /// add VolumeSnapshot name and namespace and content name to CreateSnapshot parameters (default false)
+    #[argh(switch)]
+    pub extra_create_metadata: bool,
+    /// first retry delay of a failed or not yet ready snapshot (default 1s)
+    #[argh(option, default = "secs(1)", from_str_fn(duration))]
+    pub retry_interval_start: Duration,
+    /// maximum retry delay (default 5m)
+    #[argh(option, default = "secs(300)", from_str_fn(duration))]
+    pub retry_interval_max: Duration,
+    /// run next to the driver on each node: only contents labelled managed-by=$NODE_NAME (default false)
+    #[argh(switch)]
+    pub node_deployment: bool,
+    /// prefix of group snapshot names (group snapshots are not implemented yet) (default "groupsnapshot")
+    #[argh(option, default = "String::from(\"groupsnapshot\")")]
+    pub groupsnapshot_name_prefix: String,
+    /// UID characters in group snapshot names (not implemented yet) (default -1)
+    #[argh(option, default = "-1")]
+    pub groupsnapshot_name_uuid_length: i64,
+    /// feature gates k=v: CSIVolumeGroupSnapshot (accepted, no effect yet), ReleaseLeaderElectionOnExit
+    #[argh(option, default = "String::new()")]
+    pub feature_gates: String,
+}
+
+/// Shared flags upstream csi-snapshotter accepts, besides logging.
+pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
+
+/// Feature gates csi-snapshotter knows, with their defaults.
+pub const FEATURE_GATES: &[(&str, bool)] = &[("CSIVolumeGroupSnapshot", true), ("ReleaseLeaderElectionOnExit", false)];
+
+/// The feature gates in effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    /// `CSIVolumeGroupSnapshot` (accepted; group snapshots are not
+    /// implemented yet, so it has no effect).
+    pub volume_group_snapshot: bool,
+    /// `ReleaseLeaderElectionOnExit` (csi-sidecar always releases; accepted).
+    pub release_leader_election_on_exit: bool,
+}
+
+/// Parses `--feature-gates` (component-base syntax: `Name=bool`, comma separated).
+pub fn parse_gates(s: &str) -> Result<Gates, String> {
+    let mut g = Gates { volume_group_snapshot: true, release_leader_election_on_exit: false };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| format!("missing bool value for {part}"))?;
+        let k = k.trim();
+        let v = parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
+        match k {
+            "CSIVolumeGroupSnapshot" => g.volume_group_snapshot = v,
+            "ReleaseLeaderElectionOnExit" => g.release_leader_election_on_exit = v,
+            _ => return Err(format!("unrecognized feature gate: {k}")),
+        }
+    }
+    Ok(g)
+}
+
+impl SnapshotterFlags {
+    /// Start-up checks (upstream exits 1 for these; a uuid length above 32
+    /// makes upstream panic at the first snapshot, csi-sidecar refuses it
+    /// at start).
+    pub fn validate(&self) -> Result<Gates, String> {
+        if self.snapshot_name_prefix.is_empty() {
+            return Err(up::TEXT_EMPTY_PREFIX.into());
+        }
+        for (flag, n) in [
+            ("--snapshot-name-uuid-length", self.snapshot_name_uuid_length),
+            ("--groupsnapshot-name-uuid-length", self.groupsnapshot_name_uuid_length),
+        ] {
+            if !(-1..=MAX_UUID_LENGTH).contains(&n) {
+                return Err(format!("{flag} must be -1 or between 0 and {MAX_UUID_LENGTH}, not {n}"));
+            }
+        }
+        if self.worker_threads == 0 {
+            return Err("--worker-threads must be greater than 0".into());
+        }
+        parse_gates(&self.feature_gates)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> SnapshotterFlags {
+        SnapshotterFlags::from_args(&["snapshotter"], args).expect("parses")
+    }
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let f = flags(&[]);
+        assert_eq!(f.resync_period, secs(900));
+        assert_eq!(f.snapshot_name_prefix, "snapshot");
+        assert_eq!(f.snapshot_name_uuid_length, -1);
+        assert_eq!(f.worker_threads, 10);
+        assert_eq!(f.timeout, secs(60));
+        assert!(!f.extra_create_metadata && !f.node_deployment);
+        assert_eq!((f.retry_interval_start, f.retry_interval_max), (secs(1), secs(300)));
+        assert_eq!(f.groupsnapshot_name_prefix, "groupsnapshot");
+        assert_eq!(f.groupsnapshot_name_uuid_length, -1);
+        let g = f.validate().expect("valid");
+        assert!(g.volume_group_snapshot && !g.release_leader_election_on_exit);
+    }
+
+    #[test]
+    fn start_up_refusals() {
+        let e = flags(&["--snapshot-name-prefix", ""]).validate().unwrap_err();
+        assert_eq!(e, "Snapshot name prefix cannot be of length 0");
+        assert!(flags(&["--snapshot-name-uuid-length", "33"]).validate().is_err());
+        assert!(flags(&["--snapshot-name-uuid-length", "32"]).validate().is_ok());
+        assert!(flags(&["--snapshot-name-uuid-length", "-2"]).validate().is_err());
+        assert!(flags(&["--worker-threads", "0"]).validate().is_err());
+        let g = parse_gates("CSIVolumeGroupSnapshot=false,ReleaseLeaderElectionOnExit=true").unwrap();
+        assert!(!g.volume_group_snapshot && g.release_leader_election_on_exit);
+        assert!(parse_gates("Topology=true").unwrap_err().contains("unrecognized feature gate: Topology"));
+        assert!(parse_gates("CSIVolumeGroupSnapshot").is_err());
+        assert_eq!(FEATURE_GATES.len(), 2);
+    }
+}

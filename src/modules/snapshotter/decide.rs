@@ -1,0 +1,615 @@
+//! The snapshotter's decisions, free of I/O: which contents are the
+//! driver's, what a content needs now, the CreateSnapshot request (name,
+//! parameters), the status and error-status patches, the deletion-secret
+//! and list-secret references, final vs non-final codes, and which updates
+//! need a sync (upstream's `ShouldEnqueueContentChange`). Every rule is a
+//! row in `decide/tests.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+use crate::{
+    compat::snapshotter as up,
+    csi::proto::csi::v1 as csi,
+    kube::snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
+    modules::provisioner::params::{expand, is_dns1123_label, is_dns1123_subdomain},
+};
+
+/// Go's `%q` of a string (`strconv.Quote`), as upstream wraps errors.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Why a content cannot be snapshotted, checked or deleted: upstream's
+/// error texts (they reach `status.error` and the events).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapError {
+    /// A dynamic content without `spec.volumeSnapshotClassName`.
+    #[error("failed to take snapshot {0} without a snapshot class")]
+    NoClass(String),
+    /// The named class is not in the cache (client-go's NotFound text).
+    #[error("volumesnapshotclass.snapshot.storage.k8s.io {} not found", go_quote(.0))]
+    ClassNotFound(String),
+    /// One of the deletion-secret annotations is empty.
+    #[error("cannot retrieve secrets for snapshot content {}, err: secret name or namespace not specified", go_quote(.0))]
+    SecretIncomplete(String),
+    /// The deletion secret could not be read.
+    #[error("cannot get credentials for snapshot content {}", go_quote(.0))]
+    Credentials(String),
+    /// Wraps the input errors above for CreateSnapshot.
+    #[error("failed to get input parameters to create snapshot for content {content}: {}", go_quote(&.source.to_string()))]
+    CreateInput {
+        /// The content.
+        content: String,
+        /// What failed.
+        source: Box<SnapError>,
+    },
+    /// A class parameter in the reserved namespace that is not one of the
+    /// eight known secret keys.
+    #[error("failed to remove CSI Parameters of prefixed keys: found unknown parameter key \"{0}\" with reserved namespace {prefix}", prefix = up::PARAM_PREFIX)]
+    UnknownReserved(String),
+    /// `spec.volumeSnapshotRef.uid` is empty.
+    #[error("cannot create snapshot. Snapshot content {0} not bound to a snapshot")]
+    NotBound(String),
+    /// CreateSnapshot failed (or could not be sent).
+    #[error("failed to take snapshot of the volume {volume}: {}", go_quote(.error))]
+    Take {
+        /// `spec.source.volumeHandle`.
+        volume: String,
+        /// The gRPC error text (or ours).
+        error: String,
+    },
+    /// The driver answered CreateSnapshot without a snapshot (upstream
+    /// would crash on it).
+    #[error("CreateSnapshot answered without a snapshot or snapshot_id")]
+    EmptyAnswer,
+    /// The being-created annotation could not be written.
+    #[error("failed to add VolumeSnapshotBeingCreated annotation on the content {content}: {}", go_quote(.error))]
+    AddAnnotation {
+        /// The content.
+        content: String,
+        /// The API error.
+        error: String,
+    },
+    /// The being-created annotation could not be removed.
+    #[error("failed to remove VolumeSnapshotBeingCreated annotation on the content {content}: {}", go_quote(.error))]
+    RemoveAnnotation {
+        /// The content.
+        content: String,
+        /// The API error.
+        error: String,
+    },
+    /// The status could not be written.
+    #[error("error updating status for volume snapshot content {content}: {error}")]
+    Status {
+        /// The content.
+        content: String,
+        /// The API error.
+        error: String,
+    },
+    /// A pre-provisioned content's class is missing.
+    #[error("failed to get snapshot class {class} for snapshot content {content}: {error}")]
+    CheckClass {
+        /// The class.
+        class: String,
+        /// The content.
+        content: String,
+        /// Why.
+        error: String,
+    },
+    /// The list secret's parameters are wrong.
+    #[error("failed to get secret reference for snapshot content {content}: {error}")]
+    ListSecretRef {
+        /// The content.
+        content: String,
+        /// Why.
+        error: String,
+    },
+    /// The list secret could not be read.
+    #[error("failed to get credentials for snapshot content {content}: {error}")]
+    ListCredentials {
+        /// The content.
+        content: String,
+        /// Why.
+        error: String,
+    },
+    /// A group member's deletion-secret annotations are wrong.
+    #[error("failed to get credentials from annotation for snapshot content {content}: {}", .source)]
+    MemberCredentials {
+        /// The content.
+        content: String,
+        /// What failed.
+        source: Box<SnapError>,
+    },
+    /// ListSnapshots failed, or found nothing.
+    #[error("failed to list snapshot for content {content}: {}", go_quote(.error))]
+    List {
+        /// The content.
+        content: String,
+        /// The gRPC error text, or [`SnapError::not_found`].
+        error: String,
+    },
+}
+
+impl SnapError {
+    /// The text of an empty ListSnapshots answer.
+    pub fn not_found(snapshot_id: &str) -> String {
+        format!("can not find snapshot for snapshotID {snapshot_id}")
+    }
+}
+
+fn annotation<'a>(c: &'a VolumeSnapshotContent, key: &str) -> Option<&'a str> {
+    c.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+}
+
+/// Whether `c` carries annotation `key`.
+pub fn has_annotation(c: &VolumeSnapshotContent, key: &str) -> bool {
+    annotation(c, key).is_some()
+}
+
+/// Whether the content is one this sidecar serves (upstream's
+/// `isDriverMatch`): it has a source, names the driver, and its class, if
+/// cached, is the driver's too. `class` is the cached class named by
+/// `spec.volumeSnapshotClassName`, if any.
+pub fn is_ours(c: &VolumeSnapshotContent, driver: &str, class: Option<&VolumeSnapshotClass>) -> bool {
+    (c.spec.source.volume_handle.is_some() || c.spec.source.snapshot_handle.is_some())
+        && c.spec.driver == driver
+        && class.is_none_or(|cl| cl.driver == driver)
+}
+
+/// With `--node-deployment`: whether the content is this node's
+/// (label `snapshot.storage.kubernetes.io/managed-by=<node>`).
+pub fn managed_by(c: &VolumeSnapshotContent, node: &str) -> bool {
+    c.metadata.labels.as_ref().and_then(|l| l.get(up::LABEL_MANAGED_BY)).map(String::as_str) == Some(node)
+}
+
+/// Whether the status says ready.
+pub fn is_ready(c: &VolumeSnapshotContent) -> bool {
+    c.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+}
+
+/// What a content needs now (upstream's `syncContent` order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Deletion: `DeleteSnapshot(snapshot_id)` first when set (policy
+    /// Delete, a handle in the status, not a group member), then the
+    /// finalizer goes.
+    Delete {
+        /// The backend snapshot to delete.
+        snapshot_id: Option<String>,
+    },
+    /// CreateSnapshot (idempotent by name); `first`: no status yet, which
+    /// picks the failure event's reason.
+    Create {
+        /// No status yet.
+        first: bool,
+    },
+    /// Ready: nothing to do but make sure the being-created annotation is
+    /// gone.
+    Ready {
+        /// The annotation is still there.
+        remove_annotation: bool,
+    },
+    /// A pre-provisioned content (or a group member with handles): ask
+    /// ListSnapshots about `snapshot_id`.
+    Check {
+        /// The snapshot asked about.
+        snapshot_id: String,
+        /// Credentials come from the deletion-secret annotations (a
+        /// member of a group snapshot).
+        group_member: bool,
+    },
+    /// A member of a dynamically created group snapshot without handles
+    /// yet: nothing to do, polled.
+    Wait,
+}
+
+/// Upstream's `shouldDelete`.
+pub fn should_delete(c: &VolumeSnapshotContent) -> bool {
+    if c.metadata.deletion_timestamp.is_none() {
+        return false;
+    }
+    if c.spec.source.snapshot_handle.is_some() && c.spec.volume_snapshot_ref.uid.as_deref().is_none_or(str::is_empty) {
+        return true;
+    }
+    !has_annotation(c, up::ANN_BEING_CREATED) && has_annotation(c, up::ANN_BEING_DELETED)
+}
+
+/// What `c` needs now.
+pub fn step(c: &VolumeSnapshotContent) -> Step {
+    let status = c.status.as_ref();
+    if should_delete(c) {
+        let snapshot_id = (c.spec.deletion_policy == up::POLICY_DELETE)
+            .then(|| {
+                status.filter(|s| s.volume_group_snapshot_handle.is_none()).and_then(|s| s.snapshot_handle.clone())
+            })
+            .flatten();
+        return Step::Delete { snapshot_id };
+    }
+    let member = has_annotation(c, up::ANN_GROUP_SNAPSHOT_HANDLE);
+    if c.spec.source.volume_handle.is_some() && status.is_none() && !member {
+        return Step::Create { first: true };
+    }
+    if is_ready(c) {
+        return Step::Ready { remove_annotation: has_annotation(c, up::ANN_BEING_CREATED) };
+    }
+    let member_handles =
+        status.is_some_and(|s| s.volume_group_snapshot_handle.is_some() && s.snapshot_handle.is_some());
+    if let Some(id) = c.spec.source.snapshot_handle.clone() {
+        return Step::Check { snapshot_id: id, group_member: member_handles };
+    }
+    if member_handles && let Some(id) = status.and_then(|s| s.snapshot_handle.clone()) {
+        return Step::Check { snapshot_id: id, group_member: true };
+    }
+    if !member {
+        return Step::Create { first: false };
+    }
+    Step::Wait
+}
+
+/// The secret of CreateSnapshot and DeleteSnapshot, from the content's
+/// deletion-secret annotations (written by snapshot-controller): `None`
+/// unless both are present; both present with one empty is an error.
+pub fn deletion_secret_ref(c: &VolumeSnapshotContent) -> Result<Option<(String, String)>, SnapError> {
+    match (annotation(c, up::ANN_DELETION_SECRET_NAME), annotation(c, up::ANN_DELETION_SECRET_NAMESPACE)) {
+        (Some(name), Some(ns)) if name.is_empty() || ns.is_empty() => Err(SnapError::SecretIncomplete(content_name(c))),
+        (Some(name), Some(ns)) => Ok(Some((name.to_string(), ns.to_string()))),
+        _ => Ok(None),
+    }
+}
+
+fn content_name(c: &VolumeSnapshotContent) -> String {
+    c.metadata.name.clone().unwrap_or_default()
+}
+
+/// The ListSnapshots secret from the class parameters
+/// `csi.storage.k8s.io/snapshotter-list-secret-{name,namespace}` (both or
+/// neither); the templates may use `${volumesnapshotcontent.name}` only.
+/// Err: upstream's text (wrapped by the caller).
+pub fn list_secret_ref(
+    params: Option<&BTreeMap<String, String>>,
+    content: &str,
+) -> Result<Option<(String, String)>, String> {
+    let get = |k: &str| params.and_then(|p| p.get(k));
+    let (name_t, ns_t) = match (get(up::PARAM_LIST_SECRET_NAME), get(up::PARAM_LIST_SECRET_NAMESPACE)) {
+        (None, None) => return Ok(None),
+        (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
+        (Some(_), Some(_)) => {
+            return Err("failed to get name and namespace template from params: SnapshotterList secrets specified in parameters but value of either namespace or name is empty".into());
+        }
+        _ => {
+            return Err("failed to get name and namespace template from params: either name and namespace for SnapshotterList secrets specified, Both must be specified".into());
+        }
+    };
+    let resolve = |t: &str| {
+        expand(t, |k| (k == up::TOKEN_CONTENT_NAME).then(|| content.to_string())).map_err(|missing| {
+            let list = missing.iter().map(|m| go_quote(m)).collect::<Vec<_>>().join(" ");
+            format!("error resolving value {}: invalid tokens: [{list}]", go_quote(t))
+        })
+    };
+    let ns = resolve(ns_t)?;
+    if !is_dns1123_label(&ns) {
+        return Err(if *ns_t != ns {
+            format!("{} resolved to {} which is not a valid namespace name", go_quote(ns_t), go_quote(&ns))
+        } else {
+            format!("{} is not a valid namespace name", go_quote(ns_t))
+        });
+    }
+    let name = resolve(name_t)?;
+    if !is_dns1123_subdomain(&name) {
+        return Err(if *name_t != name {
+            format!("{} resolved to {} which is not a valid secret name", go_quote(name_t), go_quote(&name))
+        } else {
+            format!("{} is not a valid secret name", go_quote(name_t))
+        });
+    }
+    Ok(Some((name, ns)))
+}
+
+/// The class parameters CreateSnapshot gets: the eight reserved secret
+/// keys dropped, any other `csi.storage.k8s.io/` key refused; with
+/// `--extra-create-metadata` the snapshot's name and namespace and the
+/// content's name added.
+pub fn create_parameters(
+    c: &VolumeSnapshotContent,
+    class_params: Option<&BTreeMap<String, String>>,
+    extra_metadata: bool,
+) -> Result<HashMap<String, String>, SnapError> {
+    let mut out = HashMap::new();
+    for (k, v) in class_params.into_iter().flatten() {
+        if k.starts_with(up::PARAM_PREFIX) {
+            if !up::RESERVED_SECRET_PARAMS.contains(&k.as_str()) {
+                return Err(SnapError::UnknownReserved(k.clone()));
+            }
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    if extra_metadata {
+        let r = &c.spec.volume_snapshot_ref;
+        out.insert(up::PARAM_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());
+        out.insert(up::PARAM_SNAPSHOT_NAMESPACE.into(), r.namespace.clone().unwrap_or_default());
+        out.insert(up::PARAM_CONTENT_NAME.into(), content_name(c));
+    }
+    Ok(out)
+}
+
+/// `<prefix>-<uid>`; with a uuid length `n >= 0`, `<prefix>-` and the
+/// first `n` characters of the UID without dashes.
+pub fn snapshot_name(prefix: &str, uid: &str, uuid_length: i64) -> String {
+    match usize::try_from(uuid_length) {
+        Err(_) => format!("{prefix}-{uid}"),
+        Ok(n) => {
+            let bare: String = uid.chars().filter(|c| *c != '-').collect();
+            let cut: String = bare.chars().take(n).collect();
+            format!("{prefix}-{cut}")
+        }
+    }
+}
+
+/// How snapshot names are made (from the flags).
+#[derive(Clone, Debug)]
+pub struct Naming {
+    /// `--snapshot-name-prefix`.
+    pub prefix: String,
+    /// `--snapshot-name-uuid-length`.
+    pub uuid_length: i64,
+    /// `--extra-create-metadata`.
+    pub extra_metadata: bool,
+}
+
+/// The CreateSnapshot request for a dynamic content, without secrets.
+/// `class` is the cached class named by the content (`None`: not named or
+/// not cached). Checked before anything is written, so a content that can
+/// never be snapshotted does not get the being-created annotation (upstream
+/// sets it first and then leaves it, which blocks the deletion).
+pub fn create_request(
+    c: &VolumeSnapshotContent,
+    class: Option<&VolumeSnapshotClass>,
+    naming: &Naming,
+) -> Result<csi::CreateSnapshotRequest, SnapError> {
+    let name = content_name(c);
+    let class = match (&c.spec.volume_snapshot_class_name, class) {
+        (None, _) => {
+            return Err(SnapError::CreateInput { content: name.clone(), source: Box::new(SnapError::NoClass(name)) });
+        }
+        (Some(n), None) => {
+            return Err(SnapError::CreateInput {
+                content: name,
+                source: Box::new(SnapError::ClassNotFound(n.clone())),
+            });
+        }
+        (Some(_), Some(cl)) => cl,
+    };
+    deletion_secret_ref(c).map_err(|e| SnapError::CreateInput { content: name.clone(), source: Box::new(e) })?;
+    let parameters = create_parameters(c, class.parameters.as_ref(), naming.extra_metadata)?;
+    let volume = c.spec.source.volume_handle.clone().unwrap_or_default();
+    let uid = c.spec.volume_snapshot_ref.uid.as_deref().unwrap_or_default();
+    if uid.is_empty() {
+        return Err(SnapError::Take { volume, error: SnapError::NotBound(name).to_string() });
+    }
+    Ok(csi::CreateSnapshotRequest {
+        source_volume_id: volume,
+        name: snapshot_name(&naming.prefix, uid, naming.uuid_length),
+        secrets: HashMap::new(),
+        parameters,
+    })
+}
+
+/// Whether a CreateSnapshot error is final: the driver will not go on
+/// creating the snapshot, so the being-created annotation may go. Timeouts,
+/// Unavailable, ResourceExhausted, Aborted and Canceled are not; an error
+/// without a gRPC code (never sent) is not either, like upstream.
+pub fn is_final(code: Option<tonic::Code>) -> bool {
+    use tonic::Code::*;
+    match code {
+        None => false,
+        Some(Cancelled | DeadlineExceeded | Unavailable | ResourceExhausted | Aborted) => false,
+        Some(_) => true,
+    }
+}
+
+/// What the driver said about a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The snapshot id.
+    pub handle: String,
+    /// `ready_to_use`.
+    pub ready: bool,
+    /// Nanoseconds since the epoch.
+    pub created_ns: i64,
+    /// `size_bytes`.
+    pub size: i64,
+    /// `group_snapshot_id` (empty: none).
+    pub group_id: String,
+}
+
+/// Nanoseconds of the driver's creation time; `now` when it sent none (or
+/// the epoch: upstream means to use "now" for a missing time, but a nil
+/// protobuf time converts to the epoch there and is written as 0).
+pub fn creation_ns(ts: Option<&prost_types::Timestamp>, now: Timestamp) -> i64 {
+    match ts {
+        Some(t) if t.seconds != 0 || t.nanos != 0 => {
+            t.seconds.saturating_mul(1_000_000_000).saturating_add(i64::from(t.nanos))
+        }
+        _ => i64::try_from(now.as_nanosecond()).unwrap_or(i64::MAX),
+    }
+}
+
+/// What a snapshot answer means: the observation, or Err when the answer
+/// is nonsense (no snapshot, no id).
+pub fn observe(snapshot: Option<&csi::Snapshot>, now: Timestamp) -> Result<Observed, SnapError> {
+    let s = snapshot.filter(|s| !s.snapshot_id.is_empty()).ok_or(SnapError::EmptyAnswer)?;
+    Ok(Observed {
+        handle: s.snapshot_id.clone(),
+        ready: s.ready_to_use,
+        created_ns: creation_ns(s.creation_time.as_ref(), now),
+        size: s.size_bytes,
+        group_id: s.group_snapshot_id.clone(),
+    })
+}
+
+/// The status after an observation (upstream's
+/// `updateSnapshotContentStatus`): a new status when there was none; else
+/// only unset fields are filled, `readyToUse` is overwritten when it
+/// differs (clearing the error when it becomes true). `None`: nothing
+/// changed.
+pub fn status_update(
+    current: Option<&VolumeSnapshotContentStatus>,
+    o: &Observed,
+) -> Option<VolumeSnapshotContentStatus> {
+    let group = (!o.group_id.is_empty()).then(|| o.group_id.clone());
+    let size = (o.size > 0).then_some(o.size);
+    let Some(cur) = current else {
+        return Some(VolumeSnapshotContentStatus {
+            snapshot_handle: Some(o.handle.clone()),
+            ready_to_use: Some(o.ready),
+            creation_time: Some(o.created_ns),
+            restore_size: size,
+            volume_group_snapshot_handle: group,
+            error: None,
+        });
+    };
+    let mut s = cur.clone();
+    let mut changed = false;
+    if s.snapshot_handle.is_none() {
+        s.snapshot_handle = Some(o.handle.clone());
+        changed = true;
+    }
+    if s.ready_to_use != Some(o.ready) {
+        s.ready_to_use = Some(o.ready);
+        changed = true;
+        if o.ready {
+            s.error = None;
+        }
+    }
+    if s.creation_time.is_none() {
+        s.creation_time = Some(o.created_ns);
+        changed = true;
+    }
+    if s.restore_size.is_none() && size.is_some() {
+        s.restore_size = size;
+        changed = true;
+    }
+    if s.volume_group_snapshot_handle.is_none() && group.is_some() {
+        s.volume_group_snapshot_handle = group;
+        changed = true;
+    }
+    changed.then_some(s)
+}
+
+/// JSON patch replacing the whole status (sent to the `status` subresource).
+pub fn status_patch(status: &VolumeSnapshotContentStatus) -> serde_json::Value {
+    serde_json::json!([{"op": "replace", "path": "/status", "value": status}])
+}
+
+/// The error-status patch (upstream's `updateContentErrorStatusWithEvent`):
+/// `status.error = {time, message}` and `readyToUse: false`; the whole
+/// status when there was none. `None` when the same message is already
+/// recorded (then neither the status nor the event is written).
+pub fn error_patch(
+    current: Option<&VolumeSnapshotContentStatus>,
+    message: &str,
+    now: Timestamp,
+) -> Option<serde_json::Value> {
+    let error = SnapshotError { time: Some(Time(now)), message: Some(message.to_string()) };
+    match current {
+        Some(s) if s.error.as_ref().and_then(|e| e.message.as_deref()) == Some(message) => None,
+        None => {
+            let status =
+                VolumeSnapshotContentStatus { ready_to_use: Some(false), error: Some(error), ..Default::default() };
+            Some(serde_json::json!([{"op": "replace", "path": "/status", "value": status}]))
+        }
+        Some(_) => Some(serde_json::json!([
+            {"op": "replace", "path": "/status/error", "value": error},
+            {"op": "replace", "path": "/status/readyToUse", "value": false},
+        ])),
+    }
+}
+
+/// The status after DeleteSnapshot: handle, readiness, time and size
+/// cleared (the error and the group handle stay).
+pub fn cleared_status(current: Option<&VolumeSnapshotContentStatus>) -> VolumeSnapshotContentStatus {
+    VolumeSnapshotContentStatus {
+        snapshot_handle: None,
+        ready_to_use: None,
+        creation_time: None,
+        restore_size: None,
+        ..current.cloned().unwrap_or_default()
+    }
+}
+
+/// The JSON patch setting the being-created annotation: the whole map
+/// replaced by the one read plus the annotation (upstream's form).
+pub fn being_created_patch(c: &VolumeSnapshotContent) -> serde_json::Value {
+    let mut a = c.metadata.annotations.clone().unwrap_or_default();
+    a.insert(up::ANN_BEING_CREATED.to_string(), "yes".to_string());
+    serde_json::json!([{"op": "replace", "path": "/metadata/annotations", "value": a}])
+}
+
+/// The JSON patch removing the being-created annotation.
+pub fn remove_being_created_patch() -> serde_json::Value {
+    let path = format!("/metadata/annotations/{}", up::ANN_BEING_CREATED.replace('~', "~0").replace('/', "~1"));
+    serde_json::json!([{"op": "remove", "path": path}])
+}
+
+/// Whether an update needs a sync (upstream's `ShouldEnqueueContentChange`):
+/// always for an unchanged resourceVersion (a resync) and for the
+/// readyToUse false → true transition; otherwise only when something other
+/// than the status, managedFields, finalizers and the being-created
+/// annotation changed.
+pub fn should_enqueue(old: &VolumeSnapshotContent, new: &VolumeSnapshotContent) -> bool {
+    if old.metadata.resource_version == new.metadata.resource_version {
+        return true;
+    }
+    if !is_ready(old) && is_ready(new) {
+        return true;
+    }
+    sanitized(old) != sanitized(new)
+}
+
+fn sanitized(c: &VolumeSnapshotContent) -> VolumeSnapshotContent {
+    let mut s = c.clone();
+    s.metadata.resource_version = None;
+    s.metadata.managed_fields = None;
+    s.metadata.finalizers = None;
+    s.status = None;
+    if let Some(a) = s.metadata.annotations.as_mut() {
+        a.remove(up::ANN_BEING_CREATED);
+    }
+    // Go's semantic equality: an empty map equals a missing one.
+    if s.metadata.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
+        s.metadata.annotations = None;
+    }
+    if s.metadata.labels.as_ref().is_some_and(BTreeMap::is_empty) {
+        s.metadata.labels = None;
+    }
+    s
+}
+
+/// Whether a resourceVersion is older than another (numeric, as upstream's
+/// internal store compares them); unparsable ones are never older.
+pub fn is_older(rv: Option<&str>, than: Option<&str>) -> bool {
+    match (rv.and_then(|r| r.parse::<u64>().ok()), than.and_then(|r| r.parse::<u64>().ok())) {
+        (Some(a), Some(b)) => a < b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,560 @@
+//! snapshotter: csi-snapshotter parity (the sidecar half of
+//! external-snapshotter; snapshot-controller does the rest).
+//!
+//! The driver's VolumeSnapshotContents get `CreateSnapshot` (dynamic ones),
+//! `ListSnapshots` (pre-provisioned ones), `DeleteSnapshot` (on deletion
+//! with policy Delete), their status, the being-created annotation, the
+//! finalizer removal and upstream's events. Decisions are in [`decide`];
+//! this file does the I/O: the content view and the class cache of the
+//! shared informers, the queue `csi-snapshotter-content`, CSI calls through
+//! the shared connection, JSON patches, events, and the Lease
+//! `external-snapshotter-leader-<driver>`.
+//!
+//! Group snapshots are not implemented yet: `--feature-gates
+//! CSIVolumeGroupSnapshot` and the `--groupsnapshot-*` flags are accepted
+//! and have no effect (logged at start).
+
+pub mod config;
+pub mod decide;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use ::kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::reflector::ObjectRef,
+};
+use k8s_openapi::jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    compat::{self, snapshotter as up},
+    csi::{
+        Connection, DriverInfo,
+        proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
+    },
+    kube::{
+        KubeContext,
+        cache::Cache,
+        events::{EventType, Recorder, reference},
+        informers::Change,
+        queue::{Backoff, Outcome, WorkQueue},
+        snapshot_api::{self, VolumeSnapshotClass, VolumeSnapshotContent},
+    },
+    modules::{ModuleContext, ModuleError},
+};
+use config::SnapshotterFlags;
+use decide::{Naming, Observed, SnapError, Step};
+
+const NAME: &str = "snapshotter";
+
+/// How often a missing snapshot API is looked for again at start.
+const CRD_RETRY: Duration = Duration::from_secs(5);
+
+/// The newest version of each content this process wrote: the cache may
+/// still hold an older one when the key comes round again (upstream keeps
+/// its own store for the same reason).
+type Written = Arc<Mutex<HashMap<String, Arc<VolumeSnapshotContent>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Snapshotter {
+    cfg: SnapshotterFlags,
+    naming: Naming,
+    driver: Arc<DriverInfo>,
+    csi: Connection,
+    client: Client,
+    events: Recorder,
+    contents: Cache<VolumeSnapshotContent>,
+    classes: Cache<VolumeSnapshotClass>,
+    written: Written,
+}
+
+fn json_patch(v: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
+    serde_json::from_value(v).map_err(::kube::Error::SerdeError)
+}
+
+impl Snapshotter {
+    fn api(&self) -> Api<VolumeSnapshotContent> {
+        Api::all(self.client.clone())
+    }
+
+    /// The content to act on: the cached one, or the one we wrote if the
+    /// cache is behind it.
+    fn current(&self, name: &str) -> Option<Arc<VolumeSnapshotContent>> {
+        let cached = self.contents.get(&ObjectRef::new(name));
+        let mut written = lock(&self.written);
+        match (cached, written.get(name)) {
+            (None, _) => {
+                written.remove(name);
+                None
+            }
+            (Some(c), Some(mine))
+                if decide::is_older(
+                    c.metadata.resource_version.as_deref(),
+                    mine.metadata.resource_version.as_deref(),
+                ) =>
+            {
+                Some(mine.clone())
+            }
+            (Some(c), _) => {
+                written.remove(name);
+                Some(c)
+            }
+        }
+    }
+
+    fn wrote(&self, c: VolumeSnapshotContent) -> Arc<VolumeSnapshotContent> {
+        let c = Arc::new(c);
+        lock(&self.written).insert(c.metadata.name.clone().unwrap_or_default(), c.clone());
+        c
+    }
+
+    async fn patch(&self, name: &str, patch: serde_json::Value) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
+        let c = self.api().patch(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(patch)?)).await?;
+        Ok(self.wrote(c))
+    }
+
+    async fn patch_status(
+        &self,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
+        let c = self.api().patch_status(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(patch)?)).await?;
+        Ok(self.wrote(c))
+    }
+
+    fn event(&self, c: &VolumeSnapshotContent, kind: EventType, reason: &str, message: &str) {
+        self.events.publish(reference(c), kind, reason, message);
+    }
+
+    fn class(&self, c: &VolumeSnapshotContent) -> Option<Arc<VolumeSnapshotClass>> {
+        c.spec.volume_snapshot_class_name.as_deref().and_then(|n| self.classes.get(&ObjectRef::new(n)))
+    }
+
+    async fn sync(&self, name: String) -> Outcome {
+        let Some(content) = self.current(&name) else {
+            tracing::debug!("Content gone");
+            return Outcome::Done;
+        };
+        let class = self.class(&content);
+        if !decide::is_ours(&content, &self.driver.name, class.as_deref()) {
+            tracing::trace!("Not this driver's content");
+            return Outcome::Done;
+        }
+        let step = decide::step(&content);
+        tracing::debug!(?step, "Synchronizing VolumeSnapshotContent");
+        match step {
+            Step::Delete { snapshot_id } => self.delete(content, snapshot_id).await,
+            Step::Create { first } => {
+                let (reason, text): (&str, fn(&str) -> String) = if first {
+                    (up::REASON_CREATION_FAILED, up::text_creation_failed)
+                } else {
+                    (up::REASON_CHECK_FAILED, up::text_check_failed)
+                };
+                match self.create(content, class.as_deref()).await {
+                    Ok(c) => self.ready_or_poll(&c),
+                    Err((latest, e)) => {
+                        tracing::warn!(error = %e, "CreateSnapshot failed");
+                        self.record_error(&latest, reason, &text(&e.to_string())).await;
+                        Outcome::Retry
+                    }
+                }
+            }
+            Step::Ready { remove_annotation } => {
+                if !remove_annotation {
+                    return Outcome::Done;
+                }
+                match self.patch(&name, decide::remove_being_created_patch()).await {
+                    Ok(c) => self.ready_or_poll(&c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Removing the being-created annotation failed");
+                        Outcome::Retry
+                    }
+                }
+            }
+            Step::Check { snapshot_id, group_member } => {
+                match self.check(content.clone(), class.as_deref(), &snapshot_id, group_member).await {
+                    Ok(c) => self.ready_or_poll(&c),
+                    Err(e) => {
+                        tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
+                        let latest = self.current(&name).unwrap_or(content);
+                        self.record_error(&latest, up::REASON_CHECK_FAILED, &up::text_check_failed(&e.to_string()))
+                            .await;
+                        Outcome::Retry
+                    }
+                }
+            }
+            Step::Wait => Outcome::Retry,
+        }
+    }
+
+    /// After a create or check: done when ready, else polled with backoff.
+    /// A ready content that is being deleted is synced again soon: the
+    /// deletion waited for the being-created annotation, whose removal is
+    /// our own change and so not announced to us (upstream waits for the
+    /// resync there).
+    fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Outcome {
+        match (decide::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
+            (true, false) => Outcome::Done,
+            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
+            (false, _) => Outcome::Retry,
+        }
+    }
+
+    /// Records a failure in `status.error` and as a Warning event, unless
+    /// the same message is already recorded.
+    async fn record_error(&self, c: &VolumeSnapshotContent, reason: &str, message: &str) {
+        let Some(patch) = decide::error_patch(c.status.as_ref(), message, Timestamp::now()) else {
+            tracing::debug!("The same error is already recorded");
+            return;
+        };
+        let name = c.metadata.name.clone().unwrap_or_default();
+        if let Err(e) = self.patch_status(&name, patch).await {
+            tracing::warn!(error = %e, "Recording the error in the content status failed");
+        }
+        // Emitted even when the status write failed, so the user sees it.
+        self.event(c, EventType::Warning, reason, message);
+    }
+
+    async fn secrets(&self, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {
+        crate::kube::secrets::secret_data(&self.client, name, namespace).await
+    }
+
+    /// CreateSnapshot and the status. Err: the newest content read and the
+    /// error.
+    async fn create(
+        &self,
+        content: Arc<VolumeSnapshotContent>,
+        class: Option<&VolumeSnapshotClass>,
+    ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
+        let name = content.metadata.name.clone().unwrap_or_default();
+        let mut req = match decide::create_request(&content, class, &self.naming) {
+            Ok(r) => r,
+            Err(e) => return Err((content, e)),
+        };
+        if let Ok(Some((secret, ns))) = decide::deletion_secret_ref(&content) {
+            match self.secrets(&secret, &ns).await {
+                Ok(s) => req.secrets = s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Reading the snapshotter secret failed");
+                    let source = Box::new(SnapError::Credentials(name.clone()));
+                    return Err((content, SnapError::CreateInput { content: name, source }));
+                }
+            }
+        }
+        let mut content = content;
+        // Whether `content` is the apiserver's latest (our own write's answer).
+        let mut fresh = false;
+        if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
+            content = match self.patch(&name, decide::being_created_patch(&content)).await {
+                Ok(c) => c,
+                Err(e) => return Err((content, SnapError::AddAnnotation { content: name, error: e.to_string() })),
+            };
+            fresh = true;
+        }
+        let volume = req.source_volume_id.clone();
+        tracing::info!(snapshot = %req.name, volume = %volume, "Creating snapshot through the driver");
+        let resp = match self.csi.create_snapshot(self.cfg.timeout, req).await {
+            Ok(r) => r,
+            Err(status) => {
+                let error = compat::grpc_error_text(&status);
+                if decide::is_final(Some(status.code())) {
+                    match self.patch(&name, decide::remove_being_created_patch()).await {
+                        Ok(c) => content = c,
+                        Err(e) => {
+                            let error = format!(
+                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {e}"
+                            );
+                            return Err((content, SnapError::Take { volume, error }));
+                        }
+                    }
+                }
+                return Err((content, SnapError::Take { volume, error }));
+            }
+        };
+        let observed = match decide::observe(resp.snapshot.as_ref(), Timestamp::now()) {
+            Ok(o) => o,
+            // Nonsense: the driver may still have made something, so the
+            // annotation stays (like a timeout).
+            Err(e) => return Err((content, SnapError::Take { volume, error: e.to_string() })),
+        };
+        tracing::debug!(?observed, "Snapshot created");
+        let content = self.write_status(&name, content, &observed, fresh).await?;
+        match self.patch(&name, decide::remove_being_created_patch()).await {
+            Ok(c) => Ok(c),
+            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: e.to_string() })),
+        }
+    }
+
+    /// Writes the status an observation gives, against `content` when it
+    /// is `fresh` (the apiserver's answer to our own write just before the
+    /// call: only this sidecar writes a content's status), else against a
+    /// fresh read (upstream always reads).
+    async fn write_status(
+        &self,
+        name: &str,
+        content: Arc<VolumeSnapshotContent>,
+        observed: &Observed,
+        fresh: bool,
+    ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
+        let err = |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: e.to_string() };
+        let fresh = if fresh {
+            content
+        } else {
+            match self.api().get(name).await {
+                Ok(c) => self.wrote(c),
+                Err(e) => return Err((content, err(e))),
+            }
+        };
+        let Some(status) = decide::status_update(fresh.status.as_ref(), observed) else { return Ok(fresh) };
+        match self.patch_status(name, decide::status_patch(&status)).await {
+            Ok(c) => Ok(c),
+            Err(e) => Err((fresh, err(e))),
+        }
+    }
+
+    /// ListSnapshots (or, without LIST_SNAPSHOTS, "ready") and the status.
+    async fn check(
+        &self,
+        content: Arc<VolumeSnapshotContent>,
+        class: Option<&VolumeSnapshotClass>,
+        snapshot_id: &str,
+        group_member: bool,
+    ) -> Result<Arc<VolumeSnapshotContent>, SnapError> {
+        let name = content.metadata.name.clone().unwrap_or_default();
+        let mut secrets = HashMap::new();
+        if let Some(class_name) = &content.spec.volume_snapshot_class_name {
+            let class = class.ok_or_else(|| SnapError::CheckClass {
+                class: class_name.clone(),
+                content: name.clone(),
+                error: SnapError::ClassNotFound(class_name.clone()).to_string(),
+            })?;
+            let r = decide::list_secret_ref(class.parameters.as_ref(), &name)
+                .map_err(|error| SnapError::ListSecretRef { content: name.clone(), error })?;
+            if let Some((secret, ns)) = r {
+                secrets = self
+                    .secrets(&secret, &ns)
+                    .await
+                    .map_err(|error| SnapError::ListCredentials { content: name.clone(), error })?;
+            }
+        }
+        if group_member {
+            let member = |e| SnapError::MemberCredentials { content: name.clone(), source: Box::new(e) };
+            if let Some((secret, ns)) = decide::deletion_secret_ref(&content).map_err(member)? {
+                secrets = self.secrets(&secret, &ns).await.map_err(|_| member(SnapError::Credentials(name.clone())))?;
+            }
+        }
+        let now = Timestamp::now();
+        let observed = if self.driver.has_controller_capability(Rpc::ListSnapshots) {
+            let req = csi::ListSnapshotsRequest { snapshot_id: snapshot_id.to_string(), secrets, ..Default::default() };
+            let resp = self
+                .csi
+                .list_snapshots(self.cfg.timeout, req)
+                .await
+                .map_err(|s| SnapError::List { content: name.clone(), error: compat::grpc_error_text(&s) })?;
+            let not_found = || SnapError::List { content: name.clone(), error: SnapError::not_found(snapshot_id) };
+            let entry = resp.entries.first().ok_or_else(not_found)?;
+            let snap = entry.snapshot.as_ref().ok_or_else(not_found)?;
+            Observed {
+                handle: snapshot_id.to_string(),
+                ready: snap.ready_to_use,
+                created_ns: decide::creation_ns(snap.creation_time.as_ref(), now),
+                size: snap.size_bytes,
+                group_id: snap.group_snapshot_id.clone(),
+            }
+        } else {
+            Observed {
+                handle: snapshot_id.to_string(),
+                ready: true,
+                created_ns: decide::creation_ns(None, now),
+                size: 0,
+                group_id: String::new(),
+            }
+        };
+        tracing::debug!(?observed, "Snapshot checked");
+        self.write_status(&name, content, &observed, false).await.map_err(|(_, e)| e)
+    }
+
+    /// DeleteSnapshot (when there is a backend snapshot to delete), then
+    /// the finalizer.
+    async fn delete(&self, content: Arc<VolumeSnapshotContent>, snapshot_id: Option<String>) -> Outcome {
+        let name = content.metadata.name.clone().unwrap_or_default();
+        let mut content = content;
+        if let Some(id) = snapshot_id {
+            let secrets = match decide::deletion_secret_ref(&content) {
+                Ok(None) => HashMap::new(),
+                Ok(Some((secret, ns))) => match self.secrets(&secret, &ns).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Reading the snapshotter secret failed");
+                        self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
+                        return Outcome::Retry;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "No snapshotter secret for the deletion");
+                    self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
+                    return Outcome::Retry;
+                }
+            };
+            tracing::info!(snapshot = %id, "Deleting snapshot through the driver");
+            let req = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), secrets };
+            if let Err(s) = self.csi.delete_snapshot(self.cfg.timeout, req).await {
+                tracing::warn!(snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteSnapshot failed");
+                self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_FAILED);
+                return Outcome::Retry;
+            }
+            let cleared = async {
+                let fresh = self.api().get(&name).await?;
+                let status = decide::cleared_status(fresh.status.as_ref());
+                self.patch_status(&name, decide::status_patch(&status)).await
+            };
+            match cleared.await {
+                Ok(c) => content = c,
+                Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Clearing the content status failed");
+                    self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
+                    return Outcome::Retry;
+                }
+            }
+        }
+        match crate::kube::finalizers::remove(&self.api(), &*content, up::CONTENT_FINALIZER).await {
+            Ok(()) => {
+                tracing::debug!("Removed the content's protection finalizer");
+                Outcome::Done
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Removing the content finalizer failed");
+                Outcome::Retry
+            }
+        }
+    }
+}
+
+/// Waits until the apiserver serves VolumeSnapshotContents; `false` on
+/// shutdown. (Upstream's informers retry their lists for as long.)
+async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
+    let mut said = false;
+    loop {
+        match snapshot_api::installed(client, "volumesnapshotcontents").await {
+            Ok(true) => return true,
+            Ok(false) if !said => {
+                tracing::error!(
+                    "The snapshot.storage.k8s.io/v1 API is not served (snapshot CRDs not installed); waiting"
+                );
+                said = true;
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "Cannot discover snapshot.storage.k8s.io/v1; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(CRD_RETRY) => {}
+        }
+    }
+}
+
+/// Runs the snapshotter until shutdown (or until its Lease is lost).
+pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
+    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
+    let config = |message: String| ModuleError::Config { module: NAME, message };
+    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    let gates = cfg.validate().map_err(config)?;
+    if cfg.node_deployment && kube.leader.enabled {
+        return Err(config(up::TEXT_NODE_DEPLOYMENT_LEADER.into()));
+    }
+    let node = if cfg.node_deployment {
+        match std::env::var(up::NODE_NAME_ENV) {
+            Ok(n) if !n.is_empty() => Some(n),
+            _ => {
+                return Err(config(up::TEXT_NODE_NAME_MISSING.into()));
+            }
+        }
+    } else {
+        None
+    };
+    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
+        return Err(fatal(up::text_no_create_capability(&driver.name)));
+    }
+    if gates.volume_group_snapshot {
+        tracing::info!(
+            "Feature gate CSIVolumeGroupSnapshot is on, but csi-sidecar does not implement group snapshots yet: it has no effect"
+        );
+    }
+    if !wait_for_api(&kube.client, &ctx.shutdown).await {
+        return Ok(());
+    }
+    let informers = &kube.informers;
+    let content_inf = match &node {
+        None => crate::modules::views::driver_snapshot_contents(informers, &driver.name),
+        Some(node) => {
+            let (d, n) = (driver.name.to_string(), node.clone());
+            informers.view(&format!("driver={d},managed-by={n}"), move |c: &VolumeSnapshotContent| {
+                c.spec.driver == d && decide::managed_by(c, &n)
+            })
+        }
+    };
+    let class_inf = crate::modules::views::snapshot_classes(informers);
+    tracing::info!(driver = %driver.name, node = ?node, ?gates, "Snapshotter starting");
+
+    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
+    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff);
+    let written: Written = Arc::default();
+    {
+        let (q, written) = (queue.clone(), written.clone());
+        content_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
+            let name = c.object().metadata.name.clone().unwrap_or_default();
+            match c {
+                Change::Deleted(_) => {
+                    q.forget(&name);
+                    lock(&written).remove(&name);
+                }
+                Change::Updated { old, new } if !decide::should_enqueue(old, new) => {}
+                _ => q.add(name),
+            }
+        });
+    }
+    informers.start(&ctx.shutdown);
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
+    let s = Arc::new(Snapshotter {
+        naming: Naming {
+            prefix: cfg.snapshot_name_prefix.clone(),
+            uuid_length: cfg.snapshot_name_uuid_length,
+            extra_metadata: cfg.extra_create_metadata,
+        },
+        csi: ctx.csi.clone(),
+        client: kube.client.clone(),
+        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown),
+        contents: content_inf.store(),
+        classes: class_inf.store(),
+        written,
+        driver: driver.clone(),
+        cfg,
+    });
+    let work = move |token: CancellationToken| async move {
+        let synced = async { tokio::join!(content_inf.synced(), class_inf.synced()) };
+        if token.run_until_cancelled(synced).await.is_none() {
+            return;
+        }
+        tracing::info!("Caches synced; snapshotting");
+        let workers = s.cfg.worker_threads;
+        queue
+            .run(workers, token, move |name| {
+                let s = s.clone();
+                let span = tracing::info_span!("content", name = %name);
+                async move { s.sync(name).await }.instrument(span)
+            })
+            .await
+    };
+    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+}
