@@ -7,7 +7,8 @@
 //! `dataSourceRef.namespace` is kept) with and without ReferenceGrants;
 //! restores from VolumeSnapshots bound by the real snapshot-controller
 //! (pre-provisioned contents whose status the test writes as a snapshotter
-//! would), the refused restores, and the snapshot-finalizer sweep.
+//! would), the refused restores, the snapshot-finalizer sweep, and a restore
+//! of a snapshot csi-sidecar's own snapshotter module made ready.
 
 use std::{path::PathBuf, sync::OnceLock, time::Duration};
 
@@ -596,5 +597,51 @@ async fn the_sweep_removes_orphaned_snapshot_finalizers_only() {
     let needed = snapshots.get("needed").await.expect("snapshot");
     assert!(dyn_finalizers(&needed).iter().any(|f| f == SNAPSHOT_FINALIZER), "{:?}", dyn_finalizers(&needed));
     assert!(!s.provisioner.logs().contains(&format!("snapshot={}/needed", ns.name())), "{}", s.provisioner.logs());
+    ns.delete().await;
+}
+
+/// The whole restore flow with csi-sidecar's own snapshotter: a snapshot of
+/// a bound claim (the snapshot-controller creates the content, the
+/// snapshotter module calls CreateSnapshot and makes it ready), restored
+/// into a new claim whose CreateVolume carries the snapshot's handle.
+#[tokio::test]
+async fn restores_a_snapshot_taken_by_the_snapshotter_module() {
+    use csi_sidecar_integration::snapshots::SnapApis;
+    let cp = control_plane();
+    let client = cp.client().await;
+    let ns = TestNamespace::new(&client, "snapflow").await;
+    let s = Setup::start(cp, &[]);
+    let snapshotter = Proc::spawn(
+        "csi-snapshotter",
+        &symlinked_bin(s._dir.path(), "csi-snapshotter"),
+        &[
+            format!("--csi-address={}", s._dir.path().join("csi.sock").display()),
+            format!("--kubeconfig={}", cp.kubeconfig().display()),
+            "-v=5".to_string(),
+        ],
+        s._dir.path(),
+    );
+    let sc_name = ns.scoped("sc");
+    create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, &s.driver_name)).await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    create(&pvcs, &pvc("src", Some(&sc_name), "2Mi")).await;
+    bound_pv(&ns, "src").await;
+    let snaps = SnapApis::new(&client, ns.name());
+    let snap_class = ns.scoped("snapclass");
+    snaps.class(&snap_class, &s.driver_name, "Delete", serde_json::Value::Null).await;
+    let content_name = snaps.snapshot_of("snap", &snap_class, "src").await;
+    snaps.wait_snapshot_ready("snap", Duration::from_secs(60)).await;
+    let content = snaps.wait_content_ready(&content_name, T).await;
+    let handle = content.data["status"]["snapshotHandle"].as_str().expect("snapshot handle").to_string();
+    assert!(snapshotter.logs().contains("CreateSnapshot"), "{}", snapshotter.logs());
+
+    let restored = create(&pvcs, &restore_of("restored", &sc_name, "2Mi", "snap")).await;
+    bound_pv(&ns, "restored").await;
+    let creates = s.creates_of(&pv_name_of(&restored));
+    assert_eq!(creates.len(), 1, "{creates:?}");
+    assert_eq!(creates[0]["volumeContentSource"]["snapshot"]["snapshotId"], handle.as_str(), "{}", creates[0]);
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns.name(), &snapshot_api("VolumeSnapshot"));
+    wait_for(&snapshots, "snap", T, |o| !dyn_finalizers(o).iter().any(|f| f == SNAPSHOT_FINALIZER)).await;
     ns.delete().await;
 }
