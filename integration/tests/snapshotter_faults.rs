@@ -11,7 +11,7 @@ use csi_sidecar_integration::{
     fault_driver::{FaultDriver, FaultEnv, Script, SnapshotMethod, Transport},
     kube_support::{create, pvc, storage_class, wait_deleted, wait_for},
     sidecar_bin,
-    snapshots::{SnapApis, being_created, error_message, obj},
+    snapshots::{SnapApis, being_created, error_message, obj, ready},
     wait_until,
 };
 use k8s_openapi::{
@@ -132,9 +132,10 @@ async fn a_final_error_is_recorded_retried_with_backoff_and_then_succeeds() {
     wait_for(&env.snaps.contents, &content, T, |c| !being_created(c) && error_message(c).is_some()).await;
 
     driver.update(|s| s.create_snapshot_error = None);
-    let c = env.snaps.wait_content_ready(&content, T).await;
+    // The status (ready) and the annotation's removal are two writes, in
+    // that order, as upstream's: wait for both.
+    let c = wait_for(&env.snaps.contents, &content, T, |c| ready(c) && !being_created(c)).await;
     assert!(c.data["status"]["error"].is_null(), "ready clears the error: {c:?}");
-    assert!(!being_created(&c));
     assert_eq!(c.data["status"]["restoreSize"].as_i64(), Some(1 << 20), "the driver's size in bytes: {c:?}");
     assert_eq!(c.data["status"]["creationTime"].as_i64(), Some(1_700_000_000_123_456_789), "nanoseconds: {c:?}");
     let snap = env.snaps.wait_snapshot_ready("snap", T).await;
