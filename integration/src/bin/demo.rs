@@ -1,10 +1,11 @@
 //! The README's demo: a real control plane with a real node (kube-scheduler
 //! and a kubelet: kubemark's hollow kubelet, with a fake container runtime
 //! and mounter), the real CSI driver, and csi-sidecar twice, as a driver
-//! deploys it: `provisioner attacher resizer` in the controller process,
+//! deploys it: `provisioner attacher resizer snapshotter` in the controller process,
 //! `registrar prober` in the node process. A pod with a new claim is
 //! scheduled, provisioned, attached, staged, published and runs; the claim
-//! is expanded while in use; everything is undone again. Everything on
+//! is expanded while in use, snapshotted and restored into a new claim;
+//! everything is undone again. Everything on
 //! 127.0.0.1.
 //!
 //! `demo` runs the scenario and keeps serving until Ctrl-C; `demo --once`
@@ -20,6 +21,7 @@ use csi_sidecar_integration::{
     kube_support::{NEVER_PULLED_IMAGE, TestNamespace, create, pvc, storage_class},
     process::Proc,
     sidecar_bin,
+    snapshots::{SnapApis, ready},
 };
 use k8s_openapi::api::{
     core::v1::{PersistentVolume, PersistentVolumeClaim, Pod},
@@ -95,9 +97,10 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
 
     step(
-        "starting a real control plane and a real node on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (1.36.3), a kubelet (kubemark's hollow kubelet)",
+        "starting a real control plane and a real node on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (1.36.3), a kubelet (kubemark's hollow kubelet), the snapshot-controller (v8.7.0) and its CRDs",
     );
-    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"]).context("control plane")?;
+    let cp =
+        ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1", "--snapshots"]).context("control plane")?;
     let node = cp.info().nodes.first().cloned().context("the launcher's node")?;
     println!(
         "ready in {} ms; node {} Ready; kubeconfig {}",
@@ -143,7 +146,9 @@ async fn main() -> anyhow::Result<()> {
     println!("kubelet: registered {DRIVER}; CSINode {} lists it with topology keys {keys:?}", node.name);
     health(&node_addr, "/healthz/registrar", 200).await?;
 
-    step("starting the controller's csi-sidecar (provisioner + attacher + resizer, one process, one cache, one port)");
+    step(
+        "starting the controller's csi-sidecar (provisioner + attacher + resizer + snapshotter, one process, one cache, one port)",
+    );
     let addr = format!("127.0.0.1:{}", free_port());
     let controller_args = vec![
         format!("--csi-address={}", csi.display()),
@@ -153,6 +158,7 @@ async fn main() -> anyhow::Result<()> {
         "--feature-gates=Topology=true".into(),
         "attacher".into(),
         "resizer".into(),
+        "snapshotter".into(),
     ];
     let mut sidecar = Proc::spawn("csi-sidecar", &sidecar_bin(), &controller_args, dir.path());
     health(&addr, "/healthz", 200).await?;
@@ -232,6 +238,40 @@ async fn main() -> anyhow::Result<()> {
     let cap = pv.spec.and_then(|s| s.capacity).and_then(|c| c.get("storage").map(|q| q.0.clone())).unwrap_or_default();
     println!("PVC {}/data expanded: capacity 2Gi, PV {pv_name} {cap}", ns.name());
 
+    step("a VolumeSnapshot of the claim in use: bound by the real snapshot-controller, CreateSnapshot by csi-sidecar");
+    let snaps = SnapApis::new(&client, ns.name());
+    let snap_class = ns.scoped("snapclass");
+    snaps.class(&snap_class, DRIVER, "Delete", serde_json::Value::Null).await;
+    let content = snaps.snapshot_of("backup", &snap_class, "data").await;
+    until("the VolumeSnapshot readyToUse", Duration::from_secs(60), async || {
+        let s = snaps.snapshots.get("backup").await.ok()?;
+        ready(&s).then_some(())
+    })
+    .await?;
+    called(&driver, "Controller/CreateSnapshot").await?;
+    let c = snaps.contents.get(&content).await?;
+    println!(
+        "VolumeSnapshot {}/backup ready: content {content}, snapshot handle {}",
+        ns.name(),
+        c.data["status"]["snapshotHandle"].as_str().unwrap_or_default()
+    );
+
+    step("restoring the snapshot into a new PVC: CreateVolume from the snapshot");
+    let mut immediate = storage_class(&ns.scoped("immediate"), DRIVER);
+    immediate.volume_binding_mode = Some("Immediate".into());
+    create(&Api::<StorageClass>::all(client.clone()), &immediate).await;
+    let mut restored = pvc("restored", immediate.metadata.name.as_deref(), "2Gi");
+    if let Some(spec) = restored.spec.as_mut() {
+        spec.data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+            api_group: Some("snapshot.storage.k8s.io".into()),
+            kind: "VolumeSnapshot".into(),
+            name: "backup".into(),
+        });
+    }
+    create(&pvcs, &restored).await;
+    let restored_pv = bound(&pvcs, "restored").await?;
+    println!("PVC {}/restored Bound to {restored_pv}, made from VolumeSnapshot backup", ns.name());
+
     step("deleting the pod: unpublish, unstage, detach");
     pods.delete("app", &DeleteParams::default()).await?;
     until("the pod gone", Duration::from_secs(60), async || pods.get_opt("app").await.ok()?.is_none().then_some(()))
@@ -245,14 +285,23 @@ async fn main() -> anyhow::Result<()> {
     called(&driver, "Controller/ControllerUnpublishVolume").await?;
     println!("VolumeAttachment {va_name} deleted");
 
-    step("deleting the PVC: DeleteVolume, PV removed");
-    pvcs.delete("data", &DeleteParams::default()).await?;
-    until("the PV to be deleted", Duration::from_secs(60), async || {
-        pvs.get_opt(&pv_name).await.ok().flatten().is_none().then_some(())
+    step("deleting the snapshot and the PVCs: DeleteSnapshot, DeleteVolume, PVs removed");
+    snaps.delete_snapshot("backup").await;
+    until("the content to be deleted", Duration::from_secs(60), async || {
+        snaps.contents.get_opt(&content).await.ok()?.is_none().then_some(())
     })
     .await?;
+    called(&driver, "Controller/DeleteSnapshot").await?;
+    println!("VolumeSnapshot backup and content {content} deleted");
+    for (claim, pv) in [("data", &pv_name), ("restored", &restored_pv)] {
+        pvcs.delete(claim, &DeleteParams::default()).await?;
+        until("the PV to be deleted", Duration::from_secs(60), async || {
+            pvs.get_opt(pv).await.ok().flatten().is_none().then_some(())
+        })
+        .await?;
+        println!("PV {pv} deleted");
+    }
     called(&driver, "Controller/DeleteVolume").await?;
-    println!("PV {pv_name} deleted");
 
     step("killing the driver: the prober reports it, both csi-sidecars stay up");
     driver.kill();
@@ -260,9 +309,6 @@ async fn main() -> anyhow::Result<()> {
     step("restarting the driver: reconnected, healthy, provisioning again");
     driver = Proc::spawn("csi-mock-driver-2", &component_bin("csi-mock-driver"), &driver_args, dir.path());
     health(&node_addr, "/healthz", 200).await?;
-    let mut immediate = storage_class(&ns.scoped("immediate"), DRIVER);
-    immediate.volume_binding_mode = Some("Immediate".into());
-    create(&Api::<StorageClass>::all(client.clone()), &immediate).await;
     create(&pvcs, &pvc("data-2", immediate.metadata.name.as_deref(), "1Gi")).await;
     let pv2 = bound(&pvcs, "data-2").await?;
     println!("PVC {}/data-2 Bound to {pv2}", ns.name());
