@@ -11,9 +11,12 @@
 //! its peak RSS (VmHWM). The snapshots are deleted (and their contents gone:
 //! DeleteSnapshot, finalizer) before the next round, that part timed too.
 //!
+//! With `--restores N`, each round also restores N new claims from its
+//! ready snapshots with a fresh `provisioner` process (same accounting).
+//!
 //! ```text
 //! cargo build --release --workspace
-//! target/release/bench-snapshotter --snapshots 300 --qps default,unlimited
+//! target/release/bench-snapshotter --claims 200 --snapshots 200 --restores 200 --qps default,unlimited
 //! ```
 
 use std::time::{Duration, Instant};
@@ -59,6 +62,10 @@ struct Args {
     /// with them (default 0: skipped)
     #[argh(option, default = "0")]
     idle_cache: usize,
+    /// restores per round: this many new claims restored from the round's
+    /// ready snapshots by a fresh `provisioner` process (default 0: none)
+    #[argh(option, default = "0")]
+    restores: usize,
 }
 
 /// Creates `n` ready contents of [`DRIVER`] and `n` of another driver, starts a
@@ -125,6 +132,8 @@ struct Round {
     delete_secs: f64,
     requests_per_snapshot: f64,
     peak_rss: f64,
+    /// (wall time, requests per restore, the provisioner's peak RSS)
+    restores: Option<(f64, f64, f64)>,
 }
 
 async fn wait_for(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
@@ -153,6 +162,70 @@ fn sidecar(
 async fn bound(pvcs: &Api<PersistentVolumeClaim>) -> Result<usize> {
     let list = pvcs.list(&ListParams::default()).await?;
     Ok(list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count())
+}
+
+/// Restores `args.restores` claims from round `r`'s ready snapshots with a
+/// fresh provisioner (as the counted sidecar user) and measures until all are
+/// Bound; then deletes them (and waits for their PVs) before the snapshots go.
+#[allow(clippy::too_many_arguments)]
+async fn restore_round(
+    args: &Args,
+    r: usize,
+    q: &Qps,
+    admin: &Client,
+    pvcs: &Api<PersistentVolumeClaim>,
+    csi: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    log: &std::path::Path,
+) -> Result<(f64, f64, f64)> {
+    let mut extra = q.flags();
+    extra.push("provisioner".into());
+    let mut prov = sidecar(&format!("provisioner-{}", q.short()), csi, kubeconfig, &extra, log);
+    wait_for("the provisioner's caches", Duration::from_secs(120), async || {
+        Ok(prov.logs().contains("Caches synced; provisioning"))
+    })
+    .await?;
+    let before = settled_snapshot(admin, None).await?;
+    eprintln!("  {} restores ...", args.restores);
+    let start = Instant::now();
+    let snapshots = args.snapshots;
+    stream::iter(0..args.restores)
+        .map(|i| {
+            let api = pvcs.clone();
+            async move {
+                let mut claim = pvc(&format!("r{r}-restore{i}"), Some(CLASS), "1Mi");
+                if let Some(spec) = claim.spec.as_mut() {
+                    spec.data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+                        api_group: Some("snapshot.storage.k8s.io".into()),
+                        kind: "VolumeSnapshot".into(),
+                        name: format!("r{r}-s{}", i % snapshots),
+                    });
+                }
+                api.create(&PostParams::default(), &claim).await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let want = args.claims + args.restores;
+    wait_for("every restore bound", Duration::from_secs(1800), async || Ok(bound(pvcs).await? == want)).await?;
+    let secs = start.elapsed().as_secs_f64();
+    let d = settled_snapshot(admin, None).await?.delta(&before);
+    let rss = mib(status_kib(prov.pid(), "VmHWM:"));
+    eprintln!("  -> all Bound in {secs:.1} s, {:.2} requests per restore", d.sidecar / args.restores as f64);
+    let prefix = format!("r{r}-restore");
+    for c in pvcs.list(&ListParams::default()).await?.items {
+        if let Some(name) = c.metadata.name.filter(|n| n.starts_with(&prefix)) {
+            pvcs.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(admin.clone());
+    wait_for("the restored volumes deleted", Duration::from_secs(1800), async || {
+        Ok(pvs.list(&ListParams::default()).await?.items.len() == args.claims)
+    })
+    .await?;
+    prov.terminate().await;
+    Ok((secs, d.sidecar / args.restores as f64, rss))
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -225,7 +298,13 @@ async fn run(args: Args) -> Result<()> {
         let after = settled_snapshot(&admin, None).await?;
         let d = after.delta(&before);
         let peak_rss = mib(status_kib(snap.pid(), "VmHWM:"));
-        eprintln!("  -> all ready in {create_secs:.1} s; deleting ...");
+        eprintln!("  -> all ready in {create_secs:.1} s");
+        let restores = if args.restores > 0 {
+            Some(restore_round(&args, r, q, &admin, &pvcs, &csi, &kubeconfig, tmp.path()).await?)
+        } else {
+            None
+        };
+        eprintln!("  deleting ...");
         let start = Instant::now();
         snaps.snapshots.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
         wait_for("every content gone", Duration::from_secs(1800), async || {
@@ -243,6 +322,7 @@ async fn run(args: Args) -> Result<()> {
             delete_secs,
             requests_per_snapshot: d.sidecar / args.snapshots as f64,
             peak_rss,
+            restores,
         };
         eprintln!(
             "  -> deleted in {:.1} s, {:.2} requests per snapshot (creation), peak RSS {:.1} MiB",
@@ -270,6 +350,20 @@ async fn run(args: Args) -> Result<()> {
             r.delete_secs,
             r.peak_rss
         );
+    }
+    if args.restores > 0 {
+        println!(
+            "\nRestores: {} new claims, each from one of the ready snapshots, created at once; a fresh provisioner \
+             process per row (requests = the sidecar user's until all are Bound; the idle snapshotter runs as the \
+             same user).\n",
+            args.restores
+        );
+        println!("| QPS | all Bound | requests per restore | provisioner peak RSS |\n|---|---|---|---|");
+        for r in &rounds {
+            if let Some((secs, per, rss)) = r.restores {
+                println!("| {} | {secs:.1} s | {per:.2} | {rss:.1} MiB |", r.qps.label());
+            }
+        }
     }
     if let Some(idle) = idle {
         println!("\n{idle}");
