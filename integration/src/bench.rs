@@ -421,6 +421,33 @@ pub async fn check_accounting(admin: &Client, as_sidecar: &Client) -> Result<()>
     }
 }
 
+/// Polls `probe` every 200 ms until it says true; an error of the probe or
+/// the timeout ends the benchmark.
+pub async fn wait_for(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    while !probe().await? {
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// A csi-sidecar process on the driver's socket `csi` with `kubeconfig`,
+/// then `extra` (module names and flags); its log in `log`.
+pub fn sidecar(
+    name: &str,
+    csi: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    extra: &[String],
+    log: &std::path::Path,
+) -> crate::process::Proc {
+    let mut args = vec![format!("--csi-address={}", csi.display()), format!("--kubeconfig={}", kubeconfig.display())];
+    args.extend(extra.iter().cloned());
+    crate::process::Proc::spawn(name, &crate::sidecar_bin(), &args, log)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,14 +16,16 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, start_mock_driver},
+    bench::{
+        Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, sidecar, start_mock_driver,
+        wait_for,
+    },
     cluster::{ControlPlane, Identity},
     kube_support::{csi_pv, pod, pvc, storage_class},
     process::{Proc, status_kib},
-    sidecar_bin,
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{
@@ -163,29 +165,6 @@ async fn at_size(pvcs: &Api<PersistentVolumeClaim>, size: &str) -> Result<(usize
         })
         .count();
     Ok((done, list.items.len()))
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
-    let start = Instant::now();
-    while !probe().await? {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
-fn sidecar(
-    name: &str,
-    csi: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    extra: &[String],
-    log: &std::path::Path,
-) -> Proc {
-    let mut args = vec![format!("--csi-address={}", csi.display()), format!("--kubeconfig={}", kubeconfig.display())];
-    args.extend(extra.iter().cloned());
-    Proc::spawn(name, &sidecar_bin(), &args, log)
 }
 
 async fn run(args: Args) -> Result<()> {

@@ -21,14 +21,16 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, start_mock_driver},
+    bench::{
+        Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, sidecar, start_mock_driver,
+        wait_for,
+    },
     cluster::{ControlPlane, Identity, launcher_bin},
     kube_support::{pvc, storage_class},
-    process::{Proc, status_kib},
-    sidecar_bin,
+    process::status_kib,
     snapshots::{SnapApis, obj, ready},
 };
 use futures::{StreamExt, TryStreamExt, stream};
@@ -134,29 +136,6 @@ struct Round {
     peak_rss: f64,
     /// (wall time, requests per restore, the provisioner's peak RSS)
     restores: Option<(f64, f64, f64)>,
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
-    let start = Instant::now();
-    while !probe().await? {
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
-fn sidecar(
-    name: &str,
-    csi: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    extra: &[String],
-    log: &std::path::Path,
-) -> Proc {
-    let mut args = vec![format!("--csi-address={}", csi.display()), format!("--kubeconfig={}", kubeconfig.display())];
-    args.extend(extra.iter().cloned());
-    Proc::spawn(name, &sidecar_bin(), &args, log)
 }
 
 async fn bound(pvcs: &Api<PersistentVolumeClaim>) -> Result<usize> {
