@@ -886,6 +886,22 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     }
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
+    // The snapshot sweep: VolumeSnapshots carrying the provisioner's
+    // finalizer, only when the snapshot API is installed (silently off
+    // otherwise), the driver can snapshot and the sweep is not disabled.
+    // Asked before any view is registered: from here to `informers.start`
+    // nothing awaits, so another module of the process cannot start the
+    // claim watch between two of this module's views (a view added to a
+    // running watch costs a relist).
+    let sweep = driver.has_controller_capability(Rpc::CreateDeleteSnapshot)
+        && !cfg.snapshot_orphan_sweep_interval.is_zero()
+        && match crate::kube::snapshot_api::installed(&kube.client, "volumesnapshots").await {
+            Ok(installed) => installed,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
+                false
+            }
+        };
     let informers = &kube.informers;
     let pvc_inf = crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver);
     let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
@@ -902,18 +918,6 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let clone_inf = driver
         .has_controller_capability(Rpc::CloneVolume)
         .then(|| crate::modules::views::cloning_protected_claims(informers));
-    // The snapshot sweep: VolumeSnapshots carrying the provisioner's
-    // finalizer, only when the snapshot API is installed (silently off
-    // otherwise), the driver can snapshot and the sweep is not disabled.
-    let sweep = driver.has_controller_capability(Rpc::CreateDeleteSnapshot)
-        && !cfg.snapshot_orphan_sweep_interval.is_zero()
-        && match crate::kube::snapshot_api::installed(&kube.client, "volumesnapshots").await {
-            Ok(installed) => installed,
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
-                false
-            }
-        };
     let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
     let waiting_inf = (clone_inf.is_some() || snap_inf.is_some())
         .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
