@@ -448,6 +448,18 @@ pub fn sidecar(
     crate::process::Proc::spawn(name, &crate::sidecar_bin(), &args, log)
 }
 
+/// The median of the values that are not NaN (the mean of the middle two
+/// for an even count); NaN when there are none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len().is_multiple_of(2) { (v[m - 1] + v[m]) / 2.0 } else { v[m] }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,8 +70,8 @@ use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, mib, settled_snapshot, setup_identity, snapshot,
-        start_mock_driver,
+        Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, median, mib, settled_snapshot, setup_identity,
+        snapshot, start_mock_driver,
     },
     cluster::{ControlPlane, Identity},
     kube_support::{csi_pv, pvc, storage_class, unique_name},
@@ -1295,16 +1295,6 @@ where
 // ---------------------------------------------------------------------------
 // main
 // ---------------------------------------------------------------------------
-
-fn median(v: &[f64]) -> f64 {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len().is_multiple_of(2) { (v[m - 1] + v[m]) / 2.0 } else { v[m] }
-}
 
 fn opt_median(v: &[Option<f64>]) -> Option<f64> {
     if v.iter().any(Option::is_none) { None } else { Some(median(&v.iter().flatten().copied().collect::<Vec<_>>())) }

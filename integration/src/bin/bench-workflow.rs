@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
+    bench::median,
     cluster::{ControlPlane, launcher_bin},
     component_bin, free_port,
     kube_support::{NEVER_PULLED_IMAGE, pvc, storage_class},
@@ -57,11 +58,6 @@ async fn wait<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> Resul
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
 #[tokio::main]
@@ -152,8 +148,8 @@ async fn main() -> Result<()> {
     println!(
         "{} rounds: apply -> Running median {:.2} s (max {up_max:.2}); pod deletion -> PV gone median {:.2} s (max {down_max:.2})",
         args.rounds,
-        median(&mut up),
-        median(&mut down)
+        median(&up),
+        median(&down)
     );
     println!(
         "peak RSS: controller csi-sidecar {:.1} MiB, node csi-sidecar {:.1} MiB",
