@@ -460,6 +460,49 @@ pub fn median(v: &[f64]) -> f64 {
     if v.len().is_multiple_of(2) { (v[m - 1] + v[m]) / 2.0 } else { v[m] }
 }
 
+/// What an idle sidecar holds: [`idle_rss`].
+pub struct Idle {
+    /// Seconds from the spawn until its log said `ready_line`.
+    pub synced_secs: f64,
+    /// VmRSS 5 s after that, MiB.
+    pub rss: f64,
+    /// VmHWM then, MiB.
+    pub hwm: f64,
+    /// The "Watch synced" lines' fields (kind, objects).
+    pub watches: Vec<String>,
+}
+
+/// Spawns a csi-sidecar running `module` (see [`sidecar`]), waits until its
+/// log says `ready_line` (its caches synced), lets the start-up settle for
+/// 5 s and reads its memory; then stops it.
+pub async fn idle_rss(
+    module: &str,
+    csi: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    log: &std::path::Path,
+    ready_line: &str,
+) -> Result<Idle> {
+    let spawned = Instant::now();
+    let mut p = sidecar(&format!("{module}-idle"), csi, kubeconfig, &[module.to_string()], log);
+    wait_for(&format!("the idle {module}'s caches"), Duration::from_secs(300), async || {
+        Ok(p.logs().contains(ready_line))
+    })
+    .await?;
+    let synced_secs = spawned.elapsed().as_secs_f64();
+    // Idle: what the caches hold once the start-up is over.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let kib = |field| crate::process::status_kib(p.pid(), field);
+    let (rss, hwm) = (mib(kib("VmRSS:")), mib(kib("VmHWM:")));
+    let watches = p
+        .logs()
+        .lines()
+        .filter(|l| l.contains("Watch synced"))
+        .map(|l| l.split("Watch synced").last().unwrap_or("").trim().to_string())
+        .collect();
+    p.terminate().await;
+    Ok(Idle { synced_secs, rss, hwm, watches })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

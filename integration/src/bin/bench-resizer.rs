@@ -20,8 +20,8 @@ use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, sidecar, start_mock_driver,
-        wait_for,
+        Qps, SIDECAR_USER, check_accounting, idle_rss, mib, settled_snapshot, setup_identity, sidecar,
+        start_mock_driver, wait_for,
     },
     cluster::{ControlPlane, Identity},
     kube_support::{csi_pv, pod, pvc, storage_class},
@@ -122,27 +122,16 @@ async fn idle_cache(admin: &Client, kubeconfig: &std::path::Path, dir: &std::pat
         .try_collect::<Vec<_>>()
         .await?;
     let created = t.elapsed().as_secs_f64();
-    let spawned = Instant::now();
-    let mut rsz = sidecar("resizer-idle", &csi, kubeconfig, &["resizer".into()], dir);
-    wait_for("the idle resizer's caches", Duration::from_secs(300), async || Ok(rsz.logs().contains("Caches synced")))
-        .await?;
-    let synced = spawned.elapsed().as_secs_f64();
-    // Idle: what the caches hold once the start-up is over.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (rss, hwm) = (mib(status_kib(rsz.pid(), "VmRSS:")), mib(status_kib(rsz.pid(), "VmHWM:")));
-    let watches: Vec<String> = rsz
-        .logs()
-        .lines()
-        .filter(|l| l.contains("Watch synced"))
-        .map(|l| l.split("Watch synced").last().unwrap_or("").trim().to_string())
-        .collect();
-    rsz.terminate().await;
+    let idle = idle_rss("resizer", &csi, kubeconfig, dir, "Caches synced").await?;
     driver.kill();
     Ok(format!(
         "Idle cache: {n} bound claims + {n} PVs + {n} pending pods using them (offline-only driver: pods watched), \
-         created in {created:.0} s; the resizer's caches synced {synced:.2} s after its spawn ({}); \
-         RSS 5 s later **{rss:.1} MiB**, peak {hwm:.1} MiB.",
-        watches.join(", ")
+         created in {created:.0} s; the resizer's caches synced {:.2} s after its spawn ({}); \
+         RSS 5 s later **{:.1} MiB**, peak {:.1} MiB.",
+        idle.synced_secs,
+        idle.watches.join(", "),
+        idle.rss,
+        idle.hwm
     ))
 }
 

@@ -25,8 +25,8 @@ use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Qps, SIDECAR_USER, check_accounting, mib, settled_snapshot, setup_identity, sidecar, start_mock_driver,
-        wait_for,
+        Qps, SIDECAR_USER, check_accounting, idle_rss, mib, settled_snapshot, setup_identity, sidecar,
+        start_mock_driver, wait_for,
     },
     cluster::{ControlPlane, Identity, launcher_bin},
     kube_support::{pvc, storage_class},
@@ -105,26 +105,14 @@ async fn idle_cache(
         .try_collect::<Vec<_>>()
         .await?;
     let created = t.elapsed().as_secs_f64();
-    let spawned = Instant::now();
-    let mut snap = sidecar("snapshotter-idle", csi, kubeconfig, &["snapshotter".into()], dir);
-    wait_for("the idle snapshotter's caches", Duration::from_secs(300), async || {
-        Ok(snap.logs().contains("Caches synced; snapshotting"))
-    })
-    .await?;
-    let synced = spawned.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (rss, hwm) = (mib(status_kib(snap.pid(), "VmRSS:")), mib(status_kib(snap.pid(), "VmHWM:")));
-    let watches: Vec<String> = snap
-        .logs()
-        .lines()
-        .filter(|l| l.contains("Watch synced"))
-        .map(|l| l.split("Watch synced").last().unwrap_or("").trim().to_string())
-        .collect();
-    snap.terminate().await;
+    let idle = idle_rss("snapshotter", csi, kubeconfig, dir, "Caches synced; snapshotting").await?;
     Ok(format!(
         "Idle cache: {n} ready contents of the driver + {n} of another driver, created in {created:.0} s; the \
-         snapshotter's caches synced {synced:.2} s after its spawn ({}); RSS 5 s later **{rss:.1} MiB**, peak {hwm:.1} MiB.",
-        watches.join(", ")
+         snapshotter's caches synced {:.2} s after its spawn ({}); RSS 5 s later **{:.1} MiB**, peak {:.1} MiB.",
+        idle.synced_secs,
+        idle.watches.join(", "),
+        idle.rss,
+        idle.hwm
     ))
 }
 
