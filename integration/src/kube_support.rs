@@ -339,3 +339,46 @@ where
 pub fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == code)
 }
+
+/// The Events of the namespace's object `name`.
+pub async fn events_for(ns: &TestNamespace, name: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = ns.api();
+    api.list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .collect()
+}
+
+/// Waits up to `timeout` for an Event `reason` on `name` whose message
+/// contains `contains`; panics with the events seen.
+pub async fn wait_event(
+    timeout: Duration,
+    ns: &TestNamespace,
+    name: &str,
+    reason: &str,
+    contains: &str,
+) -> k8s_openapi::api::core::v1::Event {
+    crate::wait_until(&format!("event {reason} on {name} with {contains:?}"), timeout, async || {
+        let evs = events_for(ns, name).await;
+        let hit = evs
+            .iter()
+            .find(|e| e.reason.as_deref() == Some(reason) && e.message.as_deref().unwrap_or("").contains(contains))
+            .cloned();
+        (hit.is_some(), (hit, evs.iter().map(|e| (e.reason.clone(), e.message.clone())).collect::<Vec<_>>()))
+    })
+    .await
+    .0
+    .expect("event")
+}
+
+/// Waits up to `timeout` for the claim to be Bound and returns its PV.
+pub async fn bound_pv(timeout: Duration, ns: &TestNamespace, claim: &str) -> PersistentVolume {
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let bound =
+        wait_for(&pvcs, claim, timeout, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+    let pv_name = bound.spec.and_then(|s| s.volume_name).expect("volumeName");
+    Api::<PersistentVolume>::all(ns.client().clone()).get(&pv_name).await.expect("PV")
+}

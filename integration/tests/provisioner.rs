@@ -6,13 +6,15 @@ use std::{path::PathBuf, time::Duration};
 use csi_sidecar_integration::{
     cluster::ControlPlane,
     component_bin,
-    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_deleted, wait_for},
+    kube_support::{
+        TestNamespace, bound_pv, create, pvc, storage_class, unique_name, wait_deleted, wait_event, wait_for,
+    },
     process::Proc,
     symlinked_bin, wait_until,
 };
 use k8s_openapi::{
     ByteString,
-    api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Secret},
+    api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret},
     api::storage::v1::StorageClass,
 };
 use kube::{
@@ -65,39 +67,6 @@ impl Setup {
     }
 }
 
-async fn events_for(ns: &TestNamespace, name: &str) -> Vec<Event> {
-    let api: Api<Event> = ns.api();
-    api.list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .collect()
-}
-
-async fn wait_event(ns: &TestNamespace, name: &str, reason: &str, contains: &str) -> Event {
-    wait_until(&format!("event {reason} on {name}"), T, async || {
-        let evs = events_for(ns, name).await;
-        let hit = evs
-            .iter()
-            .find(|e| e.reason.as_deref() == Some(reason) && e.message.as_deref().unwrap_or("").contains(contains))
-            .cloned();
-        (hit.is_some(), (hit, evs.iter().map(|e| (e.reason.clone(), e.message.clone())).collect::<Vec<_>>()))
-    })
-    .await
-    .0
-    .expect("event")
-}
-
-async fn bound_pv(ns: &TestNamespace, claim: &str) -> PersistentVolume {
-    let pvcs: Api<PersistentVolumeClaim> = ns.api();
-    let bound =
-        wait_for(&pvcs, claim, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
-    let pv_name = bound.spec.and_then(|s| s.volume_name).expect("volumeName");
-    Api::<PersistentVolume>::all(ns.client().clone()).get(&pv_name).await.expect("PV")
-}
-
 #[tokio::test]
 async fn provisions_binds_and_deletes_through_the_real_controllers() {
     let cp = ControlPlane::shared();
@@ -113,7 +82,7 @@ async fn provisions_binds_and_deletes_through_the_real_controllers() {
     create(&Api::<StorageClass>::all(ns.client().clone()), &sc).await;
     let claim = create(&ns.api(), &pvc("data", Some(&sc_name), "2Mi")).await;
 
-    let pv = bound_pv(&ns, "data").await;
+    let pv = bound_pv(T, &ns, "data").await;
     let uid = claim.metadata.uid.clone().expect("uid");
     assert_eq!(pv.metadata.name.as_deref(), Some(format!("pvc-{uid}").as_str()));
     let spec = pv.spec.clone().expect("spec");
@@ -133,8 +102,9 @@ async fn provisions_binds_and_deletes_through_the_real_controllers() {
     assert_eq!(ann["volume.kubernetes.io/provisioner-deletion-secret-name"], "");
     assert_eq!(ann["volume.kubernetes.io/provisioner-deletion-secret-namespace"], "");
     assert!(pv.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER), "{:?}", pv.metadata.finalizers);
-    wait_event(&ns, "data", "Provisioning", "External provisioner is provisioning volume for claim").await;
+    wait_event(T, &ns, "data", "Provisioning", "External provisioner is provisioning volume for claim").await;
     wait_event(
+        T,
         &ns,
         "data",
         "ProvisioningSucceeded",
@@ -166,7 +136,7 @@ async fn retain_keeps_the_backend_volume() {
     sc.reclaim_policy = Some("Retain".into());
     create(&Api::<StorageClass>::all(ns.client().clone()), &sc).await;
     create(&ns.api(), &pvc("keep", Some(&sc_name), "1Mi")).await;
-    let pv = bound_pv(&ns, "keep").await;
+    let pv = bound_pv(T, &ns, "keep").await;
     assert!(
         !pv.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER),
         "Retain PVs carry no provisioner finalizer"
@@ -209,7 +179,7 @@ async fn secrets_templates_and_naming_flags() {
     );
     create(&Api::<StorageClass>::all(ns.client().clone()), &sc).await;
     let claim = create(&ns.api(), &pvc("db", Some(&sc_name), "1Mi")).await;
-    let pv = bound_pv(&ns, "db").await;
+    let pv = bound_pv(T, &ns, "db").await;
     let compact: String = claim.metadata.uid.unwrap_or_default().chars().filter(|c| *c != '-').take(8).collect();
     assert_eq!(pv.metadata.name.as_deref(), Some(format!("vol-{compact}").as_str()));
     let ann = pv.metadata.annotations.clone().expect("annotations");
@@ -233,6 +203,7 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     create(&scs, &sc).await;
     create(&ns.api(), &pvc("bad-param", Some(&bad), "1Mi")).await;
     let e = wait_event(
+        T,
         &ns,
         "bad-param",
         "ProvisioningFailed",
@@ -257,6 +228,7 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     create(&scs, &sc).await;
     create(&ns.api(), &pvc("no-secret", Some(&nosecret), "1Mi")).await;
     wait_event(
+        T,
         &ns,
         "no-secret",
         "ProvisioningFailed",
@@ -276,7 +248,7 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     );
     create(&scs, &sc).await;
     create(&ns.api(), &pvc("bad-template", Some(&badtpl), "1Mi")).await;
-    wait_event(&ns, "bad-template", "ProvisioningFailed", "invalid tokens").await;
+    wait_event(T, &ns, "bad-template", "ProvisioningFailed", "invalid tokens").await;
 
     assert_eq!(s.calls_ok("CreateVolume"), 0, "no CreateVolume for unusable classes:\n{}", s.driver.logs());
     let pvs: Api<PersistentVolume> = Api::all(ns.client().clone());
@@ -321,12 +293,12 @@ async fn topology_from_csinodes_and_node_labels() {
     let sc_name = ns.scoped("sc");
     create(&Api::<StorageClass>::all(ns.client().clone()), &storage_class(&sc_name, &driver_name)).await;
     create(&ns.api(), &pvc("zoned", Some(&sc_name), "1Mi")).await;
-    wait_event(&ns, "zoned", "ProvisioningFailed", "no available topology found").await;
+    wait_event(T, &ns, "zoned", "ProvisioningFailed", "no available topology found").await;
 
     let node_name = ns.scoped("node");
     create(&Api::<Node>::all(ns.client().clone()), &node(&node_name, &[(KEY, "some-mock-node")])).await;
     create(&Api::<CSINode>::all(ns.client().clone()), &csi_node(&node_name, &driver_name, "n", &[KEY])).await;
-    let pv = bound_pv(&ns, "zoned").await;
+    let pv = bound_pv(T, &ns, "zoned").await;
     let terms = pv
         .spec
         .and_then(|s| s.node_affinity)

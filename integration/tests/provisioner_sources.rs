@@ -15,18 +15,21 @@ use std::{path::PathBuf, sync::OnceLock, time::Duration};
 use csi_sidecar_integration::{
     cluster::{ControlPlane, launcher_bin},
     component_bin,
-    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, wait_deleted, wait_for},
+    kube_support::{
+        TestNamespace, bound_pv, create, events_for, pvc, storage_class, unique_name, wait_deleted, wait_event,
+        wait_for,
+    },
     process::Proc,
     symlinked_bin, wait_until,
 };
 use k8s_openapi::{
-    api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, TypedLocalObjectReference, TypedObjectReference},
+    api::core::v1::{PersistentVolume, PersistentVolumeClaim, TypedLocalObjectReference, TypedObjectReference},
     api::storage::v1::StorageClass,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     Api,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams},
 };
 
 const T: Duration = Duration::from_secs(30);
@@ -106,39 +109,6 @@ impl Setup {
     }
 }
 
-async fn events_for(ns: &TestNamespace, name: &str) -> Vec<Event> {
-    let api: Api<Event> = ns.api();
-    api.list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .collect()
-}
-
-async fn wait_event(ns: &TestNamespace, name: &str, reason: &str, contains: &str) -> Event {
-    wait_until(&format!("event {reason} on {name} with {contains:?}"), T, async || {
-        let evs = events_for(ns, name).await;
-        let hit = evs
-            .iter()
-            .find(|e| e.reason.as_deref() == Some(reason) && e.message.as_deref().unwrap_or("").contains(contains))
-            .cloned();
-        (hit.is_some(), (hit, evs.iter().map(|e| (e.reason.clone(), e.message.clone())).collect::<Vec<_>>()))
-    })
-    .await
-    .0
-    .expect("event")
-}
-
-async fn bound_pv(ns: &TestNamespace, claim: &str) -> PersistentVolume {
-    let pvcs: Api<PersistentVolumeClaim> = ns.api();
-    let bound =
-        wait_for(&pvcs, claim, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
-    let pv_name = bound.spec.and_then(|s| s.volume_name).expect("volumeName");
-    Api::<PersistentVolume>::all(ns.client().clone()).get(&pv_name).await.expect("PV")
-}
-
 fn clone_of(name: &str, class: &str, size: &str, source: &str) -> PersistentVolumeClaim {
     let mut c = pvc(name, Some(class), size);
     c.spec.as_mut().expect("spec").data_source =
@@ -188,16 +158,16 @@ async fn clone_carries_the_source_volume_and_protects_the_source_until_no_clone_
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
 
     create(&pvcs, &pvc("src", Some(&sc_name), "2Mi")).await;
-    let src_pv = bound_pv(&ns, "src").await;
+    let src_pv = bound_pv(T, &ns, "src").await;
     let handle = src_pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).expect("handle");
 
     let clone = create(&pvcs, &clone_of("copy", &other_sc, "3Mi", "src")).await;
-    let clone_pv = bound_pv(&ns, "copy").await;
+    let clone_pv = bound_pv(T, &ns, "copy").await;
     assert_eq!(clone_pv.metadata.name.as_deref(), Some(pv_name_of(&clone).as_str()));
     let creates = s.creates_of(&pv_name_of(&clone));
     assert_eq!(creates.len(), 1, "one CreateVolume for the clone: {creates:?}");
     assert_eq!(creates[0]["volumeContentSource"]["volume"]["volumeId"], handle, "{}", creates[0]);
-    wait_event(&ns, "copy", "ProvisioningSucceeded", "Successfully provisioned volume").await;
+    wait_event(T, &ns, "copy", "ProvisioningSucceeded", "Successfully provisioned volume").await;
 
     // The finalizer stays on the source after the clone is provisioned.
     let src = pvcs.get("src").await.expect("source");
@@ -242,7 +212,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
     create(&classes, &storage_class(&sc_name, &s.driver_name)).await;
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
     create(&pvcs, &pvc("src", Some(&sc_name), "2Mi")).await;
-    bound_pv(&ns, "src").await;
+    bound_pv(T, &ns, "src").await;
     // A claim bound to a static volume of another driver.
     let foreign_pv = ns.scoped("foreign");
     let mut pv = csi_sidecar_integration::kube_support::csi_pv(&foreign_pv, "other.csi.example.com", "h-1", "2Mi");
@@ -251,7 +221,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
     let mut foreign = pvc("foreign", Some(&sc_name), "2Mi");
     foreign.spec.as_mut().expect("spec").volume_name = Some(foreign_pv.clone());
     create(&pvcs, &foreign).await;
-    bound_pv(&ns, "foreign").await;
+    bound_pv(T, &ns, "foreign").await;
 
     let prefix = format!("failed to provision volume with StorageClass \"{sc_name}\": ");
     let smaller = create(&pvcs, &clone_of("smaller", &sc_name, "1Mi", "src")).await;
@@ -271,14 +241,14 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
 
     let handle =
         |kind: &str, name: &str| format!("{prefix}error getting handle for DataSource Type {kind} by Name {name}: ");
-    wait_event(
+    wait_event(T,
         &ns,
         "smaller",
         "ProvisioningFailed",
         &format!("{}error, new PVC request must be greater than or equal in size to the specified PVC data source, requested 1048576 but source is 2097152", handle("PersistentVolumeClaim", "src")),
     )
     .await;
-    wait_event(
+    wait_event(T,
         &ns,
         "block",
         "ProvisioningFailed",
@@ -286,6 +256,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
     )
     .await;
     wait_event(
+        T,
         &ns,
         "across",
         "ProvisioningFailed",
@@ -293,6 +264,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
     )
     .await;
     wait_event(
+        T,
         &ns,
         "missing",
         "ProvisioningFailed",
@@ -304,6 +276,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
     )
     .await;
     wait_event(
+        T,
         &ns,
         "cross",
         "ProvisioningFailed",
@@ -312,7 +285,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
         ),
     )
     .await;
-    wait_event(&ns, "populated", "Provisioning", "Assuming an external populator will provision the volume").await;
+    wait_event(T, &ns, "populated", "Provisioning", "Assuming an external populator will provision the volume").await;
     // Retried (a refusal is not final): a second attempt proves the system
     // had the chance to call the driver, and did not.
     wait_until("the refused clones are retried", T, async || {
@@ -386,7 +359,7 @@ async fn cross_namespace_clone_needs_a_reference_grant() {
     create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, &s.driver_name)).await;
     let src_claims: Api<PersistentVolumeClaim> = src_ns.api();
     create(&src_claims, &pvc("src", Some(&sc_name), "2Mi")).await;
-    let src_pv = bound_pv(&src_ns, "src").await;
+    let src_pv = bound_pv(T, &src_ns, "src").await;
     let handle = src_pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle).expect("handle");
 
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
@@ -396,6 +369,7 @@ async fn cross_namespace_clone_needs_a_reference_grant() {
     )
     .await;
     wait_event(
+        T,
         &ns,
         "cross",
         "ProvisioningFailed",
@@ -418,7 +392,7 @@ async fn cross_namespace_clone_needs_a_reference_grant() {
     }))
     .expect("grant");
     create(&grants, &grant).await;
-    bound_pv(&ns, "cross").await;
+    bound_pv(T, &ns, "cross").await;
     let creates = s.creates_of(&pv_name_of(&cross));
     assert_eq!(creates.len(), 1, "{creates:?}");
     assert_eq!(creates[0]["volumeContentSource"]["volume"]["volumeId"], handle);
@@ -498,7 +472,7 @@ async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
     snapshot(&ns, &s.driver_name, "unready", "2", None).await;
 
     let restored = create(&pvcs, &restore_of("restored", &sc_name, "2Mi", "ready")).await;
-    bound_pv(&ns, "restored").await;
+    bound_pv(T, &ns, "restored").await;
     let creates = s.creates_of(&pv_name_of(&restored));
     assert_eq!(creates.len(), 1, "{creates:?}");
     assert_eq!(creates[0]["volumeContentSource"]["snapshot"]["snapshotId"], "1", "{}", creates[0]);
@@ -516,6 +490,7 @@ async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
     block.spec.as_mut().expect("spec").volume_mode = Some("Block".into());
     let block = create(&pvcs, &block).await;
     wait_event(
+        T,
         &ns,
         "from-unready",
         "ProvisioningFailed",
@@ -523,6 +498,7 @@ async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
     )
     .await;
     wait_event(
+        T,
         &ns,
         "smaller",
         "ProvisioningFailed",
@@ -532,7 +508,7 @@ async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
         ),
     )
     .await;
-    wait_event(
+    wait_event(T,
         &ns,
         "block",
         "ProvisioningFailed",
@@ -625,7 +601,7 @@ async fn restores_a_snapshot_taken_by_the_snapshotter_module() {
     create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, &s.driver_name)).await;
     let pvcs: Api<PersistentVolumeClaim> = ns.api();
     create(&pvcs, &pvc("src", Some(&sc_name), "2Mi")).await;
-    bound_pv(&ns, "src").await;
+    bound_pv(T, &ns, "src").await;
     let snaps = SnapApis::new(&client, ns.name());
     let snap_class = ns.scoped("snapclass");
     snaps.class(&snap_class, &s.driver_name, "Delete", serde_json::Value::Null).await;
@@ -636,7 +612,7 @@ async fn restores_a_snapshot_taken_by_the_snapshotter_module() {
     assert!(snapshotter.logs().contains("CreateSnapshot"), "{}", snapshotter.logs());
 
     let restored = create(&pvcs, &restore_of("restored", &sc_name, "2Mi", "snap")).await;
-    bound_pv(&ns, "restored").await;
+    bound_pv(T, &ns, "restored").await;
     let creates = s.creates_of(&pv_name_of(&restored));
     assert_eq!(creates.len(), 1, "{creates:?}");
     assert_eq!(creates[0]["volumeContentSource"]["snapshot"]["snapshotId"], handle.as_str(), "{}", creates[0]);
