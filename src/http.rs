@@ -202,13 +202,62 @@ pub fn listen_plan(shared: &SharedFlags, has_prober: bool) -> Result<ListenPlan,
     Ok(ListenPlan { addresses })
 }
 
-/// Go's `:port` means every interface.
-pub fn bindable(addr: &str) -> String {
-    match addr.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => addr.to_string(),
+/// Where a Go `host:port` listen address binds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BindTarget {
+    /// Every interface, IPv6 and IPv4 on one socket (IPV6_V6ONLY off), as
+    /// Go's `net.Listen` does for `:port`, `0.0.0.0:port` and `[::]:port`;
+    /// IPv4 only where the host has no IPv6.
+    AnyInterface { port: u16 },
+    /// A host or address as given.
+    Given(String),
+}
+
+/// Go's `:port` (and the unspecified addresses) mean every interface.
+pub fn bind_target(addr: &str) -> BindTarget {
+    if let Some((host, port)) = addr.rsplit_once(':')
+        && matches!(host, "" | "0.0.0.0" | "[::]")
+        && let Ok(port) = port.parse::<u16>()
+    {
+        return BindTarget::AnyInterface { port };
+    }
+    BindTarget::Given(addr.to_string())
+}
+
+/// An IPv6 socket that also accepts IPv4 (mapped addresses), whatever the
+/// host's `net.ipv6.bindv6only` default.
+fn dual_stack_socket() -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+fn dual_stack_listener(port: u16) -> std::io::Result<std::net::TcpListener> {
+    let socket = dual_stack_socket()?;
+    socket.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+    match bind_target(addr) {
+        BindTarget::AnyInterface { port } => match dual_stack_listener(port) {
+            Ok(l) => TcpListener::from_std(l),
+            // No IPv6 on this host (or in this network namespace).
+            Err(e) if matches!(e.raw_os_error(), Some(EAFNOSUPPORT | EADDRNOTAVAIL)) => {
+                TcpListener::bind(SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port))).await
+            }
+            Err(e) => Err(e),
+        },
+        BindTarget::Given(a) => TcpListener::bind(a).await,
     }
 }
+
+const EAFNOSUPPORT: i32 = nix::errno::Errno::EAFNOSUPPORT as i32;
+const EADDRNOTAVAIL: i32 = nix::errno::Errno::EADDRNOTAVAIL as i32;
 
 #[derive(Clone)]
 struct AppState {
@@ -260,7 +309,7 @@ pub struct ListenError {
 pub async fn bind(plan: &ListenPlan) -> Result<Vec<TcpListener>, ListenError> {
     let mut out = Vec::new();
     for a in &plan.addresses {
-        let l = TcpListener::bind(bindable(a)).await.map_err(|source| ListenError { address: a.clone(), source })?;
+        let l = listen(a).await.map_err(|source| ListenError { address: a.clone(), source })?;
         out.push(l);
     }
     Ok(out)
@@ -369,7 +418,60 @@ mod tests {
 
     #[test]
     fn go_any_interface_syntax() {
-        assert_eq!(bindable(":9808"), "0.0.0.0:9808");
-        assert_eq!(bindable("127.0.0.1:9808"), "127.0.0.1:9808");
+        use BindTarget::*;
+        for (addr, want) in [
+            (":9808", AnyInterface { port: 9808 }),
+            ("0.0.0.0:9808", AnyInterface { port: 9808 }),
+            ("[::]:9808", AnyInterface { port: 9808 }),
+            ("127.0.0.1:9808", Given("127.0.0.1:9808".into())),
+            ("[::1]:9808", Given("[::1]:9808".into())),
+            ("localhost:9808", Given("localhost:9808".into())),
+            (":http", Given(":http".into())),
+        ] {
+            assert_eq!(bind_target(addr), want, "{addr}");
+        }
+    }
+
+    /// `:port` gets a socket that takes IPv6 and IPv4, like Go's listener.
+    /// (Checked on the unbound socket: tests never listen beyond loopback.)
+    #[test]
+    fn any_interface_socket_is_dual_stack() {
+        match dual_stack_socket() {
+            Ok(s) => assert_eq!(s.only_v6().ok(), Some(false)),
+            // A host without IPv6 falls back to IPv4 in `listen`.
+            Err(e) => assert_eq!(e.raw_os_error(), Some(EAFNOSUPPORT), "{e}"),
+        }
+    }
+
+    #[test]
+    fn metrics_paths_the_flag_accepts_or_refuses() {
+        use crate::flags::shared::metrics_path;
+        for ok in ["", "/metrics", "/", "/custom/metrics", "/healthzz", "/a:b", "/m-1_2.txt"] {
+            assert_eq!(metrics_path(ok).as_deref(), Ok(ok), "{ok:?}");
+        }
+        for (bad, why) in [
+            ("metrics", "must start with"),
+            ("/healthz", "health checks"),
+            ("/healthz/leader", "health checks"),
+            ("/{name}", "not allowed"),
+            ("/a b", "not allowed"),
+            ("/x/:id", "must not start"),
+            ("/*rest", "must not start"),
+        ] {
+            let err = metrics_path(bad).expect_err(bad);
+            assert!(err.starts_with("--metrics-path ") && err.contains(why), "{bad:?}: {err}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the flag accepts, the router can serve (it panics on a
+        /// path it cannot route, which would abort the release binary).
+        #[test]
+        fn every_accepted_metrics_path_builds_a_router(path in "/?[ -~]{0,12}") {
+            if let Ok(p) = crate::flags::shared::metrics_path(&path) {
+                let p = if p.is_empty() { compat::DEFAULT_METRICS_PATH.to_string() } else { p };
+                let _ = router(HealthRegistry::default(), None, &p);
+            }
+        }
     }
 }

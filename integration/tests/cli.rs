@@ -87,3 +87,18 @@ fn json_logging() {
         .unwrap_or_else(|| panic!("no error line:\n{err}"));
     assert!(line.starts_with('{') && line.contains("\"level\":\"ERROR\""), "not JSON: {line}");
 }
+
+/// The router cannot serve a metrics path without a leading slash, or one on
+/// top of the health checks: refused at parse time, never a panic.
+#[test]
+fn a_metrics_path_the_router_cannot_serve_exits_2_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resizer = symlinked_bin(dir.path(), "csi-resizer");
+    for (path, why) in [("metrics", "must start with"), ("/healthz", "health checks"), ("/m/{x}", "not allowed")] {
+        let flag = format!("--metrics-path={path}");
+        let (code, _, err) =
+            run_to_end(&resizer, &["--csi-address=/csi/csi.sock", "--http-endpoint=127.0.0.1:0", &flag], T);
+        assert_eq!(code, Some(2), "{flag}: {err}");
+        assert!(err.contains("--metrics-path") && err.contains(why) && !err.contains("panicked"), "{flag}: {err}");
+    }
+}

@@ -13,6 +13,29 @@ fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
 }
 
+/// `--metrics-path`: an absolute path that the HTTP router can serve next to
+/// the health checks. Empty means the default, as in Go. Refused here (exit
+/// 2 naming the flag) rather than left to the router, which panics.
+pub fn metrics_path(s: &str) -> Result<String, String> {
+    let reserved = crate::compat::prober::HEALTHZ_PATH;
+    if s.is_empty() {
+        return Ok(String::new());
+    }
+    if !s.starts_with('/') {
+        return Err(format!("--metrics-path {s:?}: must start with \"/\""));
+    }
+    if s == reserved || s.strip_prefix(reserved).is_some_and(|rest| rest.starts_with('/')) {
+        return Err(format!("--metrics-path {s:?}: {reserved} and the paths under it serve the health checks"));
+    }
+    if let Some(c) = s.chars().find(|c| matches!(c, '{' | '}' | '?' | '#') || c.is_control() || c.is_whitespace()) {
+        return Err(format!("--metrics-path {s:?}: {c:?} is not allowed in a path"));
+    }
+    if s.split('/').any(|segment| segment.starts_with(':') || segment.starts_with('*')) {
+        return Err(format!("--metrics-path {s:?}: a path segment must not start with ':' or '*'"));
+    }
+    Ok(s.to_string())
+}
+
 /// Settings shared by every module in the process.
 #[derive(FromArgs, ArgsInfo, Debug, Default, Clone, PartialEq)]
 pub struct SharedFlags {
@@ -26,7 +49,7 @@ pub struct SharedFlags {
     #[argh(option)]
     pub metrics_address: Option<String>,
     /// HTTP path of the Prometheus metrics (default "/metrics")
-    #[argh(option)]
+    #[argh(option, from_str_fn(metrics_path))]
     pub metrics_path: Option<String>,
     /// deprecated: TCP port of the health server, on all interfaces; use --http-endpoint
     #[argh(option)]
