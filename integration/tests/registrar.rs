@@ -43,13 +43,17 @@ impl Env {
     }
 
     fn registrar(&self) -> Proc {
+        self.registrar_at(5)
+    }
+
+    fn registrar_at(&self, verbosity: u32) -> Proc {
         let bin = symlinked_bin(self.dir.path(), "csi-node-driver-registrar");
         let args = vec![
             format!("--csi-address={}", self.csi.display()),
             format!("--kubelet-registration-path={KUBELET_PATH}"),
             format!("--plugin-registration-path={}", self.registry.display()),
             format!("--http-endpoint={}", self.addr),
-            "--v=5".to_string(),
+            format!("--v={verbosity}"),
         ];
         Proc::spawn("registrar", &bin, &args, self.dir.path())
     }
@@ -63,6 +67,33 @@ async fn healthz(addr: &str, want: u16) -> String {
     .await
     .expect("reply")
     .body
+}
+
+/// Every `/healthz` asks the registration socket for GetInfo: that line is
+/// upstream's `-v=4`, so a default-verbosity registrar under probe load
+/// writes nothing per request (it wrote one info line per check before).
+#[tokio::test]
+async fn health_checks_log_nothing_per_request_below_v4() {
+    let env = Env::new();
+    let _driver = env.driver("csi-mock-driver");
+    for (verbosity, logged) in [(0, false), (4, true)] {
+        let reg = env.registrar_at(verbosity);
+        healthz(&env.addr, 200).await;
+        for _ in 0..50 {
+            assert_eq!(get(&env.addr, "/healthz").await.expect("healthz").status, 200);
+        }
+        let lines = reg.logs().lines().filter(|l| l.contains("GetInfo")).count();
+        if logged {
+            assert!(lines >= 50, "-v={verbosity}: {lines} GetInfo lines for 51 checks:\n{}", reg.logs());
+        } else {
+            assert_eq!(lines, 0, "-v={verbosity}:\n{}", reg.logs());
+        }
+        drop(reg);
+        wait_until("the registrar's port to be free", Duration::from_secs(10), async || {
+            (std::net::TcpStream::connect(&env.addr).is_err(), ())
+        })
+        .await;
+    }
 }
 
 #[tokio::test]

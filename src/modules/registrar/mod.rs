@@ -67,7 +67,8 @@ struct RegistrationService {
 #[tonic::async_trait]
 impl registration_server::Registration for RegistrationService {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        tracing::info!("Received GetInfo call");
+        // Every health check asks this: upstream logs it at -v=4.
+        tracing::debug!("Received GetInfo call");
         Ok(Response::new(self.info.clone()))
     }
 
