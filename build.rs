@@ -62,6 +62,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Fields that are not marked `csi_secret` but are stripped from logs too:
+/// publish contexts may carry credentials (iSCSI CHAP, tokens) from the
+/// driver's ControllerPublish to the node calls.
+const LOG_SENSITIVE_FIELDS: &[(&str, &str)] = &[
+    ("csi.v1.ControllerPublishVolumeResponse", "publish_context"),
+    ("csi.v1.NodeStageVolumeRequest", "publish_context"),
+    ("csi.v1.NodePublishVolumeRequest", "publish_context"),
+];
+
 /// Emits `impl Redact for <Message>` for every top-level CSI message: the ones
 /// with fields marked `csi_secret` strip them, the others are left as they are. Every such field in the CSI spec is a `map<string, string>`;
 /// anything else fails the build so a spec bump cannot silently leak secrets.
@@ -79,7 +88,9 @@ fn secret_field_code(pool: &prost_reflect::DescriptorPool) -> Result<String, Box
         let mut fields = Vec::new();
         for field in msg.fields() {
             let opts = field.options();
-            if opts.has_extension(&ext) && *opts.get_extension(&ext) == Value::Bool(true) {
+            let secret = opts.has_extension(&ext) && *opts.get_extension(&ext) == Value::Bool(true);
+            let log_sensitive = LOG_SENSITIVE_FIELDS.contains(&(msg.full_name(), field.name()));
+            if secret || log_sensitive {
                 let is_string_map = field.is_map()
                     && matches!(field.kind(), Kind::Message(entry) if entry.map_entry_value_field().kind() == Kind::String);
                 if !is_string_map {
@@ -91,7 +102,9 @@ fn secret_field_code(pool: &prost_reflect::DescriptorPool) -> Result<String, Box
                     .into());
                 }
                 fields.push(field.name().to_string());
-                writeln!(table, "    ({:?}, {:?}),", msg.full_name(), field.name())?;
+                if secret {
+                    writeln!(table, "    ({:?}, {:?}),", msg.full_name(), field.name())?;
+                }
             }
         }
         if msg.parent_message().is_some() {

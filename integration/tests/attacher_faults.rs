@@ -463,3 +463,28 @@ async fn attached_volumes_carry_no_stale_attach_error() {
         "attached VolumeAttachments with an attachError: when all were attached {at_attach:#?}; after the queues drained {later:#?}"
     );
 }
+
+/// At `-v=5` every gRPC response is logged: a publish context (it may carry
+/// credentials) is stripped like a secret, and `--max-grpc-log-length` cuts
+/// the line. Before, the whole response was logged, context values included.
+#[tokio::test]
+async fn logged_responses_are_redacted_and_cut_to_the_max_length() {
+    let env = Env::new("attlog").await;
+    let _driver = env.driver(|_| ());
+    let node = env.node("n", "log-node-id").await;
+    let attacher = env.attacher("attacher", &["-v=5", "--max-grpc-log-length=30"]);
+    let names = env.attachments("log", 1, &node).await;
+    let vas = env.vas();
+    wait_for(&vas, &names[0], T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    let logs = wait_until("the publish response in the log", T, async || {
+        let logs = attacher.logs();
+        (logs.lines().any(|l| l.contains("GRPC response") && l.contains("ControllerPublishVolume")), logs)
+    })
+    .await;
+    let line = logs
+        .lines()
+        .find(|l| l.contains("GRPC response") && l.contains("ControllerPublishVolume"))
+        .expect("response line");
+    assert!(line.contains("response truncated"), "{line}");
+    assert!(!logs.contains("/dev/fault"), "the publish context value reached the log:\n{logs}");
+}

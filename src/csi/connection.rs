@@ -57,11 +57,27 @@ pub mod method {
     pub const LIST_SNAPSHOTS: &str = "/csi.v1.Controller/ListSnapshots";
 }
 
+/// `text` cut to `max` characters (none when `max` < 0), saying how much was cut.
+pub fn truncated(text: String, max: i64) -> String {
+    let Ok(max) = usize::try_from(max) else {
+        return text;
+    };
+    match text.char_indices().nth(max) {
+        None => text,
+        Some((cut, _)) => {
+            let dropped = text[cut..].chars().count();
+            format!("{} [response truncated, {dropped} more characters]", &text[..cut])
+        }
+    }
+}
+
 struct Inner {
     address: CsiAddress,
     channel: Channel,
     connects: watch::Sender<u64>,
     driver: watch::Sender<Option<Arc<DriverInfo>>>,
+    /// `--max-grpc-log-length`: characters of a logged response; < 0 means all.
+    max_response_log: std::sync::atomic::AtomicI64,
 }
 
 /// A cheap-to-clone handle on the driver connection.
@@ -88,7 +104,15 @@ impl Connection {
         });
         let channel = Endpoint::from_static("http://localhost").connect_with_connector_lazy(connector);
         let (driver, _) = watch::channel(None);
-        Ok(Connection { inner: Arc::new(Inner { address, channel, connects, driver }) })
+        Ok(Connection {
+            inner: Arc::new(Inner {
+                address,
+                channel,
+                connects,
+                driver,
+                max_response_log: std::sync::atomic::AtomicI64::new(-1),
+            }),
+        })
     }
 
     /// The driver socket.
@@ -110,6 +134,11 @@ impl Connection {
         }
     }
 
+    /// Caps the length of logged responses (`--max-grpc-log-length`; < 0: no cap).
+    pub fn set_max_response_log_length(&self, chars: i64) {
+        self.inner.max_response_log.store(chars, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Successful (re)connects so far.
     pub fn connect_count(&self) -> u64 {
         *self.inner.connects.borrow()
@@ -125,7 +154,7 @@ impl Connection {
     ) -> Result<Resp, Status>
     where
         Req: Redact + Clone + Debug,
-        Resp: Debug,
+        Resp: Redact + Clone + Debug,
         F: FnOnce(Channel, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
@@ -150,7 +179,11 @@ impl Connection {
         };
         self.record(method, code, start.elapsed());
         match &result {
-            Ok(resp) => tracing::trace!(method, response = ?resp, "GRPC response"),
+            Ok(resp) if tracing::enabled!(tracing::Level::TRACE) => {
+                let max = self.inner.max_response_log.load(std::sync::atomic::Ordering::Relaxed);
+                tracing::trace!(method, response = %truncated(redacted_debug(resp), max), "GRPC response")
+            }
+            Ok(_) => {}
             Err(status) => tracing::trace!(method, error = %compat::grpc_error_text(status), "GRPC error"),
         }
         result

@@ -73,4 +73,30 @@ mod tests {
         let req = csi::DeleteVolumeRequest { volume_id: "v".into(), ..Default::default() };
         assert!(!redacted_debug(&req).contains(STRIPPED));
     }
+
+    #[test]
+    fn publish_contexts_never_reach_the_log_text() {
+        let resp = csi::ControllerPublishVolumeResponse {
+            publish_context: [("chap-secret".to_string(), "hunter2".to_string())].into(),
+        };
+        let text = redacted_debug(&resp);
+        assert!(!text.contains("hunter2") && !text.contains("chap-secret") && text.contains(STRIPPED), "{text}");
+        let req = csi::NodeStageVolumeRequest {
+            publish_context: [("token".to_string(), "hunter2".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(!redacted_debug(&req).contains("hunter2"));
+        // Not a csi_secret of the spec: the secret table stays the spec's.
+        assert!(SECRET_FIELDS.iter().all(|(_, f)| *f != "publish_context"));
+    }
+
+    #[test]
+    fn responses_are_cut_to_the_max_log_length() {
+        use crate::csi::connection::truncated;
+        assert_eq!(truncated("abcdef".into(), -1), "abcdef");
+        assert_eq!(truncated("abcdef".into(), 6), "abcdef");
+        assert_eq!(truncated("abcdef".into(), 2), "ab [response truncated, 4 more characters]");
+        assert_eq!(truncated("ééé".into(), 1), "é [response truncated, 2 more characters]");
+        assert_eq!(truncated("abc".into(), 0), " [response truncated, 3 more characters]");
+    }
 }

@@ -375,6 +375,8 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
     let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
     cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    // One connection for the process: the cap holds for every module's responses.
+    ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let handler = decide::handler(&driver);
     tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
