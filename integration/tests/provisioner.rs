@@ -250,6 +250,34 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     create(&ns.api(), &pvc("bad-template", Some(&badtpl), "1Mi")).await;
     wait_event(T, &ns, "bad-template", "ProvisioningFailed", "invalid tokens").await;
 
+    // A secret value that is not UTF-8: refused by name, never altered.
+    let binary = ns.scoped("binsecret");
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { name: Some("bin".into()), ..Default::default() },
+        data: Some([("password".to_string(), k8s_openapi::ByteString(vec![b'p', 0xff, b'w']))].into()),
+        ..Default::default()
+    };
+    create(&ns.api(), &secret).await;
+    let mut sc = storage_class(&binary, &s.driver_name);
+    sc.parameters = Some(
+        [
+            ("csi.storage.k8s.io/provisioner-secret-name", "bin"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.namespace}"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    create(&scs, &sc).await;
+    create(&ns.api(), &pvc("binary-secret", Some(&binary), "1Mi")).await;
+    wait_event(
+        T,
+        &ns,
+        "binary-secret",
+        "ProvisioningFailed",
+        &format!("secret bin in namespace {}: the value of key \"password\" is not valid UTF-8", ns.name()),
+    )
+    .await;
+
     assert_eq!(s.calls_ok("CreateVolume"), 0, "no CreateVolume for unusable classes:\n{}", s.driver.logs());
     let pvs: Api<PersistentVolume> = Api::all(ns.client().clone());
     let ours = pvs
