@@ -488,3 +488,50 @@ async fn logged_responses_are_redacted_and_cut_to_the_max_length() {
     assert!(line.contains("response truncated"), "{line}");
     assert!(!logs.contains("/dev/fault"), "the publish context value reached the log:\n{logs}");
 }
+
+/// The publish secret cannot be read at detach time: the detach fails with
+/// upstream's text and the driver is not called (before, it was called with
+/// empty secrets, which a driver needing them rejects or, worse, accepts for
+/// the wrong tenant). Once the secret is back, the detach goes through.
+#[tokio::test]
+async fn detach_fails_while_the_publish_secret_cannot_be_read() {
+    use k8s_openapi::api::core::v1::{Secret, SecretReference};
+    let env = Env::new("attsec").await;
+    let driver = env.driver(|_| ());
+    let node = env.node("n", "sec-node-id").await;
+    let _attacher = env.attacher("attacher", &[]);
+    let secrets: Api<Secret> = env.ns.api();
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta { name: Some("publish".into()), ..Default::default() },
+        string_data: Some([("token".to_string(), "t0k3n".to_string())].into()),
+        ..Default::default()
+    };
+    create(&secrets, &secret).await;
+    let name = format!("{}-sec", env.ns.name());
+    let mut pv = csi_pv(&name, &env.driver_name, &format!("vol-{name}"), "1Mi");
+    if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+        csi.controller_publish_secret_ref =
+            Some(SecretReference { name: Some("publish".into()), namespace: Some(env.ns.name().to_string()) });
+    }
+    create(&env.pvs(), &pv).await;
+    let vas = env.vas();
+    create(&vas, &volume_attachment(&name, &env.driver_name, &node, &name)).await;
+    wait_for(&vas, &name, T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+
+    secrets.delete("publish", &DeleteParams::default()).await.expect("delete secret");
+    wait_deleted(&secrets, "publish", T).await;
+    vas.delete(&name, &DeleteParams::default()).await.expect("delete va");
+    let failed = wait_for(&vas, &name, T, |v| {
+        v.status.as_ref().and_then(|s| s.detach_error.as_ref()).is_some_and(|e| {
+            e.message.as_deref().is_some_and(|m| m.contains("error getting secret publish in namespace"))
+        })
+    })
+    .await;
+    assert!(failed.metadata.deletion_timestamp.is_some());
+    let unpublishes = |d: &FaultDriver| d.controller_calls().iter().filter(|c| c.kind == CallKind::Unpublish).count();
+    assert_eq!(unpublishes(&driver), 0, "no ControllerUnpublish without the secret");
+
+    create(&secrets, &secret).await;
+    wait_deleted(&vas, &name, T).await;
+    assert_eq!(unpublishes(&driver), 1);
+}

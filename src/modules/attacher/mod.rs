@@ -255,8 +255,13 @@ impl Attacher {
         let Some(volume_id) = volume_id else {
             return fail("cannot find the volume handle: the PersistentVolume is gone".into()).await;
         };
+        // Upstream fails the detach when the secret cannot be read: a driver
+        // must never be asked to unpublish with credentials missing.
         let secrets = match &pv {
-            Some(p) => self.secrets(p).await.unwrap_or_default(),
+            Some(p) => match self.secrets(p).await {
+                Ok(s) => s,
+                Err(e) => return fail(e).await,
+            },
             None => HashMap::new(),
         };
         let req = csi::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets };
