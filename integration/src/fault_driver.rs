@@ -84,6 +84,8 @@ pub struct Script {
     pub required_secret: Option<(String, String)>,
     /// `ControllerPublishVolume` fails with this (after its delay) while set.
     pub publish_error: Option<(Code, String)>,
+    /// `ListVolumes` never ends: every page answers a new `next_token`.
+    pub list_volumes_endless: bool,
     /// The first this many `ControllerPublishVolume` calls of each
     /// (volume, node) fail with `Internal` (after the delay).
     pub publish_failures_per_pair: u32,
@@ -141,6 +143,7 @@ impl Default for Script {
             publish_delay: Duration::ZERO,
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
+            list_volumes_endless: false,
             publish_readonly: false,
             required_secret: None,
             publish_error: None,
@@ -632,7 +635,7 @@ impl Controller for Service {
 
     async fn list_volumes(
         &self,
-        _: Request<csi::ListVolumesRequest>,
+        req: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let published = self.published.lock().expect("published").clone();
         let entries = published
@@ -645,7 +648,14 @@ impl Controller for Service {
                 }),
             })
             .collect();
-        Ok(Response::new(csi::ListVolumesResponse { entries, next_token: String::new() }))
+        let next_token = if self.script().list_volumes_endless {
+            let page: u64 =
+                req.get_ref().starting_token.strip_prefix("page-").and_then(|n| n.parse().ok()).unwrap_or(0);
+            format!("page-{}", page + 1)
+        } else {
+            String::new()
+        };
+        Ok(Response::new(csi::ListVolumesResponse { entries, next_token }))
     }
 
     async fn create_snapshot(

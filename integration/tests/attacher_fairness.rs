@@ -136,50 +136,103 @@ async fn attaches_complete_while_detaches_keep_failing() {
     .await;
 }
 
+/// An attacher with a 1 s ListVolumes reconciler and one attached volume.
+struct Reconciled {
+    _ns: TestNamespace,
+    _dir: tempfile::TempDir,
+    driver: FaultDriver,
+    attacher: Proc,
+    node: String,
+}
+
+impl Reconciled {
+    async fn start(tag: &str, extra: &[&str]) -> Reconciled {
+        let cp = ControlPlane::shared();
+        let client = cp.client().await;
+        let ns = TestNamespace::new(&client, tag).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("csi.sock");
+        let driver_name = format!("{}.fault.example.com", unique_name(tag));
+        let driver = FaultDriver::start(
+            &socket,
+            Transport::Grpc,
+            Script { name: driver_name.clone(), controller: true, publish: true, ..Script::default() },
+        );
+        let node = format!("{}-node", ns.name());
+        create(&Api::<CSINode>::all(client.clone()), &csi_node(&node, &driver_name, &node, &[])).await;
+        let mut args = vec![
+            format!("--csi-address={}", socket.display()),
+            format!("--kubeconfig={}", cp.kubeconfig().display()),
+            "attacher".to_string(),
+            "--reconcile-sync=1s".to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let attacher = Proc::spawn("attacher", &sidecar_bin(), &args, dir.path());
+        let vas: Api<VolumeAttachment> = Api::all(client.clone());
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let name = format!("{}-va", ns.name());
+        create(&pvs, &csi_pv(&name, &driver_name, "vol-recon", "1Mi")).await;
+        create(&vas, &volume_attachment(&name, &driver_name, &node, &name)).await;
+        wait_until("attached", Duration::from_secs(60), async || {
+            let ok = vas.get(&name).await.ok().and_then(|v| v.status).is_some_and(|s| s.attached);
+            (ok, ())
+        })
+        .await;
+        let r = Reconciled { _ns: ns, _dir: dir, driver, attacher, node };
+        assert_eq!(r.publishes(), 1);
+        r
+    }
+
+    fn publishes(&self) -> u64 {
+        self.driver.counters.publishes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The counter moves when the call arrives; the publication is recorded
+    /// when it completes.
+    async fn wait_republished(&self) {
+        wait_until("the reconciler to publish the volume again", Duration::from_secs(30), async || {
+            let nodes = self.driver.published.lock().expect("published").get("vol-recon").cloned().unwrap_or_default();
+            (self.publishes() >= 2 && nodes == vec![self.node.clone()], (self.publishes(), nodes))
+        })
+        .await;
+        assert!(self.attacher.logs().contains("Driver disagrees"), "{}", self.attacher.logs());
+    }
+}
+
 /// The ListVolumes reconciler: the driver forgets a publication (reports the
 /// volume detached from the node) → the attacher publishes it again.
 #[tokio::test]
 async fn the_reconciler_repairs_a_volume_the_driver_reports_detached() {
-    let cp = ControlPlane::shared();
-    let client = cp.client().await;
-    let ns = TestNamespace::new(&client, "recon").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("csi.sock");
-    let driver_name = format!("{}.fault.example.com", unique_name("recon"));
-    let driver = FaultDriver::start(
-        &socket,
-        Transport::Grpc,
-        Script { name: driver_name.clone(), controller: true, publish: true, ..Script::default() },
-    );
-    let node = format!("{}-node", ns.name());
-    create(&Api::<CSINode>::all(client.clone()), &csi_node(&node, &driver_name, &node, &[])).await;
-    let args = vec![
-        format!("--csi-address={}", socket.display()),
-        format!("--kubeconfig={}", cp.kubeconfig().display()),
-        "attacher".to_string(),
-        "--reconcile-sync=1s".to_string(),
-    ];
-    let attacher = Proc::spawn("attacher", &sidecar_bin(), &args, dir.path());
-    let vas: Api<VolumeAttachment> = Api::all(client.clone());
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let name = format!("{}-va", ns.name());
-    create(&pvs, &csi_pv(&name, &driver_name, "vol-recon", "1Mi")).await;
-    create(&vas, &volume_attachment(&name, &driver_name, &node, &name)).await;
-    wait_until("attached", Duration::from_secs(60), async || {
-        let ok = vas.get(&name).await.ok().and_then(|v| v.status).is_some_and(|s| s.attached);
-        (ok, ())
+    let r = Reconciled::start("recon", &[]).await;
+    r.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+    r.wait_republished().await;
+}
+
+/// A volume missing from the driver's answer is published nowhere, as
+/// upstream reads it (it used to be skipped, so the loss went unrepaired).
+#[tokio::test]
+async fn the_reconciler_repairs_a_volume_missing_from_the_answer() {
+    let r = Reconciled::start("recmiss", &[]).await;
+    r.driver.published.lock().expect("published").remove("vol-recon");
+    r.wait_republished().await;
+}
+
+/// A driver whose ListVolumes never stops returning `next_token`: each pass
+/// ends at `--timeout` (upstream's one context for the pass) without acting
+/// on the partial answer, and SIGTERM still stops the process at once (the
+/// pass used to loop forever, out of shutdown's reach).
+#[tokio::test]
+async fn an_endless_list_volumes_is_cut_at_the_timeout_and_shutdown_still_works() {
+    let mut r = Reconciled::start("recend", &["--timeout=2s"]).await;
+    r.driver.update(|s| s.list_volumes_endless = true);
+    r.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+    wait_until("a pass cut at the timeout", Duration::from_secs(30), async || {
+        (r.attacher.logs().contains("ListVolumes pass did not finish within --timeout"), ())
     })
     .await;
-    let publishes = || driver.counters.publishes.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(publishes(), 1);
-    // The backend loses the publication.
-    driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
-    // The counter moves when the call arrives; the publication is recorded
-    // when it completes.
-    wait_until("the reconciler to publish the volume again", Duration::from_secs(30), async || {
-        let nodes = driver.published.lock().expect("published").get("vol-recon").cloned().unwrap_or_default();
-        (publishes() >= 2 && nodes == vec![node.clone()], (publishes(), nodes))
-    })
-    .await;
-    assert!(attacher.logs().contains("Driver disagrees"), "{}", attacher.logs());
+    assert_eq!(r.publishes(), 1, "a partial answer must not trigger repairs");
+    let started = Instant::now();
+    let status = r.attacher.terminate().await;
+    assert_eq!(status.code(), Some(0), "{}", r.attacher.logs());
+    assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
 }

@@ -236,6 +236,29 @@ pub fn va_change_needs_sync(old: &CachedVa, new: &CachedVa, finalizer: &str) -> 
         || other_annotations(&om.annotations) != other_annotations(&nm.annotations)
 }
 
+/// What the ListVolumes reconciler does with one attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconcile {
+    /// The status agrees with the driver (or the attachment is going away
+    /// and already unpublished).
+    InSync,
+    /// `status.attached` disagrees with the driver: sync again, forced.
+    Resync,
+    /// Being deleted but still published: detach again.
+    Detach,
+}
+
+/// The reconciler's decision for an attachment from its status and
+/// whether the driver reports the volume published on its node.
+pub fn reconcile(attached: bool, deleting: bool, is_published: bool) -> Reconcile {
+    match (deleting, attached == is_published, is_published) {
+        (true, _, true) => Reconcile::Detach,
+        (true, _, false) => Reconcile::InSync,
+        (false, true, _) => Reconcile::InSync,
+        (false, false, _) => Reconcile::Resync,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
@@ -480,6 +503,24 @@ mod tests {
             let mut new = base();
             edit(&mut new);
             assert_eq!(va_change_needs_sync(&old, &new, fin), *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn reconciler_decisions() {
+        use Reconcile::*;
+        // (attached, deleting, published) → action
+        for (attached, deleting, published, want) in [
+            (true, false, true, InSync),
+            (false, false, false, InSync),
+            (true, false, false, Resync),
+            (false, false, true, Resync),
+            (true, true, true, Detach),
+            (false, true, true, Detach),
+            (true, true, false, InSync),
+            (false, true, false, InSync),
+        ] {
+            assert_eq!(reconcile(attached, deleting, published), want, "{attached} {deleting} {published}");
         }
     }
 }

@@ -306,36 +306,55 @@ impl Attacher {
         }
     }
 
-    /// One ListVolumes pass: VAs whose `attached` disagrees with the driver's
-    /// published nodes are synced again, forced.
-    async fn reconcile(&self, attach: &WorkQueue<String>, detach: &WorkQueue<String>) {
+    /// The driver's answer to a whole ListVolumes pass: volume handle →
+    /// published node IDs. `None` if the pass did not complete: an error,
+    /// shutdown, or `--timeout` for the whole pass (as upstream's one
+    /// context), so a driver that never stops returning `next_token` cannot
+    /// hold the reconciler (or shutdown). A partial answer is never used:
+    /// a volume missing from it would read as unpublished.
+    async fn list_published(&self, shutdown: &CancellationToken) -> Option<HashMap<String, Vec<String>>> {
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
         let mut published: HashMap<String, Vec<String>> = HashMap::new();
         let mut token = String::new();
+        let mut pages = 0u64;
         loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
+                return None;
+            }
             let req = csi::ListVolumesRequest { max_entries: self.cfg.max_entries, starting_token: token.clone() };
-            let resp = self
-                .csi
-                .call("/csi.v1.Controller/ListVolumes", self.cfg.timeout, req, |ch, r| async move {
-                    ControllerClient::new(ch).list_volumes(r).await
-                })
-                .await;
+            let call = self.csi.call("/csi.v1.Controller/ListVolumes", left, req, |ch, r| async move {
+                ControllerClient::new(ch).list_volumes(r).await
+            });
+            let resp = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                r = call => r,
+            };
             let resp = match resp {
                 Ok(r) => r,
                 Err(s) => {
-                    tracing::warn!(error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
-                    return;
+                    tracing::warn!(pages, error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
+                    return None;
                 }
             };
+            pages += 1;
             for e in resp.entries {
                 if let Some(v) = e.volume {
                     published.insert(v.volume_id, e.status.map(|s| s.published_node_ids).unwrap_or_default());
                 }
             }
             if resp.next_token.is_empty() {
-                break;
+                return Some(published);
             }
             token = resp.next_token;
         }
+    }
+
+    /// One ListVolumes pass: VAs whose `attached` disagrees with the driver's
+    /// published nodes are synced again, forced.
+    async fn reconcile(&self, attach: &WorkQueue<String>, detach: &WorkQueue<String>, shutdown: &CancellationToken) {
+        let Some(published) = self.list_published(shutdown).await else { return };
         for cached in self.vas.state() {
             if *cached.spec.attacher != *self.driver.name {
                 continue;
@@ -346,7 +365,6 @@ impl Attacher {
             let Some(handle) = pv.and_then(|p| p.spec?.csi.map(|c| c.volume_handle)) else {
                 continue;
             };
-            let Some(nodes) = published.get(&handle) else { continue };
             let Ok(node_id) = decide::detach_node_id(
                 &va,
                 self.csinodes.get(&ObjectRef::new(&va.spec.node_name)).as_deref(),
@@ -355,13 +373,16 @@ impl Attacher {
                 continue;
             };
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
-            let is_published = nodes.contains(&node_id);
-            if attached != is_published && va.metadata.deletion_timestamp.is_none() {
-                tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
-                self.forced.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone());
-                attach.add(name);
-            } else if va.metadata.deletion_timestamp.is_some() && is_published {
-                detach.add(name);
+            // A volume missing from the answer is published nowhere (upstream).
+            let is_published = published.get(&handle).is_some_and(|nodes| nodes.contains(&node_id));
+            match decide::reconcile(attached, va.metadata.deletion_timestamp.is_some(), is_published) {
+                decide::Reconcile::InSync => {}
+                decide::Reconcile::Resync => {
+                    tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
+                    self.forced.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone());
+                    attach.add(name);
+                }
+                decide::Reconcile::Detach => detach.add(name),
             }
         }
     }
@@ -481,7 +502,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
                     loop {
                         tokio::select! {
                             _ = token.cancelled() => return,
-                            _ = tick.tick() => a.reconcile(&aq, &dq).await,
+                            _ = tick.tick() => a.reconcile(&aq, &dq, &token).await,
                         }
                     }
                 }
