@@ -96,7 +96,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let grace = shutdown_grace(inv.modules.iter().map(ModuleConfig::discovery_timeout));
     let discovery_timeout =
         inv.modules.iter().map(ModuleConfig::discovery_timeout).max().unwrap_or(Duration::from_secs(1));
-    tasks.spawn(csi.clone().maintain(discovery_timeout, shutdown.clone()));
+    let mut driver_watch = tokio::spawn(csi.clone().maintain(discovery_timeout, shutdown.clone()));
     {
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -146,6 +146,14 @@ pub async fn run(inv: Invocation) -> ExitCode {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            renamed = &mut driver_watch => {
+                if let Ok(Err(e)) = renamed {
+                    tracing::error!("{e}");
+                    code = ExitCode::from(1);
+                }
+                shutdown.cancel();
+                break;
+            }
             joined = modules.join_next() => match joined {
                 None => break,
                 Some(Ok((_, Ok(())))) => {}

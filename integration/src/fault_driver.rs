@@ -968,10 +968,20 @@ impl FaultDriver {
     }
 }
 
+impl FaultDriver {
+    /// Stops serving and removes the socket now (a driver process exiting),
+    /// so another driver can take the socket while this value lives on.
+    pub fn stop(&self) {
+        if !self.stop.is_cancelled() {
+            self.stop.cancel();
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+}
+
 impl Drop for FaultDriver {
     fn drop(&mut self) {
-        self.stop.cancel();
-        let _ = std::fs::remove_file(&self.socket);
+        self.stop();
     }
 }
 

@@ -138,11 +138,15 @@ async fn attaches_complete_while_detaches_keep_failing() {
 
 /// An attacher with a 1 s ListVolumes reconciler and one attached volume.
 struct Reconciled {
+    // Dropped in this order: the attacher (printing its log on a failure)
+    // before the directory holding the log.
+    attacher: Proc,
+    driver: FaultDriver,
     _ns: TestNamespace,
     _dir: tempfile::TempDir,
-    driver: FaultDriver,
-    attacher: Proc,
     node: String,
+    socket: std::path::PathBuf,
+    driver_name: String,
 }
 
 impl Reconciled {
@@ -178,7 +182,7 @@ impl Reconciled {
             (ok, ())
         })
         .await;
-        let r = Reconciled { _ns: ns, _dir: dir, driver, attacher, node };
+        let r = Reconciled { _ns: ns, _dir: dir, driver, attacher, node, socket, driver_name };
         assert_eq!(r.publishes(), 1);
         r
     }
@@ -235,4 +239,30 @@ async fn an_endless_list_volumes_is_cut_at_the_timeout_and_shutdown_still_works(
     let status = r.attacher.terminate().await;
     assert_eq!(status.code(), Some(0), "{}", r.attacher.logs());
     assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
+}
+
+/// The driver restarts under another name: the attacher's Lease, finalizer
+/// and objects belong to the first name, so the process exits 1 saying why
+/// (it used to log a warning and go on serving the new driver as the old).
+#[tokio::test]
+async fn a_driver_back_under_another_name_stops_the_process() {
+    let mut r = Reconciled::start("recren", &[]).await;
+    let old = r.driver_name.clone();
+    let renamed = format!("renamed-{old}");
+    r.driver.stop();
+    r.driver = FaultDriver::start(
+        &r.socket,
+        Transport::Grpc,
+        Script { name: renamed.clone(), controller: true, publish: true, ..Script::default() },
+    );
+    // The 1 s reconciler's next ListVolumes reconnects.
+    let status = wait_until("the attacher to exit", Duration::from_secs(30), async || {
+        let s = r.attacher.try_exit();
+        (s.is_some(), s)
+    })
+    .await
+    .expect("exited");
+    let logs = r.attacher.logs();
+    assert_eq!(status.code(), Some(1), "{logs}");
+    assert!(logs.contains("changed its name") && logs.contains(&renamed) && logs.contains(&old), "{logs}");
 }

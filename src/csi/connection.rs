@@ -71,6 +71,18 @@ pub fn truncated(text: String, max: i64) -> String {
     }
 }
 
+/// The driver answered under another name after a reconnect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the CSI driver at the socket changed its name from {old:?} to {new:?} after a reconnect; exiting so that the modules start again for the new driver"
+)]
+pub struct DriverRenamed {
+    /// The name the modules started with.
+    pub old: String,
+    /// The name the driver gives now.
+    pub new: String,
+}
+
 struct Inner {
     address: CsiAddress,
     channel: Channel,
@@ -337,27 +349,34 @@ impl Connection {
 
     /// Keeps the driver information current until shutdown: discovers it,
     /// then discovers it again after every reconnect.
-    pub async fn maintain(self, timeout: Duration, shutdown: CancellationToken) {
+    ///
+    /// Err when the driver comes back under another name: every module's
+    /// objects, Leases and finalizers are keyed by the name they started
+    /// with, so the process must stop (upstream's sidecars exit on any
+    /// connection loss; csi-sidecar reconnects, but never serves a second
+    /// driver under the first one's identity).
+    pub async fn maintain(self, timeout: Duration, shutdown: CancellationToken) -> Result<(), DriverRenamed> {
         let span = tracing::info_span!("csi", address = %self.inner.address);
         async move {
             let mut connects = self.inner.connects.subscribe();
             loop {
-                let Some(info) = self.discover(timeout, &shutdown).await else { return };
+                let Some(info) = self.discover(timeout, &shutdown).await else { return Ok(()) };
                 // Everything up to and including this discovery's own connect is seen.
                 connects.borrow_and_update();
-                let previous = self.inner.driver.send_replace(Some(Arc::new(info.clone())));
+                let previous = self.inner.driver.borrow().clone();
                 match previous {
                     None => {
                         tracing::info!(driver = %info.name, version = %info.vendor_version, "CSI driver discovered")
                     }
                     Some(p) if p.name != info.name => {
-                        tracing::warn!(old = %p.name, new = %info.name, "CSI driver name changed after reconnect")
+                        return Err(DriverRenamed { old: p.name.to_string(), new: info.name.to_string() });
                     }
                     Some(_) => tracing::info!(driver = %info.name, "CSI driver rediscovered after reconnect"),
                 }
+                self.inner.driver.send_replace(Some(Arc::new(info)));
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = connects.changed() => if r.is_err() { return },
+                    _ = shutdown.cancelled() => return Ok(()),
+                    r = connects.changed() => if r.is_err() { return Ok(()) },
                 }
             }
         }
