@@ -1,0 +1,349 @@
+//! Group snapshots end to end: the real control plane with the snapshot and
+//! group snapshot CRDs, the real snapshot-controller (which turns a
+//! VolumeGroupSnapshot into a VolumeGroupSnapshotContent, and the answer
+//! into member VolumeSnapshots and contents), and csi-sidecar's provisioner
+//! and snapshotter in one process against the fault driver, which serves
+//! the Controller and the GroupController services (the CSI mock driver
+//! has no GroupController).
+
+use std::{collections::BTreeSet, time::Duration};
+
+use csi_sidecar_integration::{
+    cluster::ControlPlane,
+    fault_driver::{FaultDriver, FaultEnv, GroupMethod, Script, SnapshotMethod, Transport},
+    kube_support::{create, pvc, storage_class, wait_deleted, wait_for},
+    process::Proc,
+    sidecar_bin,
+    snapshots::{SnapApis, ready},
+    wait_until,
+};
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use kube::{
+    Api,
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
+};
+use tonic::Code;
+
+const T: Duration = Duration::from_secs(60);
+const LABEL: &str = "group";
+
+fn group_resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("groupsnapshot.storage.k8s.io", "v1", kind))
+}
+
+fn group_obj(kind: &str, mut v: serde_json::Value) -> DynamicObject {
+    v["apiVersion"] = "groupsnapshot.storage.k8s.io/v1".into();
+    v["kind"] = kind.into();
+    serde_json::from_value(v).expect("group object")
+}
+
+struct Env {
+    base: FaultEnv,
+    sc: String,
+    snaps: SnapApis,
+    classes: Api<DynamicObject>,
+    groups: Api<DynamicObject>,
+    contents: Api<DynamicObject>,
+}
+
+impl std::ops::Deref for Env {
+    type Target = FaultEnv;
+    fn deref(&self) -> &FaultEnv {
+        &self.base
+    }
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let base = FaultEnv::on(ControlPlane::with_snapshots(), prefix).await;
+        let client = base.ns.client().clone();
+        let sc = base.ns.scoped("sc");
+        create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &base.driver_name)).await;
+        let snaps = SnapApis::new(&client, base.ns.name());
+        Env {
+            classes: Api::all_with(client.clone(), &group_resource("VolumeGroupSnapshotClass")),
+            groups: Api::namespaced_with(client.clone(), base.ns.name(), &group_resource("VolumeGroupSnapshot")),
+            contents: Api::all_with(client.clone(), &group_resource("VolumeGroupSnapshotContent")),
+            base,
+            sc,
+            snaps,
+        }
+    }
+
+    /// The fault driver (snapshots and, with `groups`, group snapshots) and
+    /// csi-sidecar running provisioner and snapshotter (`args` after it).
+    fn start(&self, groups: bool, script: impl FnOnce(Script) -> Script, args: &[&str]) -> (FaultDriver, Proc) {
+        let s = Script { snapshots: true, group_snapshots: groups, ..self.script() };
+        let driver = FaultDriver::start(&self.socket(), Transport::Grpc, script(s));
+        let mut all =
+            vec!["-v=5", "provisioner", "snapshotter", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
+        all.extend(args);
+        (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &all))
+    }
+
+    /// Three bound claims labelled for the group; their volume handles.
+    async fn claims(&self) -> BTreeSet<String> {
+        let pvcs: Api<PersistentVolumeClaim> = self.ns.api();
+        let mut handles = BTreeSet::new();
+        for name in ["a", "b", "c"] {
+            let mut claim = pvc(name, Some(&self.sc), "1Mi");
+            claim.metadata.labels = Some([(LABEL.to_string(), "yes".to_string())].into());
+            create(&pvcs, &claim).await;
+        }
+        for name in ["a", "b", "c"] {
+            let c =
+                wait_for(&pvcs, name, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+            handles.insert(format!("fault-{}", c.spec.and_then(|s| s.volume_name).expect("volumeName")));
+        }
+        handles
+    }
+
+    async fn class(&self, policy: &str) -> String {
+        let name = self.ns.scoped(&format!("vgsc-{}", policy.to_lowercase()));
+        let v = serde_json::json!({"metadata": {"name": name}, "driver": self.driver_name, "deletionPolicy": policy,
+                                   "parameters": {"tier": "gold"}});
+        self.classes.create(&PostParams::default(), &group_obj("VolumeGroupSnapshotClass", v)).await.expect("class");
+        name
+    }
+
+    /// A VolumeGroupSnapshot of the labelled claims with `class`.
+    async fn group(&self, name: &str, class: &str) {
+        let v = serde_json::json!({"metadata": {"name": name},
+            "spec": {"volumeGroupSnapshotClassName": class,
+                     "source": {"selector": {"matchLabels": {LABEL: "yes"}}}}});
+        self.groups.create(&PostParams::default(), &group_obj("VolumeGroupSnapshot", v)).await.expect("group");
+    }
+
+    /// The name of the group content snapshot-controller made for `group`.
+    async fn content_of(&self, group: &str) -> String {
+        let g = wait_for(&self.groups, group, T, |g| {
+            g.data["status"]["boundVolumeGroupSnapshotContentName"].as_str().is_some()
+        })
+        .await;
+        g.data["status"]["boundVolumeGroupSnapshotContentName"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// The content's events with `reason` (in `default`: cluster-scoped).
+    async fn wait_event(&self, content: &str, reason: &str) -> Vec<(String, String, i32)> {
+        self.snaps.wait_content_event(content, reason, T).await
+    }
+
+    async fn member_snapshots(&self) -> Vec<DynamicObject> {
+        self.snaps.snapshots.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+    }
+
+    /// Deletes a group content no one will release.
+    async fn force_delete_content(&self, name: &str) {
+        let _ = self.contents.delete(name, &DeleteParams::default()).await;
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        let _ = self.contents.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+    }
+
+    async fn delete_group(&self, name: &str) {
+        self.groups.delete(name, &DeleteParams::default()).await.expect("delete group");
+    }
+}
+
+fn group_ready(o: &DynamicObject) -> bool {
+    o.data["status"]["readyToUse"].as_bool() == Some(true)
+}
+
+#[tokio::test]
+async fn a_group_of_three_claims_is_snapshotted_once_and_deleted_once() {
+    let env = Env::new("grp-delete").await;
+    let (driver, mut sidecar) = env.start(true, |s| s, &["--extra-create-metadata"]);
+    let handles = env.claims().await;
+    let class = env.class("Delete").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    let g = wait_for(&env.groups, "g", T, group_ready).await;
+    assert!(g.data["status"]["creationTime"].is_string(), "{g:?}");
+
+    let creates = driver.group_calls_of(GroupMethod::Create);
+    assert_eq!(creates.len(), 1, "exactly one CreateVolumeGroupSnapshot: {creates:?}");
+    let create = &creates[0];
+    assert_eq!(create.ids.iter().cloned().collect::<BTreeSet<_>>(), handles, "the three source handles");
+    let uid = g.metadata.uid.clone().expect("uid");
+    assert_eq!(create.target, format!("groupsnapshot-{uid}"), "upstream's name: prefix and the group's UID");
+    assert_eq!(create.parameters.get("tier").map(String::as_str), Some("gold"));
+    assert_eq!(create.parameters.get("csi.storage.k8s.io/volumegroupsnapshot/name").map(String::as_str), Some("g"));
+    assert_eq!(
+        create.parameters.get("csi.storage.k8s.io/volumegroupsnapshotcontent/name").map(String::as_str),
+        Some(content.as_str())
+    );
+
+    // The group content's status, with the member list snapshot-controller reads.
+    let c = wait_for(&env.contents, &content, T, group_ready).await;
+    let group_id = format!("fault-group-groupsnapshot-{uid}");
+    assert_eq!(c.data["status"]["volumeGroupSnapshotHandle"], group_id.as_str(), "{c:?}");
+    let list = c.data["status"]["volumeSnapshotInfoList"].as_array().cloned().unwrap_or_default();
+    assert_eq!(list.len(), 3, "{c:?}");
+    let mut member_ids = BTreeSet::new();
+    for m in &list {
+        assert!(handles.contains(m["volumeHandle"].as_str().unwrap_or_default()), "{m}");
+        assert_eq!(m["readyToUse"], true);
+        assert_eq!(m["restoreSize"].as_i64(), Some(1 << 20));
+        assert_eq!(m["creationTime"].as_i64(), Some(1_700_000_000_000_000_000));
+        member_ids.insert(m["snapshotHandle"].as_str().unwrap_or_default().to_string());
+    }
+    let annotations = c.metadata.annotations.clone().unwrap_or_default();
+    assert!(
+        !annotations.contains_key("groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created"),
+        "{c:?}"
+    );
+
+    // The member VolumeSnapshots and contents (snapshot-controller's), ready
+    // with the driver's handles.
+    let members = wait_until("three ready member snapshots", T, async || {
+        let s = env.member_snapshots().await;
+        (s.len() == 3 && s.iter().all(ready), s)
+    })
+    .await;
+    let mut seen = BTreeSet::new();
+    let mut member_contents = Vec::new();
+    for s in &members {
+        let name = s.data["status"]["boundVolumeSnapshotContentName"].as_str().expect("bound").to_string();
+        let mc = env.snaps.wait_content_ready(&name, T).await;
+        seen.insert(mc.data["status"]["snapshotHandle"].as_str().unwrap_or_default().to_string());
+        member_contents.push(name);
+    }
+    assert_eq!(seen, member_ids, "the members carry the driver's snapshot handles");
+    assert!(driver.snapshot_calls_of(SnapshotMethod::Create).is_empty(), "no CreateSnapshot for members");
+
+    // Delete with policy Delete: one DeleteVolumeGroupSnapshot with the
+    // member IDs; no DeleteSnapshot per member; everything gone.
+    env.delete_group("g").await;
+    wait_deleted(&env.contents, &content, T).await;
+    wait_deleted(&env.groups, "g", T).await;
+    for name in &member_contents {
+        wait_deleted(&env.snaps.contents, name, T).await;
+    }
+    let deletes = driver.group_calls_of(GroupMethod::Delete);
+    assert_eq!(deletes.len(), 1, "one DeleteVolumeGroupSnapshot: {deletes:?}");
+    assert_eq!(deletes[0].target, group_id);
+    assert_eq!(deletes[0].ids.iter().cloned().collect::<BTreeSet<_>>(), member_ids);
+    assert!(driver.snapshot_calls_of(SnapshotMethod::Delete).is_empty(), "members are not deleted one by one");
+    assert!(driver.groups.lock().expect("groups").is_empty(), "nothing left in the backend");
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+    assert!(sidecar.try_exit().is_none(), "still running");
+}
+
+#[tokio::test]
+async fn retain_keeps_the_backend_group_snapshot() {
+    let env = Env::new("grp-retain").await;
+    let (driver, _sidecar) = env.start(true, |s| s, &[]);
+    env.claims().await;
+    let class = env.class("Retain").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    wait_for(&env.groups, "g", T, group_ready).await;
+    env.delete_group("g").await;
+    wait_deleted(&env.groups, "g", T).await;
+    // The group is gone (its deletion was fully processed); the content
+    // stays with its handle, and the driver was never asked to delete.
+    let c = env.contents.get(&content).await.expect("the Retain content stays");
+    assert!(c.data["status"]["volumeGroupSnapshotHandle"].is_string(), "{c:?}");
+    assert!(driver.group_calls_of(GroupMethod::Delete).is_empty(), "Retain: no backend call");
+    assert_eq!(driver.groups.lock().expect("groups").len(), 1, "the backend keeps the group snapshot");
+    env.force_delete_content(&content).await;
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+}
+
+#[tokio::test]
+async fn with_the_gate_off_group_contents_are_left_alone() {
+    let env = Env::new("grp-gateoff").await;
+    let (driver, sidecar) = env.start(true, |s| s, &["--feature-gates=CSIVolumeGroupSnapshot=false"]);
+    env.claims().await;
+    let class = env.class("Delete").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    // The sidecar works (a single snapshot becomes ready) and has seen
+    // the group content's creation long before that...
+    let vsc = env.ns.scoped("vsc");
+    env.snaps.class(&vsc, &env.driver_name, "Delete", serde_json::Value::Null).await;
+    let single = env.snaps.snapshot_of("single", &vsc, "a").await;
+    env.snaps.wait_content_ready(&single, T).await;
+    // ...yet did nothing with it: no group call, no status.
+    let c = env.contents.get(&content).await.expect("group content");
+    assert!(c.data["status"].is_null(), "untouched: {c:?}");
+    assert!(driver.group_calls().is_empty(), "no group call: {:?}", driver.group_calls());
+    assert!(sidecar.logs().contains("group_snapshots=false"), "{}", sidecar.logs());
+    let _ = env.snaps.snapshots.delete("single", &DeleteParams::default()).await;
+    wait_deleted(&env.snaps.contents, &single, T).await;
+    let _ = env.groups.delete("g", &DeleteParams::default()).await;
+    env.force_delete_content(&content).await;
+    env.snaps.delete_class(&vsc).await;
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+}
+
+#[tokio::test]
+async fn a_driver_error_is_recorded_with_upstreams_event_and_retried() {
+    let env = Env::new("grp-error").await;
+    let (driver, mut sidecar) = env.start(
+        true,
+        |s| Script { create_group_snapshot_error: Some((Code::InvalidArgument, "no groups today".into())), ..s },
+        &[],
+    );
+    env.claims().await;
+    let class = env.class("Delete").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    let c = wait_for(&env.contents, &content, T, |c| c.data["status"]["error"]["message"].is_string()).await;
+    let volumes: Vec<String> = c.data["spec"]["source"]["volumeHandles"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    let want = format!(
+        "failed to take group snapshot of the volumes [{}]: \"rpc error: code = InvalidArgument desc = no groups today\"",
+        volumes.join(" ")
+    );
+    assert_eq!(c.data["status"]["error"]["message"], want.as_str(), "{c:?}");
+    assert_eq!(c.data["status"]["readyToUse"], false);
+    let first = env.wait_event(&content, "GroupSnapshotCreationFailed").await;
+    assert_eq!(first[0].1, format!("Failed to create group snapshot: {want}"));
+    assert_eq!(first[0].0, format!("csi-snapshotter {}", env.driver_name));
+    let later = env.wait_event(&content, "GroupSnapshotContentCheckandUpdateFailed").await;
+    assert_eq!(later[0].1, format!("Failed to check and update group snapshot content: {want}"));
+    // A final error: the being-created annotation does not stay.
+    wait_for(&env.contents, &content, T, |c| {
+        !c.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created"))
+    })
+    .await;
+    // Retried with the same name until the driver agrees.
+    driver.update(|s| s.create_group_snapshot_error = None);
+    wait_for(&env.contents, &content, T, group_ready).await;
+    wait_for(&env.groups, "g", T, group_ready).await;
+    let names: BTreeSet<String> = driver.group_calls_of(GroupMethod::Create).into_iter().map(|c| c.target).collect();
+    assert_eq!(names.len(), 1, "one name for every attempt: {names:?}");
+    env.delete_group("g").await;
+    wait_deleted(&env.contents, &content, T).await;
+    assert_eq!(driver.group_calls_of(GroupMethod::Delete).len(), 1);
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+    assert!(sidecar.try_exit().is_none(), "no panic, still running");
+}
+
+#[tokio::test]
+async fn a_driver_without_the_group_service_gets_upstreams_warning_and_errors() {
+    let env = Env::new("grp-nocap").await;
+    let (driver, mut sidecar) = env.start(false, |s| s, &[]);
+    env.claims().await;
+    let class = env.class("Delete").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    let events = env.wait_event(&content, "GroupSnapshotCreationFailed").await;
+    assert!(events[0].1.contains("code = Unimplemented"), "{events:?}");
+    assert!(
+        sidecar.logs().contains("error determining if driver supports create/delete group snapshot operations"),
+        "the start-up probe's error is logged: {}",
+        sidecar.logs()
+    );
+    assert!(!driver.group_calls_of(GroupMethod::Create).is_empty(), "the sidecar tried, as upstream does");
+    assert!(sidecar.try_exit().is_none(), "the missing capability is not fatal");
+    let _ = env.groups.delete("g", &DeleteParams::default()).await;
+    env.force_delete_content(&content).await;
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+}
