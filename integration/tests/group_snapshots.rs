@@ -227,6 +227,8 @@ async fn a_group_of_three_claims_is_snapshotted_once_and_deleted_once() {
     assert!(driver.snapshot_calls_of(SnapshotMethod::Delete).is_empty(), "members are not deleted one by one");
     assert!(driver.groups.lock().expect("groups").is_empty(), "nothing left in the backend");
     let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+    let logs = sidecar.logs();
+    assert!(logs.contains("group_snapshots=true"), "{logs}");
     assert!(sidecar.try_exit().is_none(), "still running");
 }
 
@@ -269,7 +271,11 @@ async fn with_the_gate_off_group_contents_are_left_alone() {
     let c = env.contents.get(&content).await.expect("group content");
     assert!(c.data["status"].is_null(), "untouched: {c:?}");
     assert!(driver.group_calls().is_empty(), "no group call: {:?}", driver.group_calls());
-    assert!(sidecar.logs().contains("group_snapshots=false"), "{}", sidecar.logs());
+    let logs = sidecar.logs();
+    assert!(logs.contains("group_snapshots=false"), "{logs}");
+    // No group watch: the informers log every watch they start, by kind.
+    assert!(logs.contains("Starting watch") && logs.contains("VolumeSnapshotContent"), "{logs}");
+    assert!(!logs.contains("VolumeGroupSnapshot"), "no group kind watched or read: {logs}");
     let _ = env.snaps.snapshots.delete("single", &DeleteParams::default()).await;
     wait_deleted(&env.snaps.contents, &single, T).await;
     let _ = env.groups.delete("g", &DeleteParams::default()).await;
