@@ -356,3 +356,53 @@ async fn a_driver_without_the_group_service_gets_upstreams_warning_and_errors() 
     env.force_delete_content(&content).await;
     let _ = env.classes.delete(&class, &DeleteParams::default()).await;
 }
+
+#[tokio::test]
+async fn a_pre_provisioned_group_content_is_checked_with_get_and_deleted_with_its_handles() {
+    let env = Env::new("grp-pre").await;
+    let (driver, _sidecar) = env.start(true, |s| s, &[]);
+    env.claims().await;
+    // A backend group snapshot to import: made through a Retain group whose
+    // content is then dropped.
+    let retain = env.class("Retain").await;
+    env.group("src", &retain).await;
+    let src = env.content_of("src").await;
+    let c = wait_for(&env.contents, &src, T, group_ready).await;
+    let group_id = c.data["status"]["volumeGroupSnapshotHandle"].as_str().expect("handle").to_string();
+    let ids: Vec<String> = c.data["status"]["volumeSnapshotInfoList"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|m| m["snapshotHandle"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    assert_eq!(ids.len(), 3);
+    env.delete_group("src").await;
+    wait_deleted(&env.groups, "src", T).await;
+    env.force_delete_content(&src).await;
+    wait_deleted(&env.contents, &src, T).await;
+
+    let delete = env.class("Delete").await;
+    let pre = env.ns.scoped("pre");
+    let v = serde_json::json!({"metadata": {"name": pre},
+        "spec": {"deletionPolicy": "Delete", "driver": env.driver_name, "volumeGroupSnapshotClassName": delete,
+                 "source": {"groupSnapshotHandles": {"volumeGroupSnapshotHandle": group_id, "volumeSnapshotHandles": ids}},
+                 "volumeGroupSnapshotRef": {"name": "pre", "namespace": env.ns.name()}}});
+    env.contents.create(&PostParams::default(), &group_obj("VolumeGroupSnapshotContent", v)).await.expect("content");
+    let g = serde_json::json!({"metadata": {"name": "pre"},
+        "spec": {"volumeGroupSnapshotClassName": delete, "source": {"volumeGroupSnapshotContentName": pre}}});
+    env.groups.create(&PostParams::default(), &group_obj("VolumeGroupSnapshot", g)).await.expect("group");
+    let c = wait_for(&env.contents, &pre, T, group_ready).await;
+    assert_eq!(c.data["status"]["volumeGroupSnapshotHandle"], group_id.as_str(), "{c:?}");
+    let gets = driver.group_calls_of(GroupMethod::Get);
+    assert!(!gets.is_empty(), "GetVolumeGroupSnapshot asked");
+    assert_eq!(gets[0].target, group_id);
+    assert_eq!(gets[0].ids, ids);
+    assert_eq!(driver.group_calls_of(GroupMethod::Create).len(), 1, "no create for a pre-provisioned group");
+    wait_for(&env.groups, "pre", T, group_ready).await;
+
+    env.delete_group("pre").await;
+    wait_deleted(&env.contents, &pre, T).await;
+    let deletes = driver.group_calls_of(GroupMethod::Delete);
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!((deletes[0].target.as_str(), &deletes[0].ids), (group_id.as_str(), &ids), "the spec's handles");
+    let _ = env.classes.delete(&retain, &DeleteParams::default()).await;
+    let _ = env.classes.delete(&delete, &DeleteParams::default()).await;
+}

@@ -569,9 +569,11 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
             }
         });
     }
-    let group_queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff);
+    // Created only with group snapshots: its metrics exist only then, as upstream's.
+    let group_queue: Option<WorkQueue<String>> =
+        group_infs.as_ref().map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff));
     let group_written: group::Written = Arc::default();
-    if let Some((inf, _)) = &group_infs {
+    if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         let (q, written) = (group_queue.clone(), group_written.clone());
         inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
             let name = c.object().metadata.name.clone().unwrap_or_default();
@@ -638,7 +640,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
             async move { s.sync(name).await }.instrument(span)
         });
         let groups = async move {
-            let Some(g) = group else { return };
+            let (Some(g), Some(group_queue)) = (group, group_queue) else { return };
             group_queue
                 .run(workers, token, move |name| {
                     let g = g.clone();
