@@ -560,7 +560,8 @@ pub mod snapshotter {
     /// Group content annotation (snapshot-controller): the create/delete secret's name.
     pub const ANN_GROUP_DELETION_SECRET_NAME: &str = "groupsnapshot.storage.kubernetes.io/deletion-secret-name";
     /// Group content annotation (snapshot-controller): the create/delete secret's namespace.
-    pub const ANN_GROUP_DELETION_SECRET_NAMESPACE: &str = "groupsnapshot.storage.kubernetes.io/deletion-secret-namespace";
+    pub const ANN_GROUP_DELETION_SECRET_NAMESPACE: &str =
+        "groupsnapshot.storage.kubernetes.io/deletion-secret-namespace";
     /// Group class parameter: the GetVolumeGroupSnapshot secret's name (template).
     pub const PARAM_GROUP_GET_SECRET_NAME: &str = "csi.storage.k8s.io/group-snapshotter-get-secret-name";
     /// Group class parameter: the GetVolumeGroupSnapshot secret's namespace (template).

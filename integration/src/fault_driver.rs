@@ -854,8 +854,11 @@ impl GroupController for Service {
             .expect("groups")
             .entry(req.name.clone())
             .or_insert_with(|| {
-                let members =
-                    req.source_volume_ids.iter().map(|v| (format!("fault-gsnap-{}-{v}", req.name), v.clone())).collect();
+                let members = req
+                    .source_volume_ids
+                    .iter()
+                    .map(|v| (format!("fault-gsnap-{}-{v}", req.name), v.clone()))
+                    .collect();
                 (format!("fault-group-{}", req.name), members)
             })
             .clone();
@@ -890,9 +893,9 @@ impl GroupController for Service {
         }
         let found = self.groups.lock().expect("groups").values().find(|(id, _)| *id == req.group_snapshot_id).cloned();
         match found {
-            Some((id, members)) => {
-                Ok(Response::new(csi::GetVolumeGroupSnapshotResponse { group_snapshot: Some(self.group(&id, &members)) }))
-            }
+            Some((id, members)) => Ok(Response::new(csi::GetVolumeGroupSnapshotResponse {
+                group_snapshot: Some(self.group(&id, &members)),
+            })),
             None => Err(Status::not_found(format!("no group snapshot {}", req.group_snapshot_id))),
         }
     }

@@ -406,3 +406,128 @@ async fn a_pre_provisioned_group_content_is_checked_with_get_and_deleted_with_it
     let _ = env.classes.delete(&retain, &DeleteParams::default()).await;
     let _ = env.classes.delete(&delete, &DeleteParams::default()).await;
 }
+
+/// The group-content writes `integration/tests/rbac.rs` cannot exercise
+/// (its live run uses the mock driver, which has no GroupController).
+const GROUP_WRITES: [(&str, &str, &str); 3] = [
+    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "get"),
+    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "patch"),
+    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "patch"),
+];
+
+/// Grants ServiceAccount `sa` of the env's namespace the snapshotter's
+/// ClusterRole of `manifests/rbac/snapshotter.yaml`, without `drop`.
+/// Returns the role's (and binding's) name.
+async fn grant_snapshotter_role(env: &Env, sa: &str, drop: Option<(&str, &str, &str)>) -> String {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let path = csi_sidecar_integration::workspace_root().join("manifests/rbac/snapshotter.yaml");
+    let docs = csi_sidecar_integration::yaml::documents(&path);
+    let mut role = docs.into_iter().find(|d| d["kind"] == "ClusterRole").expect("the snapshotter's ClusterRole");
+    let name = format!("{}-snapshotter", env.ns.name());
+    role["metadata"]["name"] = name.clone().into();
+    if let (Some((g, r, v)), Some(rules)) = (drop, role["rules"].as_array_mut()) {
+        for rule in rules.iter_mut() {
+            let has = |field: &str, x: &str| rule[field].as_array().is_some_and(|a| a.iter().any(|e| e == x));
+            if has("apiGroups", g) && has("resources", r) {
+                rule["verbs"].as_array_mut().expect("verbs").retain(|e| e != v);
+            }
+        }
+        rules.retain(|rule| rule["verbs"].as_array().is_some_and(|v| !v.is_empty()));
+    }
+    let admin = env.ns.client().clone();
+    let role: ClusterRole = serde_json::from_value(role).expect("ClusterRole");
+    Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await.expect("create ClusterRole");
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": env.ns.name()}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    }))
+    .expect("ClusterRoleBinding");
+    Api::<ClusterRoleBinding>::all(admin).create(&PostParams::default(), &binding).await.expect("create binding");
+    name
+}
+
+/// One group snapshot made and deleted by a snapshotter running under the
+/// manifests' ClusterRole minus `drop` (the provisioner runs beside it as
+/// the admin). Ok: done without a refusal; Err: the apiserver's refusal
+/// of exactly `drop`, as logged.
+async fn group_cycle_under_rbac(prefix: &str, drop: Option<(&str, &str, &str)>) -> Result<(), String> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let env = Env::new(prefix).await;
+    let sa = "csi-sidecar-controller";
+    let role = grant_snapshotter_role(&env, sa, drop).await;
+    let kubeconfig = ControlPlane::with_snapshots()
+        .mint(&csi_sidecar_integration::cluster::Identity::service_account(env.ns.name(), sa));
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { snapshots: true, group_snapshots: true, ..env.script() },
+    );
+    let _provisioner = env.sidecar("provisioner", &sidecar_bin(), &["provisioner"]);
+    let snapshotter = Proc::spawn(
+        "snapshotter",
+        &sidecar_bin(),
+        &[
+            format!("--csi-address={}", env.socket().display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "-v=5".into(),
+            "snapshotter".into(),
+            "--retry-interval-start=200ms".into(),
+            "--retry-interval-max=1s".into(),
+        ],
+        env.dir.path(),
+    );
+    env.claims().await;
+    let class = env.class("Delete").await;
+    env.group("g", &class).await;
+    let content = env.content_of("g").await;
+    let evidence = drop.map(|(g, r, v)| format!("cannot {v} resource \"{r}\" in API group \"{g}\""));
+    let mut deleted = false;
+    let outcome = wait_until("the group cycle or a refusal", T, async || {
+        let logs = snapshotter.logs().replace("\\\"", "\"");
+        if let Some(e) = &evidence
+            && logs.contains(e)
+        {
+            return (true, Err(e.clone()));
+        }
+        let c = env.contents.get_opt(&content).await.ok().flatten();
+        if !deleted && c.as_ref().is_some_and(group_ready) {
+            let _ = env.groups.delete("g", &DeleteParams::default()).await;
+            deleted = true;
+        }
+        (deleted && c.is_none(), Ok(()))
+    })
+    .await;
+    if outcome.is_ok() {
+        let logs = snapshotter.logs();
+        assert!(!logs.contains("forbidden"), "a refusal under the full role: {logs}");
+        assert_eq!(driver.group_calls_of(GroupMethod::Delete).len(), 1);
+    }
+    let _ = env.groups.delete("g", &DeleteParams::default()).await;
+    env.force_delete_content(&content).await;
+    let _ = env.classes.delete(&class, &DeleteParams::default()).await;
+    let admin = env.ns.client().clone();
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone()).delete(&role, &DeleteParams::default()).await;
+    let _ = Api::<ClusterRole>::all(admin).delete(&role, &DeleteParams::default()).await;
+    outcome
+}
+
+/// The group-content verbs of `manifests/rbac/snapshotter.yaml` that the
+/// mock-driver run of `rbac.rs` does not reach: sufficient (a group made
+/// and deleted under exactly the manifest's role, no refusal), and each
+/// necessary (without it, the apiserver refuses exactly that verb).
+#[tokio::test]
+async fn the_group_content_writes_of_the_rbac_manifest_are_sufficient_and_each_needed() {
+    let runs = std::iter::once(None)
+        .chain(GROUP_WRITES.iter().copied().map(Some))
+        .enumerate()
+        .map(|(i, drop)| async move { (drop, group_cycle_under_rbac(&format!("grp-rbac{i}"), drop).await) });
+    for (drop, outcome) in futures::future::join_all(runs).await {
+        match (drop, outcome) {
+            (None, Ok(())) => {}
+            (None, Err(e)) => panic!("refused under the manifest's role: {e}"),
+            (Some(t), Ok(())) => panic!("{t:?} removed, yet the group was made and deleted"),
+            (Some(t), Err(e)) => eprintln!("{t:?} removed: refused ({e})"),
+        }
+    }
+}

@@ -8,8 +8,8 @@ use crate::{
     compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
     kube::{
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
-        informers::{Informer, Informers},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
+        informers::{Informer, Informers},
         snapshot_api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent},
     },
 };

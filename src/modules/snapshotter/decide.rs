@@ -320,10 +320,14 @@ pub fn class_secret_ref(
         (None, None) => return Ok(None),
         (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
         (Some(_), Some(_)) => {
-            return Err(format!("failed to get name and namespace template from params: {label} secrets specified in parameters but value of either namespace or name is empty"));
+            return Err(format!(
+                "failed to get name and namespace template from params: {label} secrets specified in parameters but value of either namespace or name is empty"
+            ));
         }
         _ => {
-            return Err(format!("failed to get name and namespace template from params: either name and namespace for {label} secrets specified, Both must be specified"));
+            return Err(format!(
+                "failed to get name and namespace template from params: either name and namespace for {label} secrets specified, Both must be specified"
+            ));
         }
     };
     let resolve = |t: &str| {

@@ -164,8 +164,12 @@ impl GroupSnapshotter {
                 Err(e) => {
                     tracing::warn!(error = %e, "Checking the group snapshot failed");
                     let latest = self.current(&name).unwrap_or(content);
-                    self.record_error(&latest, up::REASON_GROUP_CHECK_FAILED, &up::text_group_check_failed(&e.to_string()))
-                        .await;
+                    self.record_error(
+                        &latest,
+                        up::REASON_GROUP_CHECK_FAILED,
+                        &up::text_group_check_failed(&e.to_string()),
+                    )
+                    .await;
                     Outcome::Retry
                 }
             },
@@ -312,11 +316,13 @@ impl GroupSnapshotter {
             }
         }
         let (group_snapshot_id, snapshot_ids) = gd::get_request_ids(&content)?;
-        let req = csi::GetVolumeGroupSnapshotRequest { group_snapshot_id: group_snapshot_id.clone(), snapshot_ids, secrets };
-        let resp = self.csi.get_volume_group_snapshot(self.cfg.timeout, req).await.map_err(|s| GroupError::Get {
-            content: name.clone(),
-            error: compat::grpc_error_text(&s),
-        })?;
+        let req =
+            csi::GetVolumeGroupSnapshotRequest { group_snapshot_id: group_snapshot_id.clone(), snapshot_ids, secrets };
+        let resp = self
+            .csi
+            .get_volume_group_snapshot(self.cfg.timeout, req)
+            .await
+            .map_err(|s| GroupError::Get { content: name.clone(), error: compat::grpc_error_text(&s) })?;
         let observed = gd::observe(resp.group_snapshot.as_ref(), false, &group_snapshot_id, Timestamp::now())?;
         self.write_status(&name, content, &observed, false).await.map_err(|(_, e)| e)
     }

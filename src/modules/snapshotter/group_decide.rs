@@ -228,7 +228,9 @@ pub fn delete_snapshot_ids(c: &VolumeGroupSnapshotContent) -> Result<Vec<String>
         Some(s) if !s.volume_snapshot_info_list.is_empty() => {
             s.volume_snapshot_info_list.iter().map(|i| i.snapshot_handle.clone()).collect()
         }
-        Some(_) => c.spec.source.group_snapshot_handles.as_ref().map(|h| h.volume_snapshot_handles.clone()).unwrap_or_default(),
+        Some(_) => {
+            c.spec.source.group_snapshot_handles.as_ref().map(|h| h.volume_snapshot_handles.clone()).unwrap_or_default()
+        }
         None => Vec::new(),
     };
     if ids.is_empty() {
@@ -441,8 +443,11 @@ pub fn error_patch(
     match current {
         Some(s) if s.error.as_ref().and_then(|e| e.message.as_deref()) == Some(message) => None,
         None => {
-            let status =
-                VolumeGroupSnapshotContentStatus { ready_to_use: Some(false), error: Some(error), ..Default::default() };
+            let status = VolumeGroupSnapshotContentStatus {
+                ready_to_use: Some(false),
+                error: Some(error),
+                ..Default::default()
+            };
             Some(status_patch(&status))
         }
         Some(_) => Some(serde_json::json!([

@@ -52,7 +52,12 @@ fn which_group_contents_are_the_drivers() {
         ("dynamic, no class cached", &content(serde_json::json!({})), None, true),
         ("pre-provisioned", &pre, None, true),
         ("no source", &none, None, false),
-        ("class of another driver", &content(serde_json::json!({})), Some(class("other", serde_json::json!({}))), false),
+        (
+            "class of another driver",
+            &content(serde_json::json!({})),
+            Some(class("other", serde_json::json!({}))),
+            false,
+        ),
         ("class of the driver", &content(serde_json::json!({})), Some(class("d", serde_json::json!({}))), true),
     ];
     for (what, c, cl, want) in rows {
@@ -66,8 +71,16 @@ fn the_step_follows_upstreams_order() {
     use GroupStep::*;
     let rows: Vec<(&str, serde_json::Value, GroupStep)> = vec![
         ("new dynamic", serde_json::json!({}), Create { first: true }),
-        ("error status, not ready: create again", serde_json::json!({"status": {"readyToUse": false}}), Create { first: false }),
-        ("ready", serde_json::json!({"status": {"readyToUse": true, "volumeGroupSnapshotHandle": "h"}}), Ready { remove_annotation: false }),
+        (
+            "error status, not ready: create again",
+            serde_json::json!({"status": {"readyToUse": false}}),
+            Create { first: false },
+        ),
+        (
+            "ready",
+            serde_json::json!({"status": {"readyToUse": true, "volumeGroupSnapshotHandle": "h"}}),
+            Ready { remove_annotation: false },
+        ),
         (
             "ready with the annotation",
             serde_json::json!({"metadata": {"annotations": {up::ANN_GROUP_BEING_CREATED: "yes"}}, "status": {"readyToUse": true}}),
@@ -180,8 +193,10 @@ fn secrets_and_member_ids() {
         "volumeSnapshotInfoList": [{"volumeHandle": "v1", "snapshotHandle": "s1"}, {"volumeHandle": "v2", "snapshotHandle": "s2"}]}}));
     assert_eq!(delete_snapshot_ids(&with_list), Ok(vec!["s1".to_string(), "s2".to_string()]));
     let mut pre = content(serde_json::json!({"status": {"volumeGroupSnapshotHandle": "h"}}));
-    pre.spec.source.group_snapshot_handles =
-        Some(GroupSnapshotHandles { volume_group_snapshot_handle: "h".into(), volume_snapshot_handles: vec!["p1".into()] });
+    pre.spec.source.group_snapshot_handles = Some(GroupSnapshotHandles {
+        volume_group_snapshot_handle: "h".into(),
+        volume_snapshot_handles: vec!["p1".into()],
+    });
     assert_eq!(delete_snapshot_ids(&pre), Ok(vec!["p1".to_string()]));
     assert_eq!(get_request_ids(&pre), Ok(("h".to_string(), vec!["p1".to_string()])));
     assert_eq!(
@@ -266,12 +281,36 @@ fn which_updates_need_a_sync() {
     let old = content(serde_json::json!({}));
     let rows = [
         ("resync", serde_json::json!({}), true),
-        ("status only", serde_json::json!({"metadata": {"resourceVersion": "2"}, "status": {"readyToUse": false}}), false),
-        ("becomes ready", serde_json::json!({"metadata": {"resourceVersion": "2"}, "status": {"readyToUse": true}}), true),
-        ("being-created only", serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_CREATED: "yes"}}}), false),
-        ("finalizers only", serde_json::json!({"metadata": {"resourceVersion": "2", "finalizers": [up::GROUP_CONTENT_FINALIZER]}}), false),
-        ("being-deleted", serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}}}), true),
-        ("deletion timestamp", serde_json::json!({"metadata": {"resourceVersion": "2", "deletionTimestamp": DELETING}}), true),
+        (
+            "status only",
+            serde_json::json!({"metadata": {"resourceVersion": "2"}, "status": {"readyToUse": false}}),
+            false,
+        ),
+        (
+            "becomes ready",
+            serde_json::json!({"metadata": {"resourceVersion": "2"}, "status": {"readyToUse": true}}),
+            true,
+        ),
+        (
+            "being-created only",
+            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_CREATED: "yes"}}}),
+            false,
+        ),
+        (
+            "finalizers only",
+            serde_json::json!({"metadata": {"resourceVersion": "2", "finalizers": [up::GROUP_CONTENT_FINALIZER]}}),
+            false,
+        ),
+        (
+            "being-deleted",
+            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}}}),
+            true,
+        ),
+        (
+            "deletion timestamp",
+            serde_json::json!({"metadata": {"resourceVersion": "2", "deletionTimestamp": DELETING}}),
+            true,
+        ),
     ];
     for (what, patch, want) in rows {
         assert_eq!(should_enqueue(&old, &content(patch)), want, "{what}");
