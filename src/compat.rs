@@ -469,7 +469,7 @@ pub mod snapshotter {
     }
     /// Content work queue.
     pub const QUEUE_CONTENT: &str = "csi-snapshotter-content";
-    /// Group content work queue (group snapshots are not implemented yet).
+    /// Group content work queue.
     pub const QUEUE_GROUP_CONTENT: &str = "csi-snapshotter-groupsnapshotcontent";
     /// Content finalizer (added by snapshot-controller, removed by the sidecar).
     pub const CONTENT_FINALIZER: &str = "snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection";
@@ -550,4 +550,52 @@ pub mod snapshotter {
         "The NODE_NAME environment variable must be set when using --enable-node-deployment.";
     /// Start-up: `--node-deployment` with `--leader-election`.
     pub const TEXT_NODE_DEPLOYMENT_LEADER: &str = "Leader election cannot happen when node-deployment is set to true";
+    /// Group content finalizer (added by snapshot-controller, removed by the sidecar).
+    pub const GROUP_CONTENT_FINALIZER: &str =
+        "groupsnapshot.storage.kubernetes.io/volumegroupsnapshotcontent-bound-protection";
+    /// Group content annotation: a CreateVolumeGroupSnapshot may be in flight.
+    pub const ANN_GROUP_BEING_CREATED: &str = "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created";
+    /// Group content annotation (snapshot-controller): the group snapshot is being deleted.
+    pub const ANN_GROUP_BEING_DELETED: &str = "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-deleted";
+    /// Group content annotation (snapshot-controller): the create/delete secret's name.
+    pub const ANN_GROUP_DELETION_SECRET_NAME: &str = "groupsnapshot.storage.kubernetes.io/deletion-secret-name";
+    /// Group content annotation (snapshot-controller): the create/delete secret's namespace.
+    pub const ANN_GROUP_DELETION_SECRET_NAMESPACE: &str =
+        "groupsnapshot.storage.kubernetes.io/deletion-secret-namespace";
+    /// Group class parameter: the GetVolumeGroupSnapshot secret's name (template).
+    pub const PARAM_GROUP_GET_SECRET_NAME: &str = "csi.storage.k8s.io/group-snapshotter-get-secret-name";
+    /// Group class parameter: the GetVolumeGroupSnapshot secret's namespace (template).
+    pub const PARAM_GROUP_GET_SECRET_NAMESPACE: &str = "csi.storage.k8s.io/group-snapshotter-get-secret-namespace";
+    /// Extra create metadata: the VolumeGroupSnapshot's name.
+    pub const PARAM_GROUP_SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumegroupsnapshot/name";
+    /// Extra create metadata: the VolumeGroupSnapshot's namespace.
+    pub const PARAM_GROUP_SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumegroupsnapshot/namespace";
+    /// Extra create metadata: the group content's name.
+    pub const PARAM_GROUP_CONTENT_NAME: &str = "csi.storage.k8s.io/volumegroupsnapshotcontent/name";
+    /// Template token of group secret parameters: the group content's name.
+    pub const TOKEN_GROUP_CONTENT_NAME: &str = "volumegroupsnapshotcontent.name";
+    /// Event: the first CreateVolumeGroupSnapshot attempt failed.
+    pub const REASON_GROUP_CREATION_FAILED: &str = "GroupSnapshotCreationFailed";
+    /// Event: a later attempt (or a GetVolumeGroupSnapshot check) failed.
+    pub const REASON_GROUP_CHECK_FAILED: &str = "GroupSnapshotContentCheckandUpdateFailed";
+    /// Event: the group deletion failed.
+    pub const REASON_GROUP_DELETE_ERROR: &str = "GroupSnapshotDeleteError";
+    /// `GroupSnapshotCreationFailed` text.
+    pub fn text_group_creation_failed(err: &str) -> String {
+        format!("Failed to create group snapshot: {err}")
+    }
+    /// `GroupSnapshotContentCheckandUpdateFailed` text.
+    pub fn text_group_check_failed(err: &str) -> String {
+        format!("Failed to check and update group snapshot content: {err}")
+    }
+    /// `GroupSnapshotDeleteError`: DeleteVolumeGroupSnapshot failed.
+    pub const TEXT_GROUP_DELETE_FAILED: &str = "Failed to delete group snapshot";
+    /// Start-up: `--groupsnapshot-name-prefix` empty (with the gate on).
+    pub const TEXT_EMPTY_GROUP_PREFIX: &str = "group snapshot name prefix cannot be of length 0";
+    /// Start-up warning: the driver cannot create group snapshots.
+    pub fn text_no_group_capability(driver: &str) -> String {
+        format!(
+            "CSI driver {driver} does not support GroupControllerCreateVolumeGroupSnapshot when the --feature-gates=CSIVolumeGroupSnapshot=true flag is set"
+        )
+    }
 }

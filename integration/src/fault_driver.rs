@@ -11,6 +11,9 @@
 //! CreateSnapshot, DeleteSnapshot and ListSnapshots keep a backend of
 //! snapshots ([`FaultDriver::snapshots`], idempotent by name) and record every
 //! call with its secrets and parameters ([`FaultDriver::snapshot_calls`]).
+//! The GroupController service (with `Script::group_snapshots`) keeps group
+//! snapshots the same way ([`FaultDriver::groups`], [`FaultDriver::group_calls`]);
+//! without it every group call answers `Unimplemented`.
 
 use std::{
     path::{Path, PathBuf},
@@ -27,6 +30,7 @@ use csi_sidecar::csi::proto::csi::v1::{
     self as csi, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, ProbeRequest, ProbeResponse,
     controller_server::{Controller, ControllerServer},
+    group_controller_server::{GroupController, GroupControllerServer},
     identity_server::{Identity, IdentityServer},
 };
 use tokio::{io::AsyncWriteExt, net::UnixListener};
@@ -126,6 +130,11 @@ pub struct Script {
     /// Advertise CLONE_VOLUME (with `controller`); a created volume's
     /// answer echoes the request's `volume_content_source`.
     pub clone: bool,
+    /// Advertise CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT and serve the
+    /// group calls (else they answer `Unimplemented`).
+    pub group_snapshots: bool,
+    /// `CreateVolumeGroupSnapshot` fails with this while set.
+    pub create_group_snapshot_error: Option<(Code, String)>,
 }
 
 impl Default for Script {
@@ -165,6 +174,8 @@ impl Default for Script {
             delete_snapshot_error: None,
             list_snapshots_error: None,
             clone: false,
+            group_snapshots: false,
+            create_group_snapshot_error: None,
         }
     }
 }
@@ -204,6 +215,35 @@ pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
 
 /// The backend's snapshots: by name, (snapshot id, source volume id).
 pub type Snapshots = Arc<Mutex<BTreeMap<String, (String, String)>>>;
+
+/// The backend's group snapshots: by name, (group id, [(snapshot id, source volume id)]).
+pub type Groups = Arc<Mutex<BTreeMap<String, (String, Vec<(String, String)>)>>>;
+
+/// Which group call a [`GroupCall`] was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupMethod {
+    /// `CreateVolumeGroupSnapshot` (`target` = the name, `ids` = the source volumes).
+    Create,
+    /// `DeleteVolumeGroupSnapshot` (`target` = the group id, `ids` = the snapshot ids).
+    Delete,
+    /// `GetVolumeGroupSnapshot` (`target` = the group id, `ids` = the snapshot ids).
+    Get,
+}
+
+/// One group call as received.
+#[derive(Clone, Debug)]
+pub struct GroupCall {
+    /// The method.
+    pub method: GroupMethod,
+    /// Name (create) or group snapshot id.
+    pub target: String,
+    /// Source volume ids (create) or snapshot ids.
+    pub ids: Vec<String>,
+    /// `secrets`.
+    pub secrets: BTreeMap<String, String>,
+    /// `parameters` (create).
+    pub parameters: BTreeMap<String, String>,
+}
 
 /// Which snapshot call a [`SnapshotCall`] was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -379,6 +419,8 @@ impl Drop for CallRecord {
 
 #[derive(Clone)]
 struct Service {
+    groups: Groups,
+    group_log: Arc<Mutex<Vec<GroupCall>>>,
     snapshots: Snapshots,
     snapshot_log: Arc<Mutex<Vec<SnapshotCall>>>,
     script: Arc<Mutex<Script>>,
@@ -690,7 +732,7 @@ impl Controller for Service {
         if let Some((code, msg)) = s.list_snapshots_error {
             return Err(Status::new(code, msg));
         }
-        let found: Vec<(String, String)> = self
+        let mut found: Vec<(String, String)> = self
             .snapshots
             .lock()
             .expect("snapshots")
@@ -698,6 +740,16 @@ impl Controller for Service {
             .filter(|(id, _)| req.snapshot_id.is_empty() || *id == req.snapshot_id)
             .cloned()
             .collect();
+        // Members of group snapshots are snapshots too.
+        found.extend(
+            self.groups
+                .lock()
+                .expect("groups")
+                .values()
+                .flat_map(|(_, members)| members.iter())
+                .filter(|(id, _)| req.snapshot_id.is_empty() || *id == req.snapshot_id)
+                .cloned(),
+        );
         Ok(Response::new(csi::ListSnapshotsResponse {
             entries: found
                 .iter()
@@ -776,6 +828,120 @@ impl Service {
     }
 }
 
+#[tonic::async_trait]
+impl GroupController for Service {
+    async fn group_controller_get_capabilities(
+        &self,
+        _: Request<csi::GroupControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::GroupControllerGetCapabilitiesResponse>, Status> {
+        use csi::group_controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
+        if !self.script().group_snapshots {
+            return Err(Status::unimplemented("unknown service csi.v1.GroupController"));
+        }
+        let rpc = Rpc { r#type: RpcType::CreateDeleteGetVolumeGroupSnapshot as i32 };
+        Ok(Response::new(csi::GroupControllerGetCapabilitiesResponse {
+            capabilities: vec![csi::GroupControllerServiceCapability { r#type: Some(Type::Rpc(rpc)) }],
+        }))
+    }
+
+    async fn create_volume_group_snapshot(
+        &self,
+        req: Request<csi::CreateVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::CreateVolumeGroupSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        self.log_group_call(GroupMethod::Create, &req.name, &req.source_volume_ids, &req.secrets, &req.parameters);
+        let s = self.script();
+        if !s.group_snapshots {
+            return Err(Status::unimplemented("unknown service csi.v1.GroupController"));
+        }
+        if let Some((code, msg)) = s.create_group_snapshot_error {
+            return Err(Status::new(code, msg));
+        }
+        check_secret(&s, &req.secrets)?;
+        let (id, members) = self
+            .groups
+            .lock()
+            .expect("groups")
+            .entry(req.name.clone())
+            .or_insert_with(|| {
+                let members = req
+                    .source_volume_ids
+                    .iter()
+                    .map(|v| (format!("fault-gsnap-{}-{v}", req.name), v.clone()))
+                    .collect();
+                (format!("fault-group-{}", req.name), members)
+            })
+            .clone();
+        Ok(Response::new(csi::CreateVolumeGroupSnapshotResponse { group_snapshot: Some(self.group(&id, &members)) }))
+    }
+
+    async fn delete_volume_group_snapshot(
+        &self,
+        req: Request<csi::DeleteVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteVolumeGroupSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        let no = Default::default();
+        self.log_group_call(GroupMethod::Delete, &req.group_snapshot_id, &req.snapshot_ids, &req.secrets, &no);
+        let s = self.script();
+        if !s.group_snapshots {
+            return Err(Status::unimplemented("unknown service csi.v1.GroupController"));
+        }
+        check_secret(&s, &req.secrets)?;
+        self.groups.lock().expect("groups").retain(|_, (id, _)| *id != req.group_snapshot_id);
+        Ok(Response::new(csi::DeleteVolumeGroupSnapshotResponse {}))
+    }
+
+    async fn get_volume_group_snapshot(
+        &self,
+        req: Request<csi::GetVolumeGroupSnapshotRequest>,
+    ) -> Result<Response<csi::GetVolumeGroupSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        let no = Default::default();
+        self.log_group_call(GroupMethod::Get, &req.group_snapshot_id, &req.snapshot_ids, &req.secrets, &no);
+        if !self.script().group_snapshots {
+            return Err(Status::unimplemented("unknown service csi.v1.GroupController"));
+        }
+        let found = self.groups.lock().expect("groups").values().find(|(id, _)| *id == req.group_snapshot_id).cloned();
+        match found {
+            Some((id, members)) => Ok(Response::new(csi::GetVolumeGroupSnapshotResponse {
+                group_snapshot: Some(self.group(&id, &members)),
+            })),
+            None => Err(Status::not_found(format!("no group snapshot {}", req.group_snapshot_id))),
+        }
+    }
+}
+
+impl Service {
+    fn log_group_call(
+        &self,
+        method: GroupMethod,
+        target: &str,
+        ids: &[String],
+        secrets: &std::collections::HashMap<String, String>,
+        parameters: &std::collections::HashMap<String, String>,
+    ) {
+        self.group_log.lock().expect("group log").push(GroupCall {
+            method,
+            target: target.to_string(),
+            ids: ids.to_vec(),
+            secrets: secrets.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            parameters: parameters.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        });
+    }
+
+    fn group(&self, id: &str, members: &[(String, String)]) -> csi::VolumeGroupSnapshot {
+        csi::VolumeGroupSnapshot {
+            group_snapshot_id: id.to_string(),
+            snapshots: members
+                .iter()
+                .map(|(sid, vol)| csi::Snapshot { group_snapshot_id: id.to_string(), ..self.snapshot(sid, vol, true) })
+                .collect(),
+            creation_time: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
+            ready_to_use: true,
+        }
+    }
+}
+
 fn check_secret(s: &Script, secrets: &std::collections::HashMap<String, String>) -> Result<(), Status> {
     match &s.required_secret {
         Some((k, v)) if secrets.get(k) != Some(v) => {
@@ -802,6 +968,9 @@ pub struct FaultDriver {
     /// The snapshots that exist in the backend.
     pub snapshots: Snapshots,
     snapshot_log: Arc<Mutex<Vec<SnapshotCall>>>,
+    /// The group snapshots that exist in the backend.
+    pub groups: Groups,
+    group_log: Arc<Mutex<Vec<GroupCall>>>,
     stop: CancellationToken,
 }
 
@@ -840,7 +1009,11 @@ impl FaultDriver {
         let modify_log: ModifyLog = Arc::default();
         let snapshots: Snapshots = Arc::default();
         let snapshot_log: Arc<Mutex<Vec<SnapshotCall>>> = Arc::default();
+        let groups: Groups = Arc::default();
+        let group_log: Arc<Mutex<Vec<GroupCall>>> = Arc::default();
         let svc = Service {
+            groups: groups.clone(),
+            group_log: group_log.clone(),
             snapshots: snapshots.clone(),
             snapshot_log: snapshot_log.clone(),
             modify_log: modify_log.clone(),
@@ -862,6 +1035,7 @@ impl FaultDriver {
                 Transport::Grpc => {
                     let _ = tonic::transport::Server::builder()
                         .add_service(IdentityServer::new(svc.clone()))
+                        .add_service(GroupControllerServer::new(svc.clone()))
                         .add_service(ControllerServer::new(svc))
                         .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
                         .await;
@@ -895,6 +1069,8 @@ impl FaultDriver {
             modify_log,
             snapshots,
             snapshot_log,
+            groups,
+            group_log,
             stop,
         }
     }
@@ -944,6 +1120,16 @@ impl FaultDriver {
     /// The snapshot calls of `method` so far.
     pub fn snapshot_calls_of(&self, method: SnapshotMethod) -> Vec<SnapshotCall> {
         self.snapshot_calls().into_iter().filter(|c| c.method == method).collect()
+    }
+
+    /// The group snapshot calls so far (with their secrets), in arrival order.
+    pub fn group_calls(&self) -> Vec<GroupCall> {
+        self.group_log.lock().expect("group log").clone()
+    }
+
+    /// The group calls of `method` so far.
+    pub fn group_calls_of(&self, method: GroupMethod) -> Vec<GroupCall> {
+        self.group_calls().into_iter().filter(|c| c.method == method).collect()
     }
 
     /// The ControllerExpandVolume calls so far, in arrival order.

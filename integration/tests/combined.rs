@@ -327,7 +327,15 @@ async fn provisioner_attacher_resizer_and_snapshotter_watch_each_kind_once() {
     synced(&combined, 4).await;
     // The snapshotter's contents and classes; the provisioner's snapshots
     // (its restore finalizer sweep) and its reads of contents share them.
-    let extra = ["volumesnapshotcontents", "volumesnapshotclasses", "volumesnapshots"];
+    // With group snapshots (gate on by default, CRDs installed): one watch
+    // on each group kind the snapshotter reads.
+    let extra = [
+        "volumesnapshotcontents",
+        "volumesnapshotclasses",
+        "volumesnapshots",
+        "volumegroupsnapshotcontents",
+        "volumegroupsnapshotclasses",
+    ];
     let now = wait_until("every watch open", Duration::from_secs(30), async || {
         let now = watches(&client).await;
         (RESOURCES.iter().chain(extra.iter()).all(|r| delta(&now, &base, r) >= 1), now)

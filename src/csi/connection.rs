@@ -28,7 +28,8 @@ use super::{
     address::{AddressError, CsiAddress},
     driver::{DriverInfo, validate_plugin_info},
     proto::csi::v1::{
-        self as csi, controller_client::ControllerClient, identity_client::IdentityClient, plugin_capability,
+        self as csi, controller_client::ControllerClient, group_controller_client::GroupControllerClient,
+        identity_client::IdentityClient, plugin_capability,
     },
     redact::{Redact, redacted_debug},
 };
@@ -55,6 +56,14 @@ pub mod method {
     pub const DELETE_SNAPSHOT: &str = "/csi.v1.Controller/DeleteSnapshot";
     /// Controller/ListSnapshots.
     pub const LIST_SNAPSHOTS: &str = "/csi.v1.Controller/ListSnapshots";
+    /// GroupController/GroupControllerGetCapabilities.
+    pub const GROUP_CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.GroupController/GroupControllerGetCapabilities";
+    /// GroupController/CreateVolumeGroupSnapshot.
+    pub const CREATE_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/CreateVolumeGroupSnapshot";
+    /// GroupController/DeleteVolumeGroupSnapshot.
+    pub const DELETE_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/DeleteVolumeGroupSnapshot";
+    /// GroupController/GetVolumeGroupSnapshot.
+    pub const GET_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/GetVolumeGroupSnapshot";
 }
 
 /// `text` cut to `max` characters (none when `max` < 0), saying how much was cut.
@@ -288,6 +297,56 @@ impl Connection {
     ) -> Result<csi::ListSnapshotsResponse, Status> {
         self.call(method::LIST_SNAPSHOTS, timeout, req, |ch, r| async move {
             ControllerClient::new(ch).list_snapshots(r).await
+        })
+        .await
+    }
+
+    /// `GroupController/GroupControllerGetCapabilities`.
+    pub async fn group_controller_get_capabilities(
+        &self,
+        timeout: Duration,
+    ) -> Result<csi::GroupControllerGetCapabilitiesResponse, Status> {
+        self.call(
+            method::GROUP_CONTROLLER_GET_CAPABILITIES,
+            timeout,
+            csi::GroupControllerGetCapabilitiesRequest {},
+            |ch, r| async move { GroupControllerClient::new(ch).group_controller_get_capabilities(r).await },
+        )
+        .await
+    }
+
+    /// `GroupController/CreateVolumeGroupSnapshot`.
+    pub async fn create_volume_group_snapshot(
+        &self,
+        timeout: Duration,
+        req: csi::CreateVolumeGroupSnapshotRequest,
+    ) -> Result<csi::CreateVolumeGroupSnapshotResponse, Status> {
+        self.call(method::CREATE_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
+            GroupControllerClient::new(ch).create_volume_group_snapshot(r).await
+        })
+        .await
+    }
+
+    /// `GroupController/DeleteVolumeGroupSnapshot`.
+    pub async fn delete_volume_group_snapshot(
+        &self,
+        timeout: Duration,
+        req: csi::DeleteVolumeGroupSnapshotRequest,
+    ) -> Result<csi::DeleteVolumeGroupSnapshotResponse, Status> {
+        self.call(method::DELETE_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
+            GroupControllerClient::new(ch).delete_volume_group_snapshot(r).await
+        })
+        .await
+    }
+
+    /// `GroupController/GetVolumeGroupSnapshot`.
+    pub async fn get_volume_group_snapshot(
+        &self,
+        timeout: Duration,
+        req: csi::GetVolumeGroupSnapshotRequest,
+    ) -> Result<csi::GetVolumeGroupSnapshotResponse, Status> {
+        self.call(method::GET_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
+            GroupControllerClient::new(ch).get_volume_group_snapshot(r).await
         })
         .await
     }

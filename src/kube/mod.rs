@@ -7,6 +7,7 @@ pub mod cached;
 pub mod client;
 pub mod events;
 pub mod finalizers;
+pub mod group_snapshot_api;
 pub mod informers;
 pub mod leader;
 pub mod quantity;

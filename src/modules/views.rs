@@ -8,6 +8,7 @@ use crate::{
     compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
     kube::{
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
+        group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
         informers::{Informer, Informers},
         snapshot_api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent},
     },
@@ -109,4 +110,17 @@ pub fn provisioner_protected_snapshots(informers: &Informers) -> Informer<Volume
 /// annotation before the scheduler picks a node. A claim that binds leaves.
 pub fn claims_waiting_for_sources(informers: &Informers, with_source: fn(&CachedPvc) -> bool) -> Informer<CachedPvc> {
     informers.view("waiting-for-source", move |c: &CachedPvc| with_source(c))
+}
+
+/// VolumeGroupSnapshotContents of the driver (`spec.driver`), for the
+/// snapshotter's group snapshots. Ask for it only when the group snapshot
+/// API is installed ([`crate::kube::group_snapshot_api::installed`]).
+pub fn driver_group_snapshot_contents(informers: &Informers, driver: &str) -> Informer<VolumeGroupSnapshotContent> {
+    let d = driver.to_string();
+    informers.view(&format!("driver={driver}"), move |c: &VolumeGroupSnapshotContent| c.spec.driver == d)
+}
+
+/// Every VolumeGroupSnapshotClass (a cluster has a handful).
+pub fn group_snapshot_classes(informers: &Informers) -> Informer<VolumeGroupSnapshotClass> {
+    informers.get::<VolumeGroupSnapshotClass>()
 }

@@ -51,13 +51,13 @@ pub struct SnapshotterFlags {
     /// run next to the driver on each node: only contents labelled managed-by=$NODE_NAME (default false)
     #[argh(switch)]
     pub node_deployment: bool,
-    /// prefix of group snapshot names (group snapshots are not implemented yet) (default "groupsnapshot")
+    /// prefix of the group snapshot name sent to CreateVolumeGroupSnapshot (default "groupsnapshot")
     #[argh(option, default = "String::from(\"groupsnapshot\")")]
     pub groupsnapshot_name_prefix: String,
-    /// UID characters in group snapshot names (not implemented yet) (default -1)
+    /// characters of the VolumeGroupSnapshot UID (dashes removed) in the group snapshot name; -1: the whole UID (default -1)
     #[argh(option, default = "-1")]
     pub groupsnapshot_name_uuid_length: i64,
-    /// feature gates k=v: CSIVolumeGroupSnapshot (accepted, no effect yet), ReleaseLeaderElectionOnExit
+    /// feature gates k=v: CSIVolumeGroupSnapshot (default true: group snapshots when the group CRDs are installed), ReleaseLeaderElectionOnExit
     #[argh(option, default = "String::new()")]
     pub feature_gates: String,
 }
@@ -71,8 +71,8 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[("CSIVolumeGroupSnapshot", true), (
 /// The feature gates in effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gates {
-    /// `CSIVolumeGroupSnapshot` (accepted; group snapshots are not
-    /// implemented yet, so it has no effect).
+    /// `CSIVolumeGroupSnapshot`: VolumeGroupSnapshotContents are served
+    /// (when the group snapshot CRDs are installed).
     pub volume_group_snapshot: bool,
     /// `ReleaseLeaderElectionOnExit` (csi-sidecar always releases; accepted).
     pub release_leader_election_on_exit: bool,

@@ -285,19 +285,53 @@ pub fn list_secret_ref(
     params: Option<&BTreeMap<String, String>>,
     content: &str,
 ) -> Result<Option<(String, String)>, String> {
+    let keys = SecretKeys {
+        label: "SnapshotterList",
+        name: up::PARAM_LIST_SECRET_NAME,
+        namespace: up::PARAM_LIST_SECRET_NAMESPACE,
+        token: up::TOKEN_CONTENT_NAME,
+    };
+    class_secret_ref(params, &keys, content)
+}
+
+/// The class parameters naming one secret, and the template token of the
+/// object's name (upstream's `secretParamsMap`).
+pub struct SecretKeys {
+    /// Upstream's name of the secret in its error texts.
+    pub label: &'static str,
+    /// The name template's key.
+    pub name: &'static str,
+    /// The namespace template's key.
+    pub namespace: &'static str,
+    /// The one token the templates may use: the (group) content's name.
+    pub token: &'static str,
+}
+
+/// A secret named by class parameters `keys` (both or neither), whose
+/// templates may use only `${<token>}` (= `object`). Err: upstream's text.
+pub fn class_secret_ref(
+    params: Option<&BTreeMap<String, String>>,
+    keys: &SecretKeys,
+    object: &str,
+) -> Result<Option<(String, String)>, String> {
     let get = |k: &str| params.and_then(|p| p.get(k));
-    let (name_t, ns_t) = match (get(up::PARAM_LIST_SECRET_NAME), get(up::PARAM_LIST_SECRET_NAMESPACE)) {
+    let label = keys.label;
+    let (name_t, ns_t) = match (get(keys.name), get(keys.namespace)) {
         (None, None) => return Ok(None),
         (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
         (Some(_), Some(_)) => {
-            return Err("failed to get name and namespace template from params: SnapshotterList secrets specified in parameters but value of either namespace or name is empty".into());
+            return Err(format!(
+                "failed to get name and namespace template from params: {label} secrets specified in parameters but value of either namespace or name is empty"
+            ));
         }
         _ => {
-            return Err("failed to get name and namespace template from params: either name and namespace for SnapshotterList secrets specified, Both must be specified".into());
+            return Err(format!(
+                "failed to get name and namespace template from params: either name and namespace for {label} secrets specified, Both must be specified"
+            ));
         }
     };
     let resolve = |t: &str| {
-        expand(t, |k| (k == up::TOKEN_CONTENT_NAME).then(|| content.to_string())).map_err(|missing| {
+        expand(t, |k| (k == keys.token).then(|| object.to_string())).map_err(|missing| {
             let list = missing.iter().map(|m| go_quote(m)).collect::<Vec<_>>().join(" ");
             format!("error resolving value {}: invalid tokens: [{list}]", go_quote(t))
         })
@@ -321,15 +355,10 @@ pub fn list_secret_ref(
     Ok(Some((name, ns)))
 }
 
-/// The class parameters CreateSnapshot gets: the eight reserved secret
-/// keys dropped, any other `csi.storage.k8s.io/` key refused; with
-/// `--extra-create-metadata` the snapshot's name and namespace and the
-/// content's name added.
-pub fn create_parameters(
-    c: &VolumeSnapshotContent,
-    class_params: Option<&BTreeMap<String, String>>,
-    extra_metadata: bool,
-) -> Result<HashMap<String, String>, SnapError> {
+/// Class parameters without the eight reserved secret keys (upstream's
+/// `RemovePrefixedParameters`); any other `csi.storage.k8s.io/` key is an
+/// error.
+pub fn strip_reserved(class_params: Option<&BTreeMap<String, String>>) -> Result<HashMap<String, String>, SnapError> {
     let mut out = HashMap::new();
     for (k, v) in class_params.into_iter().flatten() {
         if k.starts_with(up::PARAM_PREFIX) {
@@ -340,6 +369,19 @@ pub fn create_parameters(
             out.insert(k.clone(), v.clone());
         }
     }
+    Ok(out)
+}
+
+/// The class parameters CreateSnapshot gets: the eight reserved secret
+/// keys dropped, any other `csi.storage.k8s.io/` key refused; with
+/// `--extra-create-metadata` the snapshot's name and namespace and the
+/// content's name added.
+pub fn create_parameters(
+    c: &VolumeSnapshotContent,
+    class_params: Option<&BTreeMap<String, String>>,
+    extra_metadata: bool,
+) -> Result<HashMap<String, String>, SnapError> {
+    let mut out = strip_reserved(class_params)?;
     if extra_metadata {
         let r = &c.spec.volume_snapshot_ref;
         out.insert(up::PARAM_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());

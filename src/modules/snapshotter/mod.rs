@@ -10,12 +10,15 @@
 //! the shared connection, JSON patches, events, and the Lease
 //! `external-snapshotter-leader-<driver>`.
 //!
-//! Group snapshots are not implemented yet: `--feature-gates
-//! CSIVolumeGroupSnapshot` and the `--groupsnapshot-*` flags are accepted
-//! and have no effect (logged at start).
+//! With the `CSIVolumeGroupSnapshot` gate (default on) and the group
+//! snapshot API installed, [`group`] serves the driver's
+//! VolumeGroupSnapshotContents too, on its own queue
+//! `csi-snapshotter-groupsnapshotcontent` under the same Lease.
 
 pub mod config;
 pub mod decide;
+mod group;
+pub mod group_decide;
 
 use std::{
     collections::HashMap,
@@ -61,7 +64,7 @@ const CRD_RETRY: Duration = Duration::from_secs(5);
 /// its own store for the same reason).
 type Written = Arc<Mutex<HashMap<String, Arc<VolumeSnapshotContent>>>>;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -463,6 +466,43 @@ async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
     }
 }
 
+/// Whether group snapshots are served in this run (the gate is on): the
+/// group API must be installed (else they are off for this run, with a
+/// warning, as upstream); then the driver's GroupController capability is
+/// asked for, and its absence is only a warning (upstream's behaviour:
+/// group contents then fail at the driver and get its error).
+async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Duration) -> bool {
+    match crate::kube::group_snapshot_api::installed(client).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(
+                "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run. Install the VolumeGroupSnapshot CRDs to use this feature"
+            );
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run");
+            return false;
+        }
+    }
+    use csi::group_controller_service_capability::{Type, rpc::Type as GroupRpc};
+    match csi.group_controller_get_capabilities(timeout).await {
+        Ok(r) => {
+            let can = r.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32)
+            });
+            if !can {
+                tracing::warn!("{}", up::text_no_group_capability(driver));
+            }
+        }
+        Err(s) => tracing::error!(
+            error = %compat::grpc_error_text(&s),
+            "error determining if driver supports create/delete group snapshot operations"
+        ),
+    }
+    true
+}
+
 /// Runs the snapshotter until shutdown (or until its Lease is lost).
 pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
@@ -486,13 +526,12 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
         return Err(fatal(up::text_no_create_capability(&driver.name)));
     }
-    if gates.volume_group_snapshot {
-        tracing::info!(
-            "Feature gate CSIVolumeGroupSnapshot is on, but csi-sidecar does not implement group snapshots yet: it has no effect"
-        );
-    }
     if !wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
+    }
+    let groups = gates.volume_group_snapshot && group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
+    if groups && cfg.groupsnapshot_name_prefix.is_empty() {
+        return Err(config(up::TEXT_EMPTY_GROUP_PREFIX.into()));
     }
     let informers = &kube.informers;
     let content_inf = match &node {
@@ -505,7 +544,13 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         }
     };
     let class_inf = crate::modules::views::snapshot_classes(informers);
-    tracing::info!(driver = %driver.name, node = ?node, ?gates, "Snapshotter starting");
+    let group_infs = groups.then(|| {
+        (
+            crate::modules::views::driver_group_snapshot_contents(informers, &driver.name),
+            crate::modules::views::group_snapshot_classes(informers),
+        )
+    });
+    tracing::info!(driver = %driver.name, node = ?node, ?gates, group_snapshots = groups, "Snapshotter starting");
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff);
@@ -524,8 +569,44 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
             }
         });
     }
+    // Created only with group snapshots: its metrics exist only then, as upstream's.
+    let group_queue: Option<WorkQueue<String>> =
+        group_infs.as_ref().map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff));
+    let group_written: group::Written = Arc::default();
+    if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
+        let (q, written) = (group_queue.clone(), group_written.clone());
+        inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
+            let name = c.object().metadata.name.clone().unwrap_or_default();
+            match c {
+                Change::Deleted(_) => {
+                    q.forget(&name);
+                    lock(&written).remove(&name);
+                }
+                Change::Updated { old, new } if !group_decide::should_enqueue(old, new) => {}
+                _ => q.add(name),
+            }
+        });
+    }
     informers.start(&ctx.shutdown);
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
+    let events = Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown);
+    let group = group_infs.as_ref().map(|(contents, classes)| {
+        Arc::new(group::GroupSnapshotter {
+            cfg: cfg.clone(),
+            naming: Naming {
+                prefix: cfg.groupsnapshot_name_prefix.clone(),
+                uuid_length: cfg.groupsnapshot_name_uuid_length,
+                extra_metadata: cfg.extra_create_metadata,
+            },
+            driver: driver.name.clone(),
+            csi: ctx.csi.clone(),
+            client: kube.client.clone(),
+            events: events.clone(),
+            contents: contents.store(),
+            classes: classes.store(),
+            written: group_written,
+        })
+    });
     let s = Arc::new(Snapshotter {
         naming: Naming {
             prefix: cfg.snapshot_name_prefix.clone(),
@@ -534,7 +615,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         },
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown),
+        events,
         contents: content_inf.store(),
         classes: class_inf.store(),
         written,
@@ -542,19 +623,33 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         cfg,
     });
     let work = move |token: CancellationToken| async move {
-        let synced = async { tokio::join!(content_inf.synced(), class_inf.synced()) };
+        let synced = async {
+            tokio::join!(content_inf.synced(), class_inf.synced());
+            if let Some((contents, classes)) = &group_infs {
+                tokio::join!(contents.synced(), classes.synced());
+            }
+        };
         if token.run_until_cancelled(synced).await.is_none() {
             return;
         }
         tracing::info!("Caches synced; snapshotting");
         let workers = s.cfg.worker_threads;
-        queue
-            .run(workers, token, move |name| {
-                let s = s.clone();
-                let span = tracing::info_span!("content", name = %name);
-                async move { s.sync(name).await }.instrument(span)
-            })
-            .await
+        let contents = queue.run(workers, token.clone(), move |name| {
+            let s = s.clone();
+            let span = tracing::info_span!("content", name = %name);
+            async move { s.sync(name).await }.instrument(span)
+        });
+        let groups = async move {
+            let (Some(g), Some(group_queue)) = (group, group_queue) else { return };
+            group_queue
+                .run(workers, token, move |name| {
+                    let g = g.clone();
+                    let span = tracing::info_span!("groupcontent", name = %name);
+                    async move { g.sync(name).await }.instrument(span)
+                })
+                .await
+        };
+        tokio::join!(contents, groups);
     };
     crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }
