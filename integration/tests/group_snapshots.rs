@@ -174,7 +174,13 @@ async fn a_group_of_three_claims_is_snapshotted_once_and_deleted_once() {
     );
 
     // The group content's status, with the member list snapshot-controller reads.
-    let c = wait_for(&env.contents, &content, T, group_ready).await;
+    // Ready is written first, then the being-created annotation goes (as
+    // upstream): wait for both.
+    let being_created = "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created";
+    let c = wait_for(&env.contents, &content, T, |c| {
+        group_ready(c) && !c.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(being_created))
+    })
+    .await;
     assert!(c.data["status"]["creationTime"].is_string(), "RFC 3339, not nanoseconds: {c:?}");
     let group_id = format!("fault-group-groupsnapshot-{uid}");
     assert_eq!(c.data["status"]["volumeGroupSnapshotHandle"], group_id.as_str(), "{c:?}");
@@ -188,11 +194,6 @@ async fn a_group_of_three_claims_is_snapshotted_once_and_deleted_once() {
         assert_eq!(m["creationTime"].as_i64(), Some(1_700_000_000_123_456_789), "the member's time in nanoseconds");
         member_ids.insert(m["snapshotHandle"].as_str().unwrap_or_default().to_string());
     }
-    let annotations = c.metadata.annotations.clone().unwrap_or_default();
-    assert!(
-        !annotations.contains_key("groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created"),
-        "{c:?}"
-    );
 
     // The member VolumeSnapshots and contents (snapshot-controller's), ready
     // with the driver's handles.

@@ -40,7 +40,7 @@ pub struct AttacherFlags {
     /// period of the ListVolumes reconciler (default 1m)
     #[argh(option, default = "secs(60)", from_str_fn(duration))]
     pub reconcile_sync: Duration,
-    /// cap on the logged gRPC response length; -1 means no cap (default -1)
+    /// cap on the logged gRPC response length (-v=5); -1 means no cap (default -1); one connection per process: it caps every module's responses
     #[argh(option, default = "-1")]
     pub max_grpc_log_length: i64,
     /// feature gates k=v: MutableCSINodeAllocatableCount, ReleaseLeaderElectionOnExit
