@@ -256,7 +256,10 @@ impl Snapshotter {
         if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
             content = match self.patch(&name, decide::being_created_patch(&content)).await {
                 Ok(c) => c,
-                Err(e) => return Err((content, SnapError::AddAnnotation { content: name, error: e.to_string() })),
+                Err(e) => {
+                    let error = crate::kube::error_text(&e);
+                    return Err((content, SnapError::AddAnnotation { content: name, error }));
+                }
             };
             fresh = true;
         }
@@ -271,7 +274,8 @@ impl Snapshotter {
                         Ok(c) => content = c,
                         Err(e) => {
                             let error = format!(
-                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {e}"
+                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {}",
+                                crate::kube::error_text(&e)
                             );
                             return Err((content, SnapError::Take { volume, error }));
                         }
@@ -290,7 +294,7 @@ impl Snapshotter {
         let content = self.write_status(&name, content, &observed, fresh).await?;
         match self.patch(&name, decide::remove_being_created_patch()).await {
             Ok(c) => Ok(c),
-            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: e.to_string() })),
+            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: crate::kube::error_text(&e) })),
         }
     }
 
@@ -305,7 +309,8 @@ impl Snapshotter {
         observed: &Observed,
         fresh: bool,
     ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
-        let err = |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: e.to_string() };
+        let err =
+            |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: crate::kube::error_text(&e) };
         let fresh = if fresh {
             content
         } else {
@@ -525,7 +530,6 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         });
     }
     informers.start(&ctx.shutdown);
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
     let s = Arc::new(Snapshotter {
         naming: Naming {
             prefix: cfg.snapshot_name_prefix.clone(),
@@ -534,7 +538,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         },
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown),
+        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown),
         contents: content_inf.store(),
         classes: class_inf.store(),
         written,
