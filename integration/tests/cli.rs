@@ -126,9 +126,10 @@ async fn the_kep_4958_command_line_runs_the_same_modules() {
         ],
         dir.path(),
     );
-    wait_until("/healthz ok from the KEP-form process", Duration::from_secs(30), async || {
+    let (reply, _) = wait_until("/healthz ok from the KEP-form process", Duration::from_secs(30), async || {
         let r = get(&addr, "/healthz").await;
         (matches!(&r, Ok(r) if r.status == 200 && r.body == "ok"), (r, node.logs()))
     })
     .await;
+    assert_eq!(reply.map(|r| r.status), Ok(200));
 }

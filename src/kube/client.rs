@@ -343,7 +343,8 @@ mod tests {
 
     #[test]
     fn the_budget_is_client_gos() {
-        let cases: &[(f64, u32, Option<(f64, u32)>)] = &[
+        type Budget = Option<(f64, u32)>;
+        let cases: &[(f64, u32, Budget)] = &[
             (5.0, 10, Some((5.0, 10))),
             (0.0, 10, Some((5.0, 10))),  // QPS 0: client-go's default 5, not unlimited
             (0.0, 0, Some((5.0, 10))),   // both defaults
