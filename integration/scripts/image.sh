@@ -40,6 +40,7 @@ done
 
 ((EUID == 0)) || die "needs root (chroot and unpacking the image's ownership)"
 command -v umoci >/dev/null || die "umoci is not installed (apt-get install -y umoci)"
+command -v readelf >/dev/null || die "readelf (binutils) is not installed"
 DOCKERFILE=manifests/Dockerfile
 PROFILE=${CSI_SIDECAR_IMAGE_PROFILE:-release}
 
@@ -54,6 +55,7 @@ trap cleanup EXIT
 # --- the binary ---------------------------------------------------------------
 if [[ -n ${CSI_SIDECAR_IMAGE_BINARY:-} ]]; then
 	BIN=$CSI_SIDECAR_IMAGE_BINARY
+	PROFILE=given
 else
 	case $PROFILE in
 	release) cargo build --release --locked -p csi-sidecar --bin csi-sidecar >&2 && BIN=target/release/csi-sidecar ;;
