@@ -191,7 +191,10 @@ for _ in $(seq 100); do [[ -S $RFS/csi/csi.sock ]] && break; sleep 0.1; done
 [[ -S $RFS/csi/csi.sock ]] || die "the CSI mock driver did not create its socket: $(cat "$WORK/driver.log")"
 chmod 0666 "$RFS/csi/csi.sock"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 19808)
-run /livenessprobe --csi-address=/csi/csi.sock --http-endpoint="127.0.0.1:$port" >"$WORK/probe.log" 2>&1 &
+# chroot itself in the background (not the run function's subshell), so
+# that $! is the process (chroot execs it) and the cleanup stops it.
+chroot --userspec=65532:65532 "$RFS" /livenessprobe --csi-address=/csi/csi.sock --http-endpoint="127.0.0.1:$port" \
+	>"$WORK/probe.log" 2>&1 &
 PIDS+=($!)
 healthz() {
 	exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
