@@ -246,8 +246,15 @@ pub mod provisioner {
     pub const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
     /// `spec.csi.volumeAttributes` key with the provisioner identity.
     pub const IDENTITY_KEY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
-    /// Event source component.
+    /// Event source component of the provisioner's own events (the
+    /// external-populator notice).
     pub const EVENT_COMPONENT: &str = "external-provisioner";
+    /// Event source component of the provisioning library's events
+    /// (`Provisioning`, `ProvisioningSucceeded`, `ProvisioningFailed`,
+    /// `VolumeFailedDelete`, ...): `<driver>_<host>_<uuid>`.
+    pub fn library_event_component(driver: &str, host: &str, uuid: &str) -> String {
+        format!("{driver}_{host}_{uuid}")
+    }
     /// Event reasons.
     pub const REASON_PROVISIONING: &str = "Provisioning";
     /// See [`REASON_PROVISIONING`].

@@ -63,6 +63,20 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// A module's view of the shared services: its Kubernetes clients send its
+/// upstream program name (`csi-attacher`, ...) as `User-Agent`, which the
+/// apiserver records as the field manager of its writes.
+fn module_context(ctx: &ModuleContext, name: &str) -> Result<ModuleContext, crate::kube::client::ClientError> {
+    let mut ctx = ctx.clone();
+    let program = crate::modules::lookup(name).and_then(|d| d.binary_names.first().copied()).unwrap_or(name);
+    if let Some(kube) = ctx.kube.as_mut() {
+        let agent = crate::kube::client::user_agent(program);
+        kube.client = crate::kube::client::with_user_agent(&kube.client, &agent)?;
+        kube.leader_client = crate::kube::client::with_user_agent(&kube.leader_client, &agent)?;
+    }
+    Ok(ctx)
+}
+
 /// Runs the invocation until shutdown or a fatal module error.
 ///
 /// Policy: a module that fails fatally stops the whole process with status
@@ -96,7 +110,9 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let grace = shutdown_grace(inv.modules.iter().map(ModuleConfig::discovery_timeout));
     let discovery_timeout =
         inv.modules.iter().map(ModuleConfig::discovery_timeout).max().unwrap_or(Duration::from_secs(1));
-    let mut driver_watch = tokio::spawn(csi.clone().maintain(discovery_timeout, shutdown.clone()));
+    // The controller modules wait for a ready driver, as upstream's do.
+    let probe = inv.modules.iter().any(ModuleConfig::needs_kube);
+    let mut driver_watch = tokio::spawn(csi.clone().maintain_with(discovery_timeout, probe, shutdown.clone()));
     {
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -127,7 +143,8 @@ pub async fn run(inv: Invocation) -> ExitCode {
 
     let kube = if inv.modules.iter().any(ModuleConfig::needs_kube) {
         let master = inv.modules.iter().find_map(ModuleConfig::master);
-        match KubeContext::connect(&inv.shared, master).await {
+        let provisioner = inv.modules.iter().any(|m| matches!(m, ModuleConfig::Provisioner(_)));
+        match KubeContext::connect_with(&inv.shared, master, provisioner).await {
             Ok(k) => Some(k),
             Err(e) => return fail(e),
         }
@@ -138,7 +155,10 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();
-        let ctx = ctx.clone();
+        let ctx = match module_context(&ctx, name) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
         modules.spawn(async move { (name, m.run(ctx).await) });
     }
 

@@ -5,7 +5,7 @@
 #      the image's symlink tree (the SYMLINKS line of the Dockerfile) rebuilt
 #      in a temp dir around the csi-sidecar binary, each name run with --help
 #      and checked to select the right module; the binary's shared-library
-#      needs are all in distroless/cc.
+#      needs are all in the Dockerfile's runtime stage (image.sh builds and runs it).
 #   2. Helm chart: `helm lint --strict` and `helm template` with the default
 #      values and every manifests/helm/csi-sidecar/ci/*-values.yaml; values
 #      the schema or the templates must refuse are refused.
@@ -133,6 +133,7 @@ module_for() {
 	csi-snapshotter | snapshotter) echo snapshotter ;;
 	csi-node-driver-registrar | node-driver-registrar | registrar) echo registrar ;;
 	livenessprobe | prober) echo prober ;;
+	csi-sidecars) echo kep-4958 ;;
 	*) return 1 ;;
 	esac
 }
@@ -152,7 +153,9 @@ for name in "${LINKS[@]}"; do
 	text=$(cd "$TREE" && "./$name" --help 2>&1)
 	code=$?
 	set -e
-	if ((code == 0)) && grep -q "^$module: " <<<"$text"; then
+	if [[ $module == kep-4958 ]] && ((code == 0)) && grep -q "KEP-4958" <<<"$text"; then
+		log "/$name --help -> the KEP-4958 command line"
+	elif ((code == 0)) && grep -q "^$module: " <<<"$text"; then
 		log "/$name --help -> $module"
 	elif [[ $code -ne 0 ]] && grep -q "module $module (replaces " <<<"$text"; then
 		# A module that is listed but not built yet (the attacher) refuses
@@ -165,16 +168,16 @@ $text"
 done
 
 step "Dockerfile: runtime libraries"
-# distroless/cc (Debian 12) provides glibc (libc, libm, libdl, libpthread, librt, ld-linux) and libgcc_s.
+# The runtime stage (FROM scratch) copies ld-linux, libc, libm and libgcc_s from Debian 12.
 if command -v readelf >/dev/null; then
 	mapfile -t NEEDED < <(readelf -d "$SIDECAR" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
 	for lib in "${NEEDED[@]}"; do
 		case $lib in
-		libc.so.6 | libm.so.6 | libdl.so.2 | libpthread.so.0 | librt.so.1 | libgcc_s.so.1 | ld-linux-*.so.*) ;;
-		*) die "csi-sidecar needs $lib, which distroless/cc does not have" ;;
+		libc.so.6 | libm.so.6 | libgcc_s.so.1 | ld-linux-*.so.*) ;;
+		*) die "csi-sidecar needs $lib, which the Dockerfile's runtime stage does not copy" ;;
 		esac
 	done
-	log "NEEDED: ${NEEDED[*]} (all in distroless/cc)"
+	log "NEEDED: ${NEEDED[*]} (all in the runtime stage)"
 else
 	log "readelf not found: runtime library check skipped"
 fi

@@ -102,3 +102,49 @@ fn a_metrics_path_the_router_cannot_serve_exits_2_naming_the_flag() {
         assert!(err.contains("--metrics-path") && err.contains(why) && !err.contains("panicked"), "{flag}: {err}");
     }
 }
+
+/// KEP-4958's command line (`csi-sidecars --controllers=...`, prefixed
+/// per-controller flags): usage errors as every other form, and a node
+/// process in that form serving the real CSI driver's health.
+#[tokio::test]
+async fn the_kep_4958_command_line_runs_the_same_modules() {
+    use csi_sidecar_integration::{component_bin, free_port, http::get, process::Proc, wait_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let aio = symlinked_bin(dir.path(), "csi-sidecars");
+    let (code, out, err) = run_to_end(&aio, &["--help"], T);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("--controllers") && out.contains("node-driver-registrar"), "{out}");
+    let (code, _, err) = run_to_end(&aio, &["--controllers=attacher,nope"], T);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown controller \"nope\""), "{err}");
+    let (code, _, err) = run_to_end(&aio, &["--controllers=livenessprobe", "--livenessprobe-probe-timeout=soon"], T);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("prober") && err.contains("soon"), "{err}");
+
+    let socket = dir.path().join("csi.sock");
+    let _driver = Proc::spawn(
+        "csi-mock-driver",
+        &component_bin("csi-mock-driver"),
+        &[format!("--endpoint=unix://{}", socket.display()), "--name=kep.csi.example.com".into()],
+        dir.path(),
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let node = Proc::spawn(
+        "csi-sidecars",
+        &aio,
+        &[
+            format!("--csi-address=unix://{}", socket.display()),
+            "--controllers=livenessprobe".into(),
+            format!("--http-endpoint={addr}"),
+            "--livenessprobe-probe-timeout=2s".into(),
+            "-v=2".into(),
+        ],
+        dir.path(),
+    );
+    let (reply, _) = wait_until("/healthz ok from the KEP-form process", Duration::from_secs(30), async || {
+        let r = get(&addr, "/healthz").await;
+        (matches!(&r, Ok(r) if r.status == 200 && r.body == "ok"), (r, node.logs()))
+    })
+    .await;
+    assert_eq!(reply.map(|r| r.status), Ok(200));
+}

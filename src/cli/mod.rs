@@ -131,6 +131,11 @@ pub fn parse(argv: &[String]) -> Command {
         return build(program, Vec::new(), vec![Segment { desc, args: args.to_vec() }]);
     }
 
+    // Upstream's planned all-in-one form (KEP-4958): `--controllers=...`.
+    if kep::wants(&program, args) {
+        return kep::parse(program, args);
+    }
+
     // Top level: shared flags, --list/--help/--version, then module segments.
     match args.first().map(String::as_str) {
         None => return Command::Exit { code: 2, text: top_help() },
@@ -352,6 +357,8 @@ pub fn flag_reference_markdown() -> String {
     }
     out
 }
+
+pub mod kep;
 
 #[cfg(test)]
 mod tests;

@@ -351,9 +351,16 @@ impl Connection {
         .await
     }
 
-    /// One discovery attempt: name, then capabilities. A driver that fails
-    /// the capability calls is still usable by name.
-    async fn discover_once(&self, timeout: Duration) -> Result<DriverInfo, String> {
+    /// One discovery attempt: (with `probe`) `Probe` until ready, then the
+    /// name, then capabilities. A driver that fails the capability calls is
+    /// still usable by name.
+    async fn discover_once(&self, timeout: Duration, probe: bool) -> Result<DriverInfo, String> {
+        if probe {
+            match probe_verdict(&self.probe(timeout).await) {
+                ProbeVerdict::Ready => {}
+                ProbeVerdict::NotReady(why) | ProbeVerdict::Failed(why) => return Err(why),
+            }
+        }
         let info = self.get_plugin_info(timeout).await.map_err(|s| compat::grpc_error_text(&s))?;
         validate_plugin_info(&info).map_err(|e| e.to_string())?;
         let plugin_capabilities = match self.get_plugin_capabilities(timeout).await {
@@ -381,12 +388,12 @@ impl Connection {
     }
 
     /// Discovers the driver, retrying until it answers or shutdown.
-    async fn discover(&self, timeout: Duration, shutdown: &CancellationToken) -> Option<DriverInfo> {
+    async fn discover(&self, timeout: Duration, probe: bool, shutdown: &CancellationToken) -> Option<DriverInfo> {
         let mut delay = RETRY_MIN;
         let mut last_report = Instant::now();
         loop {
             let attempt = if self.inner.address.path().exists() {
-                self.discover_once(timeout).await
+                self.discover_once(timeout, probe).await
             } else {
                 Err("socket does not exist yet".to_string())
             };
@@ -415,11 +422,24 @@ impl Connection {
     /// connection loss; csi-sidecar reconnects, but never serves a second
     /// driver under the first one's identity).
     pub async fn maintain(self, timeout: Duration, shutdown: CancellationToken) -> Result<(), DriverRenamed> {
+        self.maintain_with(timeout, false, shutdown).await
+    }
+
+    /// [`maintain`](Self::maintain); with `probe`, each discovery first
+    /// calls `Probe` until the driver says it is ready, as upstream's
+    /// controller sidecars do before `GetPluginInfo` (csi-lib-utils
+    /// `ProbeForever`): no module sees the driver before that.
+    pub async fn maintain_with(
+        self,
+        timeout: Duration,
+        probe: bool,
+        shutdown: CancellationToken,
+    ) -> Result<(), DriverRenamed> {
         let span = tracing::info_span!("csi", address = %self.inner.address);
         async move {
             let mut connects = self.inner.connects.subscribe();
             loop {
-                let Some(info) = self.discover(timeout, &shutdown).await else { return Ok(()) };
+                let Some(info) = self.discover(timeout, probe, &shutdown).await else { return Ok(()) };
                 // Everything up to and including this discovery's own connect is seen.
                 connects.borrow_and_update();
                 let previous = self.inner.driver.borrow().clone();
@@ -441,5 +461,42 @@ impl Connection {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// What a `Probe` at start means (pure).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    /// `ready` true or absent: go on with discovery.
+    Ready,
+    /// `ready: false` or a deadline: ask again (upstream retries these forever).
+    NotReady(String),
+    /// Any other error (upstream exits; here asked again, logged).
+    Failed(String),
+}
+
+/// The verdict on one `Probe` answer.
+pub fn probe_verdict(result: &Result<csi::ProbeResponse, Status>) -> ProbeVerdict {
+    match result {
+        Ok(r) if r.ready == Some(false) => ProbeVerdict::NotReady("CSI driver is not ready".to_string()),
+        Ok(_) => ProbeVerdict::Ready,
+        Err(s) if s.code() == tonic::Code::DeadlineExceeded => ProbeVerdict::NotReady(compat::grpc_error_text(s)),
+        Err(s) => ProbeVerdict::Failed(compat::grpc_error_text(s)),
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn probe_verdicts_follow_probe_forever() {
+        let ok = |ready| Ok(csi::ProbeResponse { ready });
+        assert_eq!(probe_verdict(&ok(Some(true))), ProbeVerdict::Ready);
+        assert_eq!(probe_verdict(&ok(None)), ProbeVerdict::Ready, "absent means ready");
+        assert!(matches!(probe_verdict(&ok(Some(false))), ProbeVerdict::NotReady(_)));
+        assert!(matches!(probe_verdict(&Err(Status::deadline_exceeded("slow"))), ProbeVerdict::NotReady(_)));
+        assert!(matches!(probe_verdict(&Err(Status::unavailable("down"))), ProbeVerdict::Failed(_)));
+        assert!(matches!(probe_verdict(&Err(Status::unimplemented("no"))), ProbeVerdict::Failed(_)));
     }
 }

@@ -57,10 +57,10 @@ pub struct SharedFlags {
     /// path to a kubeconfig; empty means in-cluster configuration
     #[argh(option)]
     pub kubeconfig: Option<String>,
-    /// client-side budget of API requests per second; <= 0 disables it (default 5)
+    /// client-side budget of API requests per second; negative: unlimited, 0: the default (default 5)
     #[argh(option)]
     pub kube_api_qps: Option<f64>,
-    /// burst of the API request budget (default 10)
+    /// burst of the API request budget; 0: the default (default 10)
     #[argh(option)]
     pub kube_api_burst: Option<u32>,
     /// enable leader election (one Lease per module, upstream names)

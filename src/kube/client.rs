@@ -44,14 +44,19 @@ pub enum ClientError {
     Build(String),
 }
 
-/// Where the configuration comes from: the flag, else `$KUBECONFIG`, else in-cluster.
+/// Where the configuration comes from, as upstream: `$KUBECONFIG` when the
+/// provisioner runs (external-provisioner reads it and lets it override
+/// `--kubeconfig`), else the flag, else in-cluster (the other sidecars
+/// ignore `$KUBECONFIG`).
 pub fn kubeconfig_path(flag: Option<&str>, env: Option<String>) -> Option<String> {
-    flag.filter(|s| !s.is_empty()).map(String::from).or(env.filter(|s| !s.is_empty()))
+    env.filter(|s| !s.is_empty()).or(flag.filter(|s| !s.is_empty()).map(String::from))
 }
 
-/// Loads the client configuration.
-pub async fn load_config(kubeconfig: Option<&str>) -> Result<Config, ClientError> {
-    match kubeconfig_path(kubeconfig, std::env::var("KUBECONFIG").ok()) {
+/// Loads the client configuration; `read_env`: whether `$KUBECONFIG` counts
+/// (only when the process runs the provisioner, see [`kubeconfig_path`]).
+pub async fn load_config(kubeconfig: Option<&str>, read_env: bool) -> Result<Config, ClientError> {
+    let env = if read_env { std::env::var("KUBECONFIG").ok() } else { None };
+    match kubeconfig_path(kubeconfig, env) {
         Some(path) => {
             let err = |message: String| ClientError::Kubeconfig { path: path.clone(), message };
             let kc = Kubeconfig::read_from(&path).map_err(|e| err(e.to_string()))?;
@@ -61,12 +66,72 @@ pub async fn load_config(kubeconfig: Option<&str>) -> Result<Config, ClientError
     }
 }
 
-/// Builds a client with its own request budget. `qps <= 0` disables the
-/// limit (client-go: a negative QPS means unlimited; csi-sidecar also treats 0
-/// so, since every upstream default is positive).
+/// client-go's defaults for a `rest.Config` QPS or burst of 0.
+pub const CLIENT_GO_DEFAULT_QPS: f64 = 5.0;
+/// See [`CLIENT_GO_DEFAULT_QPS`].
+pub const CLIENT_GO_DEFAULT_BURST: u32 = 10;
+
+/// The budget client-go gives a `rest.Config` (pure): QPS 0 is the default
+/// 5, a negative QPS is unlimited (`None`); burst 0 is the default 10.
+pub fn effective_budget(qps: f64, burst: u32) -> Option<(f64, u32)> {
+    let qps = if qps == 0.0 { CLIENT_GO_DEFAULT_QPS } else { qps };
+    let burst = if burst == 0 { CLIENT_GO_DEFAULT_BURST } else { burst };
+    (qps > 0.0).then_some((qps, burst))
+}
+
+/// Builds a client with its own request budget, as client-go would for
+/// `--kube-api-qps`/`--kube-api-burst` ([`effective_budget`]).
 pub fn build(config: Config, qps: f64, burst: u32) -> Result<Client, ClientError> {
     let builder = ClientBuilder::try_from(config).map_err(|e| ClientError::Build(e.to_string()))?;
-    Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+    let layer = match effective_budget(qps, burst) {
+        Some((qps, burst)) => RateLimitLayer::new(qps, burst),
+        None => RateLimitLayer::new(-1.0, 1),
+    };
+    Ok(builder.with_layer(&layer).build())
+}
+
+/// The `User-Agent` of a client-go program: `<program>/<version> (<os>/<arch>) csi-sidecar`.
+/// The apiserver names a writer's `managedFields` entry after the part
+/// before the first `/` (upstream's: `csi-attacher`, `csi-provisioner`, ...).
+pub fn user_agent(program: &str) -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!("{program}/{} ({}/{arch}) csi-sidecar", env!("CARGO_PKG_VERSION"), std::env::consts::OS)
+}
+
+/// `client` sending `agent` as its `User-Agent` (unless an outer wrapper
+/// set one already): one budget and one connection pool, a field manager
+/// per module.
+pub fn with_user_agent(client: &Client, agent: &str) -> Result<Client, ClientError> {
+    let value =
+        http::HeaderValue::from_str(agent).map_err(|e| ClientError::Build(format!("user agent {agent:?}: {e}")))?;
+    let ns = client.default_namespace().to_string();
+    Ok(Client::new(UserAgent { client: client.clone(), value }, ns))
+}
+
+#[derive(Clone)]
+struct UserAgent {
+    client: Client,
+    value: http::HeaderValue,
+}
+
+impl Service<http::Request<::kube::client::Body>> for UserAgent {
+    type Response = http::Response<::kube::client::Body>;
+    type Error = ::kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: http::Request<::kube::client::Body>) -> Self::Future {
+        req.headers_mut().entry(http::header::USER_AGENT).or_insert_with(|| self.value.clone());
+        let client = self.client.clone();
+        Box::pin(async move { client.send(req).await })
+    }
 }
 
 /// A token bucket: `qps` tokens per second, at most `burst` saved up.
@@ -268,10 +333,28 @@ mod tests {
 
     #[test]
     fn kubeconfig_precedence() {
-        assert_eq!(kubeconfig_path(Some("/a"), Some("/b".into())), Some("/a".into()));
+        // external-provisioner: a non-empty $KUBECONFIG overrides the flag.
+        assert_eq!(kubeconfig_path(Some("/a"), Some("/b".into())), Some("/b".into()));
         assert_eq!(kubeconfig_path(Some(""), Some("/b".into())), Some("/b".into()));
+        assert_eq!(kubeconfig_path(Some("/a"), Some(String::new())), Some("/a".into()));
         assert_eq!(kubeconfig_path(None, None), None);
         assert_eq!(kubeconfig_path(None, Some(String::new())), None);
+    }
+
+    #[test]
+    fn the_budget_is_client_gos() {
+        type Budget = Option<(f64, u32)>;
+        let cases: &[(f64, u32, Budget)] = &[
+            (5.0, 10, Some((5.0, 10))),
+            (0.0, 10, Some((5.0, 10))),  // QPS 0: client-go's default 5, not unlimited
+            (0.0, 0, Some((5.0, 10))),   // both defaults
+            (20.0, 0, Some((20.0, 10))), // burst 0: the default 10
+            (-1.0, 10, None),            // negative: unlimited
+            (0.5, 1, Some((0.5, 1))),
+        ];
+        for (qps, burst, want) in cases {
+            assert_eq!(effective_budget(*qps, *burst), *want, "qps {qps} burst {burst}");
+        }
     }
 
     #[test]

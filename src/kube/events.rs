@@ -289,11 +289,16 @@ pub fn reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
 
 impl Recorder {
     /// Events from `component` (upstream: `external-provisioner`, ...) on
-    /// `host`. Starts the sender task, which holds `shutdown`.
+    /// `host` (empty: none, as every upstream sidecar). `reportingComponent`
+    /// and `reportingInstance` repeat them, as client-go's recorder does.
+    /// Starts the sender task, which holds `shutdown`.
     pub fn new(client: Client, component: &str, host: &str, shutdown: &CancellationToken) -> Self {
         let inner = Arc::new(Inner {
             client,
-            source: EventSource { component: Some(component.to_string()), host: Some(host.to_string()) },
+            source: EventSource {
+                component: Some(component.to_string()),
+                host: Some(host.to_string()).filter(|h| !h.is_empty()),
+            },
             book: Mutex::new(Book::new(MAX_TRACKED)),
             wake: Notify::new(),
         });
@@ -395,7 +400,7 @@ impl Inner {
             count: Some(count),
             event_time: None::<MicroTime>,
             reporting_component: self.source.component.clone(),
-            reporting_instance: self.source.host.clone(),
+            reporting_instance: self.source.host.clone().or_else(|| Some(String::new())),
             ..Default::default()
         };
         Api::<Event>::namespaced(self.client.clone(), &namespace).create(&PostParams::default(), &created).await?;

@@ -21,6 +21,19 @@ use std::{collections::BTreeMap, time::Duration};
 
 use crate::flags::SharedFlags;
 
+/// The text of an API error as upstream writes it into objects and events
+/// (Go's `err.Error()`): the apiserver's message for its refusals, never
+/// kube's `Debug` form of the whole `Status`.
+pub fn error_text(e: &::kube::Error) -> String {
+    match e {
+        ::kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        ::kube::Error::Api(s) => {
+            format!("the server responded with the status code {} but did not return more information", s.code)
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Leader election settings from the shared flags.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LeaderSettings {
@@ -95,13 +108,26 @@ pub enum KubeContextError {
 impl KubeContext {
     /// Builds the clients from the shared flags (`master` overrides the server URL).
     pub async fn connect(shared: &SharedFlags, master: Option<&str>) -> Result<Self, KubeContextError> {
-        let mut config = client::load_config(shared.kubeconfig.as_deref()).await?;
+        Self::connect_with(shared, master, false).await
+    }
+
+    /// [`connect`](Self::connect); `kubeconfig_env`: `$KUBECONFIG` counts
+    /// (the process runs the provisioner, which reads it upstream).
+    pub async fn connect_with(
+        shared: &SharedFlags,
+        master: Option<&str>,
+        kubeconfig_env: bool,
+    ) -> Result<Self, KubeContextError> {
+        let mut config = client::load_config(shared.kubeconfig.as_deref(), kubeconfig_env).await?;
         if let Some(m) = master.filter(|m| !m.is_empty()) {
             config.cluster_url =
                 m.parse().map_err(|e| KubeContextError::Flag(format!("invalid --master {m:?}: {e}")))?;
         }
+        let agent = client::user_agent(crate::cli::PROGRAM);
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
+        let client = client::with_user_agent(&client, &agent)?;
         let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
+        let leader_client = client::with_user_agent(&leader_client, &agent)?;
         let labels = match shared.leader_election_labels.as_deref() {
             Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
             None => BTreeMap::new(),

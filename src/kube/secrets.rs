@@ -10,7 +10,7 @@ pub async fn secret_data(client: &Client, name: &str, namespace: &str) -> Result
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get(name)
         .await
-        .map_err(|e| format!("error getting secret {name} in namespace {namespace}: {e}"))?;
+        .map_err(|e| format!("error getting secret {name} in namespace {namespace}: {}", super::error_text(&e)))?;
     secret_strings(name, namespace, secret.data.unwrap_or_default())
 }
 

@@ -203,10 +203,11 @@ impl Attacher {
             && let Err(e) =
                 add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await
         {
-            return fail(format!("could not add PersistentVolume finalizer: {e}"), None).await;
+            return fail(format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e)), None)
+                .await;
         }
         if let Err(e) = self.mark_attaching(va, &node_id).await {
-            return fail(format!("could not add finalizer: {e}"), None).await;
+            return fail(format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
         }
         match self.secrets(&pv).await {
             Ok(s) => req.secrets = s,

@@ -115,7 +115,10 @@ struct Provisioner {
     identity: String,
     csi: Connection,
     client: Client,
+    /// The library's events (`<driver>_<host>_<uuid>`).
     events: Recorder,
+    /// The provisioner's own (`external-provisioner`).
+    own_events: Recorder,
     pvcs: Cache<CachedPvc>,
     pvs: Cache<CachedPv>,
     classes: Cache<StorageClass>,
@@ -152,12 +155,29 @@ enum ReadSource {
     Snapshot(Box<VolumeSnapshot>),
 }
 
-/// The message of a failed API read (the apiserver's text for its refusals).
-fn api_error_text(e: &::kube::Error) -> String {
-    match e {
-        ::kube::Error::Api(s) => s.message.clone(),
-        other => other.to_string(),
-    }
+use crate::kube::error_text as api_error_text;
+
+/// A random RFC 4122 version-4 UUID (upstream's `uuid.NewUUID()` in the
+/// event component), from the standard library's random hasher keys.
+fn random_uuid() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let word = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.finish()
+    };
+    let (hi, lo) = (word(1), word(2));
+    let hi = (hi & !0xf000) | 0x4000; // version 4
+    let lo = (lo & !(0xc << 60)) | (0x8 << 60); // variant 10
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
 }
 
 fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -394,7 +414,7 @@ impl Provisioner {
                 crate::kube::finalizers::add(&api, &*snap, up::SNAPSHOT_SOURCE_FINALIZER).await
             }
         };
-        result.map_err(|e| e.to_string())
+        result.map_err(|e| api_error_text(&e))
     }
 
     /// Drops the provisioner's finalizer from the snapshot a volume was
@@ -510,8 +530,8 @@ impl Provisioner {
             Ok(p) => p,
             Err(PlanError::ExternalPopulator(kind)) => {
                 tracing::info!(claim = %key, kind, "Data source left to an external populator");
-                self.event_pvc(
-                    pvc,
+                self.own_events.publish(
+                    reference(pvc),
                     EventType::Normal,
                     up::REASON_PROVISIONING,
                     "Assuming an external populator will provision the volume",
@@ -581,7 +601,7 @@ impl Provisioner {
             Err(e) => {
                 // The volume exists; keep it in flight so the next attempt
                 // (CreateVolume is idempotent by name) saves the PV.
-                failed(format!("error saving PersistentVolume {}: {e}", plan.pv_name));
+                failed(format!("error saving PersistentVolume {}: {}", plan.pv_name, api_error_text(&e)));
                 return Outcome::Retry;
             }
         }
@@ -754,7 +774,7 @@ impl Provisioner {
                 Ok(either::Either::Right(_)) => return Outcome::Done,
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
-                    failed(&format!("error deleting PersistentVolume {name}: {e}"));
+                    failed(&format!("error deleting PersistentVolume {name}: {}", api_error_text(&e)));
                     return Outcome::Retry;
                 }
             }
@@ -970,13 +990,23 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         extra_create_metadata: cfg.extra_create_metadata,
         controller_publish_readonly: cfg.controller_publish_readonly,
     };
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
+    // Upstream's library names its recorder `<driver>_<host>_<uuid>` and
+    // sets no source host; the provisioner's own recorder is
+    // `external-provisioner`.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let component = up::library_event_component(&driver.name, &host, &random_uuid());
     let p = Arc::new(Provisioner {
         settings,
         identity: identity(&driver.name),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, &host, &ctx.shutdown),
+        events: Recorder::new(kube.client.clone(), &component, "", &ctx.shutdown),
+        own_events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, "", &ctx.shutdown),
         pvcs: pvc_inf.store(),
         pvs: pv_inf.store(),
         classes: sc_inf.store(),

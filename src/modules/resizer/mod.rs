@@ -658,13 +658,12 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         });
     }
     informers.start(&ctx.shutdown);
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
     let r = Arc::new(Resizer {
         gates,
         expander: expander.unwrap_or(Expander::Trivial),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown),
+        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown),
         claims: claim_inf.store(),
         pvs: pv_inf.store(),
         pods: pod_inf.as_ref().map(|p| p.store()),

@@ -259,7 +259,10 @@ impl Snapshotter {
         if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
             content = match self.patch(&name, decide::being_created_patch(&content)).await {
                 Ok(c) => c,
-                Err(e) => return Err((content, SnapError::AddAnnotation { content: name, error: e.to_string() })),
+                Err(e) => {
+                    let error = crate::kube::error_text(&e);
+                    return Err((content, SnapError::AddAnnotation { content: name, error }));
+                }
             };
             fresh = true;
         }
@@ -274,7 +277,8 @@ impl Snapshotter {
                         Ok(c) => content = c,
                         Err(e) => {
                             let error = format!(
-                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {e}"
+                                "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {}",
+                                crate::kube::error_text(&e)
                             );
                             return Err((content, SnapError::Take { volume, error }));
                         }
@@ -293,7 +297,7 @@ impl Snapshotter {
         let content = self.write_status(&name, content, &observed, fresh).await?;
         match self.patch(&name, decide::remove_being_created_patch()).await {
             Ok(c) => Ok(c),
-            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: e.to_string() })),
+            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: crate::kube::error_text(&e) })),
         }
     }
 
@@ -308,7 +312,8 @@ impl Snapshotter {
         observed: &Observed,
         fresh: bool,
     ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
-        let err = |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: e.to_string() };
+        let err =
+            |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: crate::kube::error_text(&e) };
         let fresh = if fresh {
             content
         } else {
@@ -588,8 +593,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         });
     }
     informers.start(&ctx.shutdown);
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "csi-sidecar".into());
-    let events = Recorder::new(kube.client.clone(), &up::event_component(&driver.name), &host, &ctx.shutdown);
+    let events = Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown);
     let group = group_infs.as_ref().map(|(contents, classes)| {
         Arc::new(group::GroupSnapshotter {
             cfg: cfg.clone(),
