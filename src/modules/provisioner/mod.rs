@@ -980,7 +980,11 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (volumes, name) = (volumes.clone(), driver.name.clone());
         pv_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
             let pv = c.object();
-            if !c.is_deleted() && pv.annotation(up::ANN_PROVISIONED_BY) == Some(&*name) {
+            // Ours, or a migrated in-tree volume (decide_volume checks which).
+            let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
+                || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
+            let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
+            if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
                 volumes.add(pv.metadata.name.clone().unwrap_or_default());
             }
         });
