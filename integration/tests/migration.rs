@@ -72,7 +72,8 @@ impl Setup {
         let client = self.ns.client().clone();
         create(&Api::<Node>::all(client.clone()), &node(&self.node, &[])).await;
         let mut cn = csi_node(&self.node, driver_name, &self.node, &[]);
-        cn.metadata.annotations = Some([("storage.alpha.kubernetes.io/migrated-plugins".to_string(), in_tree.to_string())].into());
+        cn.metadata.annotations =
+            Some([("storage.alpha.kubernetes.io/migrated-plugins".to_string(), in_tree.to_string())].into());
         create(&Api::<CSINode>::all(client), &cn).await;
     }
 
@@ -83,9 +84,9 @@ impl Setup {
         let method = format!("method_name=\"/csi.v1.Controller/{method}\"");
         wait_until(&format!("a {method} sample with {want}"), T, async || {
             let body = http::get(&self.metrics, "/metrics").await.map(|r| r.body).unwrap_or_default();
-            let hit = body
-                .lines()
-                .any(|l| l.starts_with("csi_sidecar_operations_seconds_count") && l.contains(&method) && l.contains(&want));
+            let hit = body.lines().any(|l| {
+                l.starts_with("csi_sidecar_operations_seconds_count") && l.contains(&method) && l.contains(&want)
+            });
             (hit, ())
         })
         .await;
@@ -148,7 +149,12 @@ async fn migrated_claim_gets_translated_class_and_in_tree_pv_and_is_deleted() {
         .skip_while(|l| !l.contains("/csi.v1.Controller/CreateVolume"))
         .find(|l| l.contains("request:"))
         .unwrap_or_else(|| panic!("no CreateVolume request logged\n{logs}"));
-    for want in ["\"allowautoiopspergbincrease\":\"true\"", "\"iopsPerGB\":\"10\"", "csi.storage.k8s.io/pvc/name", "{\"fsType\":\"xfs\"}"] {
+    for want in [
+        "\"allowautoiopspergbincrease\":\"true\"",
+        "\"iopsPerGB\":\"10\"",
+        "csi.storage.k8s.io/pvc/name",
+        "{\"fsType\":\"xfs\"}",
+    ] {
         assert!(create_req.contains(want), "{want} missing in {create_req}");
     }
     assert!(!create_req.contains("\"fsType\":\"xfs\"}, \"parameters\""), "fstype is no parameter: {create_req}");
@@ -192,7 +198,10 @@ async fn in_tree_pv_is_attached_and_detached_through_translation() {
     let logs = s.driver.logs();
     assert!(logs.contains("\"volumeId\":\"2\""), "ControllerPublishVolume of the translated handle\n{logs}");
     let pv = Api::<PersistentVolume>::all(client.clone()).get(&pv_name).await.expect("pv");
-    assert!(pv.metadata.finalizers.iter().flatten().any(|f| f.starts_with("external-attacher/")), "PV finalizer: {pv:?}");
+    assert!(
+        pv.metadata.finalizers.iter().flatten().any(|f| f.starts_with("external-attacher/")),
+        "PV finalizer: {pv:?}"
+    );
     s.wait_metric("ControllerPublishVolume", "true").await;
 
     vas.delete(&va_name, &DeleteParams::default()).await.expect("delete VA");
@@ -222,7 +231,12 @@ async fn inline_volume_handed_over_by_the_attach_detach_controller_is_attached()
     let va = wait_until("an attached VolumeAttachment for the inline volume", T, async || {
         let hit = vas.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default().into_iter().find(|v| {
             v.spec.node_name == s.node
-                && v.spec.source.inline_volume_spec.as_ref().and_then(|i| i.csi.as_ref()).is_some_and(|c| c.volume_handle == "3")
+                && v.spec
+                    .source
+                    .inline_volume_spec
+                    .as_ref()
+                    .and_then(|i| i.csi.as_ref())
+                    .is_some_and(|c| c.volume_handle == "3")
         });
         (hit.as_ref().and_then(|v| v.status.as_ref()).is_some_and(|st| st.attached), hit)
     })

@@ -83,7 +83,9 @@ fn translation_equals_csi_translation_lib_for_every_case() {
                 }
                 "csiPvs" => {
                     let pv: PersistentVolume = serde_json::from_value(case["pv"].clone()).expect("pv");
-                    if let Some(p) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| Plugin::for_driver(&c.driver)) {
+                    if let Some(p) =
+                        pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| Plugin::for_driver(&c.driver))
+                    {
                         plugins_seen.insert(format!("csi:{p:?}"));
                     }
                     ours(migration::csi_pv_to_in_tree(&pv))
@@ -110,7 +112,9 @@ fn translation_equals_csi_translation_lib_for_every_case() {
             match (want.get("error"), &mine) {
                 (Some(e), Ok(got)) => failures.push(format!("{section}/{name}: library failed ({e}), we gave {got}")),
                 (Some(_), Err(_)) => {}
-                (None, Err(e)) => failures.push(format!("{section}/{name}: we failed ({e}), library gave {}", want["result"])),
+                (None, Err(e)) => {
+                    failures.push(format!("{section}/{name}: we failed ({e}), library gave {}", want["result"]))
+                }
                 (None, Ok(got)) => {
                     let (w, g) = (normalized(&want["result"]), normalized(got));
                     if w != g {

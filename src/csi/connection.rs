@@ -174,8 +174,12 @@ impl Connection {
         };
         // A CSI migration target labels every sample `migrated` (upstream's
         // metrics manager `WithMigration`): "true" inside `migrated_scope(true, ..)`.
-        let migration_target =
-            self.inner.driver.borrow().as_ref().is_some_and(|d| crate::migration::Plugin::for_driver(&d.name).is_some());
+        let migration_target = self
+            .inner
+            .driver
+            .borrow()
+            .as_ref()
+            .is_some_and(|d| crate::migration::Plugin::for_driver(&d.name).is_some());
         if migration_target {
             let migrated = if MIGRATED.try_with(|m| *m).unwrap_or(false) { "true" } else { "false" };
             metrics::histogram!(

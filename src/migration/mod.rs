@@ -12,9 +12,9 @@
 //! the same result here for every case.
 
 mod plugins;
-pub mod topology;
 #[cfg(test)]
 mod tests;
+pub mod topology;
 
 use k8s_openapi::api::{
     core::v1::{PersistentVolume, PersistentVolumeSpec, Volume},

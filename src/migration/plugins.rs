@@ -104,9 +104,8 @@ pub fn pv_to_csi(plugin: Plugin, mut pv: PersistentVolume) -> Result<PersistentV
             let handle = if zones.len() == 1 && !zones[0].is_empty() {
                 format!("projects/{UNSPECIFIED}/zones/{}/disks/{}", zones[0], src.pd_name)
             } else if zones.len() > 1 {
-                let region = topology::gce_region(&zones).map_err(|e| {
-                    TranslateError::Invalid(format!("failed to get region from zones: {}", inner(&e)))
-                })?;
+                let region = topology::gce_region(&zones)
+                    .map_err(|e| TranslateError::Invalid(format!("failed to get region from zones: {}", inner(&e))))?;
                 format!("projects/{UNSPECIFIED}/regions/{region}/disks/{}", src.pd_name)
             } else {
                 format!("projects/{UNSPECIFIED}/zones/{UNSPECIFIED}/disks/{}", src.pd_name)
@@ -242,13 +241,14 @@ fn inner(e: &TranslateError) -> String {
 /// The PV in the in-tree form.
 pub fn pv_to_in_tree(plugin: Plugin, mut pv: PersistentVolume) -> Result<PersistentVolume, TranslateError> {
     let csi = csi_of(&pv)?;
-    let topology_err = |e: TranslateError| TranslateError::Invalid(format!("failed to translate topology: {}", inner(&e)));
+    let topology_err =
+        |e: TranslateError| TranslateError::Invalid(format!("failed to translate topology: {}", inner(&e)));
     let partition = |required_nonempty: bool| -> Result<Option<i32>, TranslateError> {
         match csi.volume_attributes.as_ref().and_then(|a| a.get("partition")) {
             Some(p) if required_nonempty && p.is_empty() => Ok(None),
-            Some(p) => atoi(p).map(Some).ok_or_else(|| {
-                TranslateError::Invalid(format!("failed to convert partition {p} to integer"))
-            }),
+            Some(p) => atoi(p)
+                .map(Some)
+                .ok_or_else(|| TranslateError::Invalid(format!("failed to convert partition {p} to integer"))),
             None => Ok(None),
         }
     };
@@ -625,7 +625,7 @@ pub fn class_to_csi(plugin: Plugin, mut sc: StorageClass) -> Result<StorageClass
                 (None, None) => {}
             }
             if plugin == Plugin::AzureDisk {
-                sc.allowed_topologies = sc.allowed_topologies.take().map(|terms| unzoned_regions_cleared(terms));
+                sc.allowed_topologies = sc.allowed_topologies.take().map(unzoned_regions_cleared);
             }
             sc.parameters = Some(params);
         }
@@ -636,8 +636,14 @@ pub fn class_to_csi(plugin: Plugin, mut sc: StorageClass) -> Result<StorageClass
                 let new_key = match lower.as_str() {
                     "fstype" => CSI_FSTYPE.to_string(),
                     "storagepolicyname" => lower.clone(),
-                    "datastore" | "diskformat" | "hostfailurestotolerate" | "forceprovisioning" | "cachereservation"
-                    | "diskstripes" | "objectspacereservation" | "iopslimit" => format!("{lower}-migrationparam"),
+                    "datastore"
+                    | "diskformat"
+                    | "hostfailurestotolerate"
+                    | "forceprovisioning"
+                    | "cachereservation"
+                    | "diskstripes"
+                    | "objectspacereservation"
+                    | "iopslimit" => format!("{lower}-migrationparam"),
                     // Not supported by the CSI driver: dropped, as upstream.
                     _ => continue,
                 };
@@ -662,7 +668,8 @@ pub fn class_to_csi(plugin: Plugin, mut sc: StorageClass) -> Result<StorageClass
                 let lower = k.to_lowercase();
                 if lower == PX_SECRET_NAME || lower == PX_SECRET_NAMESPACE {
                     for n in NAMES {
-                        let key = if lower == PX_SECRET_NAME { n.to_string() } else { n.replace("-name", "-namespace") };
+                        let key =
+                            if lower == PX_SECRET_NAME { n.to_string() } else { n.replace("-name", "-namespace") };
                         params.insert(format!("csi.storage.k8s.io/{key}"), v.clone());
                     }
                 } else {

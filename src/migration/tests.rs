@@ -52,7 +52,8 @@ fn in_tree_ebs_pv_gets_handle_and_csi_topology() {
 
 #[test]
 fn csi_pv_back_to_in_tree_adds_region() {
-    let p = pv(json!({"metadata": {"name": "pv1"}, "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-9"},
+    let p =
+        pv(json!({"metadata": {"name": "pv1"}, "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-9"},
         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": "topology.ebs.csi.aws.com/zone", "operator": "In", "values": ["eu-west-1b"]}]}]}}}}));
     let t = csi_pv_to_in_tree(&p).expect("translated");
@@ -75,9 +76,10 @@ fn region_parsers() {
 
 #[test]
 fn classes() {
-    let sc: StorageClass = serde_json::from_value(json!({"metadata": {"name": "gp2"}, "provisioner": "kubernetes.io/aws-ebs",
+    let sc: StorageClass =
+        serde_json::from_value(json!({"metadata": {"name": "gp2"}, "provisioner": "kubernetes.io/aws-ebs",
         "parameters": {"type": "gp2", "fsType": "ext4", "zones": "a,b", "iopsPerGB": "10"}}))
-    .expect("sc");
+        .expect("sc");
     let t = in_tree_class_to_csi("kubernetes.io/aws-ebs", &sc).expect("translated");
     let p = t.parameters.expect("params");
     assert_eq!(p.get("csi.storage.k8s.io/fstype").map(String::as_str), Some("ext4"));
@@ -88,9 +90,10 @@ fn classes() {
     let e = &terms[0].match_label_expressions.as_ref().expect("exprs")[0];
     assert_eq!((e.key.as_str(), e.values.len()), ("topology.ebs.csi.aws.com/zone", 2));
     assert!(in_tree_class_to_csi("example.com/other", &sc).is_err());
-    let px: StorageClass = serde_json::from_value(json!({"metadata": {"name": "px"}, "provisioner": "kubernetes.io/portworx-volume",
+    let px: StorageClass =
+        serde_json::from_value(json!({"metadata": {"name": "px"}, "provisioner": "kubernetes.io/portworx-volume",
         "parameters": {"openstorage.io/auth-secret-name": "s", "repl": "2"}}))
-    .expect("sc");
+        .expect("sc");
     let t = in_tree_class_to_csi("kubernetes.io/portworx-volume", &px).expect("translated");
     assert_eq!(t.provisioner, "pxd.portworx.com");
     assert_eq!(t.parameters.expect("params").len(), 7);
@@ -98,11 +101,15 @@ fn classes() {
 
 #[test]
 fn errors_are_errors_not_panics() {
-    let azure = pv(json!({"metadata": {"name": "a"}, "spec": {"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}}}));
+    let azure = pv(
+        json!({"metadata": {"name": "a"}, "spec": {"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}}}),
+    );
     assert!(in_tree_pv_to_csi(&azure).is_err());
     let file = pv(json!({"metadata": {"name": "f"}, "spec": {"azureFile": {"secretName": "s", "shareName": "x"}}}));
     assert!(in_tree_pv_to_csi(&file).is_err(), "no secret namespace and no claimRef");
-    let csi_pv = pv(json!({"metadata": {"name": "g"}, "spec": {"csi": {"driver": "pd.csi.storage.gke.io", "volumeHandle": "short"}}}));
+    let csi_pv = pv(
+        json!({"metadata": {"name": "g"}, "spec": {"csi": {"driver": "pd.csi.storage.gke.io", "volumeHandle": "short"}}}),
+    );
     assert!(csi_pv_to_in_tree(&csi_pv).is_err());
     let plain = pv(json!({"metadata": {"name": "n"}, "spec": {"csi": {"driver": "x", "volumeHandle": "1"}}}));
     assert!(in_tree_pv_to_csi(&plain).is_err());

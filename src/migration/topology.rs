@@ -170,7 +170,11 @@ fn add_regions(pv: &mut PersistentVolume, parser: RegionParser) -> Result<(), Tr
             continue;
         }
         let value = parser(&zones)?;
-        reqs.push(NodeSelectorRequirement { key: region.to_string(), operator: "In".into(), values: Some(vec![value]) });
+        reqs.push(NodeSelectorRequirement {
+            key: region.to_string(),
+            operator: "In".into(),
+            values: Some(vec![value]),
+        });
     }
     let regions = values(pv, region);
     if regions.len() == 1 {
@@ -251,9 +255,7 @@ pub fn aws_region(zones: &[String]) -> Result<String, TranslateError> {
         } else if n == 5 || n == 7 {
             regions.insert(parts[..3].join("-"));
         } else {
-            return Err(TranslateError::Topology(format!(
-                "Unexpected zone format: {z} is not a valid AWS zone"
-            )));
+            return Err(TranslateError::Topology(format!("Unexpected zone format: {z} is not a valid AWS zone")));
         }
     }
     single_region(regions)

@@ -514,5 +514,4 @@ mod tests {
         .unwrap();
         assert!(csi_form(bad, "disk.csi.azure.com").is_err());
     }
-
 }

@@ -404,5 +404,7 @@ fn in_tree_classes_are_translated_for_their_target_only() {
     let mut conflicting = sc.clone();
     conflicting.parameters = Some([("zone".to_string(), "a".to_string())].into());
     conflicting.allowed_topologies = Some(vec![Default::default()]);
-    assert!(migrated_class(&conflicting, "ebs.csi.aws.com").unwrap_err().starts_with("failed to translate storage class"));
+    assert!(
+        migrated_class(&conflicting, "ebs.csi.aws.com").unwrap_err().starts_with("failed to translate storage class")
+    );
 }
