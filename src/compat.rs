@@ -27,6 +27,9 @@ pub mod metrics {
     pub const LABEL_METHOD_NAME: &str = "method_name";
     /// Label: the gRPC status code name.
     pub const LABEL_GRPC_STATUS_CODE: &str = "grpc_status_code";
+    /// Label of a CSI migration target's samples: "true" for a call about a
+    /// migrated in-tree volume, else "false".
+    pub const LABEL_MIGRATED: &str = "migrated";
     /// `driver_name` before the driver told its name.
     pub const UNKNOWN_DRIVER: &str = "unknown-driver";
     /// `grpc_status_code` of a failure that carried no gRPC status.

@@ -11,4 +11,5 @@ pub mod http;
 pub mod kube;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 pub mod modules;

@@ -23,6 +23,9 @@
 #             kube-scheduler hollow-node (the real node: the scheduler and
 #             kubemark's hollow kubelet in a main of our own; built only when
 #             named, from integration/go/kube)
+#             csi-translate (k8s.io/csi-translation-lib over a corpus, for
+#             integration/tests/migration_corpus.rs; built only when named,
+#             from integration/go/kube)
 #             snapshot-controller (the common snapshot controller; built only
 #             when named, from integration/go/snapshotter; the snapshot CRDs of
 #             the same release are copied next to it, into crd/)
@@ -40,7 +43,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node helm kubectl snapshot-controller)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node helm kubectl snapshot-controller csi-translate)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -58,7 +61,7 @@ usage() {
 module_of() {
 	case $1 in
 	etcd) echo etcd ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | csi-mock-driver | kubelet-plugin-harness | hollow-node) echo kube ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
 	*) return 1 ;;
@@ -70,7 +73,7 @@ package_of() {
 	case $1 in
 	etcd) echo . ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler) echo "k8s.io/kubernetes/cmd/$1" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node | kubectl) echo "./cmd/$1" ;;
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | kubectl) echo "./cmd/$1" ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;
 	esac
@@ -80,7 +83,7 @@ package_of() {
 own_sources() {
 	case $1 in
 	etcd) echo "$GO_DIR/etcd/main.go" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node)
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate)
 		find "$GO_DIR/kube/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
 		;;
 	kubectl)

@@ -107,6 +107,17 @@ pub struct Connection {
     inner: Arc<Inner>,
 }
 
+tokio::task_local! {
+    /// Whether the CSI calls of the current task are for a migrated in-tree volume.
+    static MIGRATED: bool;
+}
+
+/// Runs `f` with its CSI calls labelled `migrated="true"` (or "false") in
+/// `csi_sidecar_operations_seconds`, when the driver is a CSI migration target.
+pub async fn migrated_scope<F: Future>(migrated: bool, f: F) -> F::Output {
+    MIGRATED.scope(migrated, f).await
+}
+
 impl Connection {
     /// Creates the connection; nothing is dialled until the first call.
     pub fn new(address: &str) -> Result<Self, AddressError> {
@@ -215,6 +226,26 @@ impl Connection {
             Some(d) => metrics::SharedString::from(d.name.clone()),
             None => metrics::SharedString::const_str(m::UNKNOWN_DRIVER),
         };
+        // A CSI migration target labels every sample `migrated` (upstream's
+        // metrics manager `WithMigration`): "true" inside `migrated_scope(true, ..)`.
+        let migration_target = self
+            .inner
+            .driver
+            .borrow()
+            .as_ref()
+            .is_some_and(|d| crate::migration::Plugin::for_driver(&d.name).is_some());
+        if migration_target {
+            let migrated = if MIGRATED.try_with(|m| *m).unwrap_or(false) { "true" } else { "false" };
+            metrics::histogram!(
+                m::OPERATIONS_SECONDS,
+                m::LABEL_DRIVER_NAME => driver,
+                m::LABEL_METHOD_NAME => method,
+                m::LABEL_GRPC_STATUS_CODE => compat::grpc_code_name(code),
+                m::LABEL_MIGRATED => migrated,
+            )
+            .record(elapsed.as_secs_f64());
+            return;
+        }
         metrics::histogram!(
             m::OPERATIONS_SECONDS,
             m::LABEL_DRIVER_NAME => driver,

@@ -242,10 +242,11 @@ pub struct CachedPv {
     pub status: Option<PersistentVolumeStatus>,
 }
 
-/// The parts of a `PersistentVolumeSpec` a CSI sidecar reads. In-tree
-/// volume sources are not kept: the attach-detach controller translates
-/// migrated inline volumes to a CSI source before they reach a
-/// VolumeAttachment.
+/// The parts of a `PersistentVolumeSpec` a CSI sidecar reads. Of the
+/// in-tree volume sources only those with a CSI migration target are kept
+/// (boxed: one pointer each when absent), for the driver that serves them
+/// (`crate::migration`); the attach-detach controller translates migrated
+/// inline volumes to a CSI source before they reach a VolumeAttachment.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedPvSpec {
@@ -265,6 +266,20 @@ pub struct CachedPvSpec {
     pub volume_attributes_class_name: Option<String>,
     #[serde(default, deserialize_with = "shared")]
     pub volume_mode: Option<Shared>,
+    /// In-tree sources with a CSI migration target.
+    pub aws_elastic_block_store: Option<Box<k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub gce_persistent_disk: Option<Box<k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub azure_disk: Option<Box<k8s_openapi::api::core::v1::AzureDiskVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub azure_file: Option<Box<k8s_openapi::api::core::v1::AzureFilePersistentVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub cinder: Option<Box<k8s_openapi::api::core::v1::CinderPersistentVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub vsphere_volume: Option<Box<k8s_openapi::api::core::v1::VsphereVirtualDiskVolumeSource>>,
+    /// See `aws_elastic_block_store`.
+    pub portworx_volume: Option<Box<k8s_openapi::api::core::v1::PortworxVolumeSource>>,
 }
 
 resource_as!(CachedPv, PersistentVolume);
@@ -433,6 +448,13 @@ impl CachedPvSpec {
             storage_class_name: owned(&self.storage_class_name),
             volume_attributes_class_name: self.volume_attributes_class_name.clone(),
             volume_mode: owned(&self.volume_mode),
+            aws_elastic_block_store: self.aws_elastic_block_store.as_deref().cloned(),
+            gce_persistent_disk: self.gce_persistent_disk.as_deref().cloned(),
+            azure_disk: self.azure_disk.as_deref().cloned(),
+            azure_file: self.azure_file.as_deref().cloned(),
+            cinder: self.cinder.as_deref().cloned(),
+            vsphere_volume: self.vsphere_volume.as_deref().cloned(),
+            portworx_volume: self.portworx_volume.as_deref().cloned(),
             ..Default::default()
         }
     }
@@ -440,6 +462,24 @@ impl CachedPvSpec {
     /// The CSI driver of the volume, if it is a CSI volume.
     pub fn csi_driver(&self) -> Option<&str> {
         self.csi.as_deref().map(|c| &*c.driver)
+    }
+
+    /// The CSI driver that serves the volume's in-tree source (CSI
+    /// migration), if it has one.
+    pub fn migrated_driver(&self) -> Option<&'static str> {
+        use crate::migration::Plugin;
+        let plugin = [
+            (self.aws_elastic_block_store.is_some(), Plugin::AwsEbs),
+            (self.gce_persistent_disk.is_some(), Plugin::GcePd),
+            (self.azure_disk.is_some(), Plugin::AzureDisk),
+            (self.azure_file.is_some(), Plugin::AzureFile),
+            (self.cinder.is_some(), Plugin::Cinder),
+            (self.vsphere_volume.is_some(), Plugin::Vsphere),
+            (self.portworx_volume.is_some(), Plugin::Portworx),
+        ]
+        .into_iter()
+        .find_map(|(present, p)| present.then_some(p))?;
+        Some(plugin.csi_driver())
     }
 }
 

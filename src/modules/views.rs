@@ -17,11 +17,12 @@ use crate::{
 /// Index of the VolumeAttachment store: attachments by PV name.
 pub const VA_BY_PV: &str = "pv";
 
-/// PVs of the driver (by CSI source or by provisioner annotation).
+/// PVs of the driver (by CSI source or by provisioner annotation), and
+/// in-tree PVs whose plugin migrates to it.
 pub fn driver_pvs(informers: &Informers, driver: &str) -> Informer<CachedPv> {
     let d = driver.to_string();
     informers.view(&format!("driver={driver}"), move |pv: &CachedPv| {
-        pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(d.as_str())
+        pv.spec.as_ref().and_then(|s| s.csi_driver().or_else(|| s.migrated_driver())) == Some(d.as_str())
             || pv.annotation(ANN_PROVISIONED_BY) == Some(d.as_str())
     })
 }

@@ -194,6 +194,21 @@ pub fn inline_volume(va: &VolumeAttachment) -> Option<PersistentVolume> {
     Some(PersistentVolume { metadata, spec: Some(spec), status: None })
 }
 
+/// The PV in the form the driver is called with: as it is if it is a CSI
+/// volume; an in-tree volume whose plugin migrates to `driver` translated
+/// (`true`: migrated, upstream `TranslateInTreePVToCSI`); anything else is
+/// left for the publish request to refuse.
+pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume, bool), String> {
+    let in_tree = pv.spec.as_ref().is_some_and(|s| s.csi.is_none()) && crate::migration::is_migrated_to(&pv, driver);
+    if !in_tree {
+        return Ok((pv, false));
+    }
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    crate::migration::in_tree_pv_to_csi(&pv)
+        .map(|t| (t, true))
+        .map_err(|e| format!("failed to translate in-tree PersistentVolume {name} to CSI: {e}"))
+}
+
 /// Whether the PV finalizer can go: the PV is being deleted and no
 /// VolumeAttachment references it.
 pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str) -> bool {
@@ -522,5 +537,22 @@ mod tests {
         ] {
             assert_eq!(reconcile(attached, deleting, published), want, "{attached} {deleting} {published}");
         }
+    }
+
+    #[test]
+    fn in_tree_pvs_are_translated_for_their_target() {
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-1"},
+            "spec": {"gcePersistentDisk": {"pdName": "disk-1"}, "accessModes": ["ReadWriteOnce"]}}))
+        .unwrap();
+        let (t, migrated) = csi_form(pv.clone(), "pd.csi.storage.gke.io").unwrap();
+        assert!(migrated);
+        assert_eq!(t.spec.unwrap().csi.unwrap().volume_handle, "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/disk-1");
+        // Another driver: left alone (the publish request refuses it).
+        let (same, migrated) = csi_form(pv, "ebs.csi.aws.com").unwrap();
+        assert!(!migrated && same.spec.unwrap().csi.is_none());
+        let bad: PersistentVolume = serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-2"},
+            "spec": {"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}}}))
+        .unwrap();
+        assert!(csi_form(bad, "disk.csi.azure.com").is_err());
     }
 }

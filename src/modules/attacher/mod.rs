@@ -113,13 +113,31 @@ impl Attacher {
 
     /// The volume of an attachment, from its source: the cached PV (`None`
     /// if not cached) or the inline spec. Err: the source is invalid.
+    /// An in-tree PV of a migrated plugin comes translated to its CSI form.
     fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), String> {
         let source = decide::volume_source(va)?;
         let pv = match &source {
-            VolumeSource::Pv(name) => self.pv(name),
+            VolumeSource::Pv(name) => match self.pv(name) {
+                Some(pv) => Some(decide::csi_form(pv, &self.driver.name)?.0),
+                None => None,
+            },
             VolumeSource::Inline => decide::inline_volume(va),
         };
         Ok((pv, source))
+    }
+
+    /// Whether an attachment is of a migrated in-tree volume (the
+    /// `migrated` metric label): an inline volume always is (only the
+    /// attach-detach controller's migration creates one), a PV if its
+    /// source is in-tree.
+    fn is_migrated(&self, va: &VolumeAttachment) -> bool {
+        match decide::volume_source(va) {
+            Ok(VolumeSource::Inline) => true,
+            Ok(VolumeSource::Pv(name)) => self.pvs.get(&ObjectRef::new(&name)).is_some_and(|p| {
+                p.spec.as_ref().is_some_and(|s| s.csi.is_none() && s.migrated_driver() == Some(&*self.driver.name))
+            }),
+            Err(_) => false,
+        }
     }
 
     /// The volume of an attachment being attached: its PV, which must exist
@@ -169,8 +187,8 @@ impl Attacher {
                     }
                 }
             }
-            VaAction::Attach => self.attach(&va).await,
-            VaAction::Detach => self.detach(&va).await,
+            VaAction::Attach => crate::csi::connection::migrated_scope(self.is_migrated(&va), self.attach(&va)).await,
+            VaAction::Detach => crate::csi::connection::migrated_scope(self.is_migrated(&va), self.detach(&va)).await,
         }
     }
 

@@ -29,6 +29,7 @@ use crate::{
         },
     },
     kube::quantity,
+    migration::{self, Plugin},
 };
 
 /// Settings from the provisioner's flags that shape requests and PVs.
@@ -488,14 +489,44 @@ pub enum VolumeDecision {
     Delete,
 }
 
+/// The class a claim of `driver` is provisioned with: a class of the
+/// in-tree plugin the driver is the CSI migration target of is translated
+/// (`Some`, upstream `TranslateInTreeStorageClassToCSI`); any other class is
+/// used as it is (`None`).
+pub fn migrated_class(sc: &StorageClass, driver: &str) -> Result<Option<StorageClass>, String> {
+    match Plugin::for_driver(driver) {
+        Some(p) if sc.provisioner == p.in_tree_name() => migration::in_tree_class_to_csi(p.in_tree_name(), sc)
+            .map(Some)
+            .map_err(|e| format!("failed to translate storage class: {e}")),
+        _ => Ok(None),
+    }
+}
+
+/// The backend volume of a PV: its CSI handle, or that of its translated
+/// in-tree source (CSI migration; `true` = migrated).
+pub fn volume_handle(pv: &PersistentVolume) -> Result<(String, bool), String> {
+    let spec = pv.spec.as_ref();
+    if let Some(c) = spec.and_then(|s| s.csi.as_ref()) {
+        return Ok((c.volume_handle.clone(), false));
+    }
+    let csi = migration::in_tree_pv_to_csi(pv).map_err(|e| format!("failed to translate the in-tree volume: {e}"))?;
+    Ok((csi.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default(), true))
+}
+
 /// Decides for a PV provisioned by `driver` (upstream `shouldDelete` + the
 /// finalizer rules).
 pub fn decide_volume(pv: &PersistentVolume, driver: &str) -> VolumeDecision {
     let Some(spec) = pv.spec.as_ref() else { return VolumeDecision::Ignore };
-    let provisioned_by = pv.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_PROVISIONED_BY));
+    let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k)).map(String::as_str);
+    let provisioned_by = ann(up::ANN_PROVISIONED_BY);
     // Only dynamically provisioned volumes: a static PV naming the driver
-    // is never deleted by the provisioner.
-    if provisioned_by.map(String::as_str) != Some(driver) {
+    // is never deleted by the provisioner. A migrated in-tree volume was
+    // provisioned by the plugin's name (or is annotated as migrated to the driver).
+    let in_tree = Plugin::for_driver(driver).map(Plugin::in_tree_name);
+    let ours = provisioned_by == Some(driver)
+        || (provisioned_by.is_some() && provisioned_by == in_tree && migration::is_migrated_to(pv, driver))
+        || (provisioned_by.is_some() && ann(up::ANN_MIGRATED_TO) == Some(driver));
+    if !ours {
         return VolumeDecision::Ignore;
     }
     let has_finalizer = pv.metadata.finalizers.iter().flatten().any(|f| f == up::PV_FINALIZER);

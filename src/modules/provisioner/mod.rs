@@ -521,10 +521,21 @@ impl Provisioner {
                 &format!("failed to provision volume with StorageClass \"{class}\": {msg}"),
             );
         };
+        // CSI migration: a class of the in-tree plugin is provisioned with its
+        // translation, and the PV is saved in the in-tree form.
+        let translated = match decide::migrated_class(sc, &self.driver.name) {
+            Ok(t) => t,
+            Err(e) => {
+                failed(e);
+                return Outcome::Retry;
+            }
+        };
+        let migrated = translated.is_some();
+        let effective = translated.as_ref().unwrap_or(sc);
         let saved_secrets = saved.as_ref().map(|f| f.secrets.clone());
         let plan = match saved.map(|f| Ok(f.plan)) {
             Some(p) => p,
-            None => self.prepare(pvc, sc).await,
+            None => self.prepare(pvc, effective).await,
         };
         let plan = match plan {
             Ok(p) => p,
@@ -544,7 +555,7 @@ impl Provisioner {
             }
         };
         let mut request = plan.request.clone();
-        match self.accessibility(pvc, sc) {
+        match self.accessibility(pvc, effective) {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
                 failed(format!("error generating accessibility requirements: {e}"));
@@ -571,15 +582,21 @@ impl Provisioner {
         // PV exists or the driver gave a final answer.
         let entry = InFlight { key: key.to_string(), plan: plan.clone(), secrets: Secrets(request.secrets.clone()) };
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), entry);
-        let resp = match self.create_volume(request.clone()).await {
+        let resp = match crate::csi::connection::migrated_scope(migrated, self.create_volume(request.clone())).await {
             Ok(r) => r,
             Err(status) => return self.create_failed(&uid, key, pvc, &status, &failed).await,
         };
-        let pv = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
+        let built = decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings);
+        let built = match built {
+            Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv)
+                .map_err(|e| format!("failed to translate the CSI PersistentVolume to in-tree: {e}")),
+            other => other.map_err(|e| e.to_string()),
+        };
+        let pv = match built {
             Ok(pv) => pv,
             Err(e) => {
                 // Unusable volume: delete it, then try again from scratch.
-                let mut msg = e.to_string();
+                let mut msg = e;
                 if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
                     && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
                 {
@@ -757,9 +774,15 @@ impl Provisioner {
         let already = self.volume_deleted.contains(&uid);
         if !already {
             let secrets = self.deletion_secrets(pv).await;
-            let handle =
-                pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).unwrap_or_default();
-            if let Err(s) = self.delete_volume(&handle, secrets).await {
+            let (handle, migrated) = match decide::volume_handle(pv) {
+                Ok(h) => h,
+                Err(e) => {
+                    failed(&e);
+                    return Outcome::Retry;
+                }
+            };
+            let deleted = crate::csi::connection::migrated_scope(migrated, self.delete_volume(&handle, secrets)).await;
+            if let Err(s) = deleted {
                 failed(&status_text(&s));
                 return Outcome::Retry;
             }
@@ -977,7 +1000,11 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (volumes, name) = (volumes.clone(), driver.name.clone());
         pv_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
             let pv = c.object();
-            if !c.is_deleted() && pv.annotation(up::ANN_PROVISIONED_BY) == Some(&*name) {
+            // Ours, or a migrated in-tree volume (decide_volume checks which).
+            let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
+                || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
+            let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
+            if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
                 volumes.add(pv.metadata.name.clone().unwrap_or_default());
             }
         });

@@ -359,3 +359,52 @@ fn plan_with_data_sources() {
     p.source = None;
     assert!(build_pv(&p, &response("vol-1", 0), &clone, &class, DRIVER, "id", &settings()).is_ok());
 }
+
+fn in_tree_pv(provisioned_by: &str, migrated_to: Option<&str>) -> PersistentVolume {
+    let mut ann = serde_json::json!({ up::ANN_PROVISIONED_BY: provisioned_by });
+    if let Some(m) = migrated_to {
+        ann[up::ANN_MIGRATED_TO] = serde_json::json!(m);
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pvc-1", "annotations": ann, "finalizers": [up::PV_FINALIZER]},
+        "spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-1"}, "persistentVolumeReclaimPolicy": "Delete"},
+        "status": {"phase": "Released"}}))
+    .unwrap()
+}
+
+#[test]
+fn migrated_in_tree_volumes_are_deleted_by_their_target() {
+    const EBS: &str = "ebs.csi.aws.com";
+    let table = [
+        (in_tree_pv("kubernetes.io/aws-ebs", None), EBS, VolumeDecision::Delete),
+        (in_tree_pv("kubernetes.io/aws-ebs", Some(EBS)), EBS, VolumeDecision::Delete),
+        (in_tree_pv("kubernetes.io/aws-ebs", None), "pd.csi.storage.gke.io", VolumeDecision::Ignore),
+        (in_tree_pv("kubernetes.io/gce-pd", None), EBS, VolumeDecision::Ignore),
+        (in_tree_pv("someone", Some(EBS)), EBS, VolumeDecision::Delete),
+    ];
+    for (pv, driver, want) in table {
+        assert_eq!(decide_volume(&pv, driver), want, "{:?} {driver}", pv.metadata.annotations);
+    }
+    assert_eq!(volume_handle(&in_tree_pv("x", None)), Ok(("vol-1".to_string(), true)));
+    let mut broken = in_tree_pv("x", None);
+    broken.spec.as_mut().unwrap().aws_elastic_block_store.as_mut().unwrap().volume_id = "aws://z/bad".into();
+    assert!(volume_handle(&broken).is_err());
+}
+
+#[test]
+fn in_tree_classes_are_translated_for_their_target_only() {
+    let sc: StorageClass = serde_json::from_value(serde_json::json!({"metadata": {"name": "gp2"},
+        "provisioner": "kubernetes.io/aws-ebs", "parameters": {"type": "gp2", "fsType": "xfs"}}))
+    .unwrap();
+    let t = migrated_class(&sc, "ebs.csi.aws.com").unwrap().expect("translated");
+    let params = t.parameters.unwrap();
+    assert_eq!(params.get("csi.storage.k8s.io/fstype").map(String::as_str), Some("xfs"));
+    assert!(!params.contains_key("fsType"));
+    assert_eq!(migrated_class(&sc, DRIVER), Ok(None));
+    let mut conflicting = sc.clone();
+    conflicting.parameters = Some([("zone".to_string(), "a".to_string())].into());
+    conflicting.allowed_topologies = Some(vec![Default::default()]);
+    assert!(
+        migrated_class(&conflicting, "ebs.csi.aws.com").unwrap_err().starts_with("failed to translate storage class")
+    );
+}
