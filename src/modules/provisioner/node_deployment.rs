@@ -327,7 +327,6 @@ impl super::Provisioner {
                 volume_capabilities: plan.request.volume_capabilities.clone(),
                 parameters: plan.request.parameters.clone(),
                 accessible_topology,
-                ..Default::default()
             };
             let resp = self
                 .csi
