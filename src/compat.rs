@@ -296,6 +296,9 @@ pub mod provisioner {
     /// Resync period of the claim and volume handlers (fixed upstream: the
     /// provisioner library's 15 minutes; there is no flag).
     pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+    /// `--node-deployment`: the node's name (env var) and upstream's text
+    /// without it; the snapshotter's, spelled once.
+    pub use super::snapshotter::{NODE_NAME_ENV, TEXT_NODE_NAME_MISSING};
 }
 
 /// external-attacher.

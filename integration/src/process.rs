@@ -23,10 +23,28 @@ pub struct Proc {
 impl Proc {
     /// Starts `program args` with stdout and stderr in `<log_dir>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Proc {
+        Self::spawn_env(name, program, args, &[], log_dir)
+    }
+
+    /// [`Proc::spawn`] with these environment variables set (`None`: removed).
+    pub fn spawn_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, Option<&str>)],
+        log_dir: &Path,
+    ) -> Proc {
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let child = Command::new(program)
+        let mut cmd = Command::new(program);
+        for (k, v) in env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        let child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))

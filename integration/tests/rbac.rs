@@ -40,7 +40,7 @@ use k8s_openapi::{
             ServiceAccount,
         },
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
-        storage::v1::{CSINode, StorageClass, VolumeAttachment},
+        storage::v1::{CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass},
     },
 };
 use kube::{
@@ -148,6 +148,8 @@ const PROVISIONER_CALLS: &[(&str, &str, &str)] = &[
     ("storage.k8s.io", "csinodes", "watch"),
     // `secret`: Api::<Secret>::get (provisioner and deletion secrets).
     ("", "secrets", "get"),
+    // `prepare`: Api::<VolumeAttributesClass>::get (a claim naming a class).
+    ("storage.k8s.io", "volumeattributesclasses", "get"),
     // src/kube/events.rs `write`: create a new Event, patch the count of a repeat.
     ("", "events", "create"),
     ("", "events", "patch"),
@@ -753,7 +755,19 @@ impl Cycle {
         // Names a secret that does not exist: provisioning fails the same way
         // on every retry, so the repeated event is aggregated (a PATCH).
         create(&classes, &with_secret(&broken, "no-such-secret")).await;
-        create(&pvcs, &pvc("data", Some(&good), "1Mi")).await;
+        // "data" names a VolumeAttributesClass of the driver (read with a GET).
+        let class = self.ns.scoped("vac");
+        let vac = VolumeAttributesClass {
+            metadata: kube::api::ObjectMeta { name: Some(class.clone()), ..Default::default() },
+            driver_name: self.driver_name.clone(),
+            parameters: Some(BTreeMap::from([("iops".to_string(), "100".to_string())])),
+        };
+        create(&Api::<VolumeAttributesClass>::all(client.clone()), &vac).await;
+        let mut data = pvc("data", Some(&good), "1Mi");
+        if let Some(spec) = data.spec.as_mut() {
+            spec.volume_attributes_class_name = Some(class.clone());
+        }
+        create(&pvcs, &data).await;
         create(&pvcs, &pvc("broken", Some(&broken), "1Mi")).await;
         // Late binding on a node that does not exist: the provisioner asks
         // the scheduler again by removing the selected-node annotation (PATCH).
@@ -1326,10 +1340,10 @@ async fn every_exercised_verb_is_needed(module: Module) {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// 29 triples: all of the provisioner's.
+/// 30 triples: all of the provisioner's.
 #[tokio::test]
 async fn provisioner_fails_without_any_one_exercised_verb() {
-    assert_eq!(Module::Provisioner.exercised().len(), 29);
+    assert_eq!(Module::Provisioner.exercised().len(), 30);
     every_exercised_verb_is_needed(Module::Provisioner).await;
 }
 

@@ -49,6 +49,40 @@ pub fn unbound_claims(
     })
 }
 
+/// With `--node-deployment`: the claims of [`unbound_claims`] that `keep`
+/// accepts (not yet on a node, or on `node`); a claim another node won
+/// leaves the view.
+pub fn node_unbound_claims(
+    informers: &Informers,
+    driver: &str,
+    for_driver: fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, &str) -> bool,
+    node: &str,
+    keep: impl Fn(&CachedPvc) -> bool + Send + Sync + 'static,
+) -> Informer<CachedPvc> {
+    let d = driver.to_string();
+    informers.view(&format!("unbound,driver={driver},node={node}"), move |c: &CachedPvc| {
+        for_driver(&c.metadata, &d)
+            && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()).is_none_or(str::is_empty)
+            && keep(c)
+    })
+}
+
+/// With `--node-deployment`: the PVs of [`driver_pvs`] that `accessible`
+/// accepts (those `node` can access); other nodes' PVs cost nothing.
+pub fn node_pvs(
+    informers: &Informers,
+    driver: &str,
+    node: &str,
+    accessible: impl Fn(&CachedPv) -> bool + Send + Sync + 'static,
+) -> Informer<CachedPv> {
+    let d = driver.to_string();
+    informers.view(&format!("driver={driver},node={node}"), move |pv: &CachedPv| {
+        (pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(d.as_str())
+            || pv.annotation(ANN_PROVISIONED_BY) == Some(d.as_str()))
+            && accessible(pv)
+    })
+}
+
 /// Bound claims (with `spec.volumeName`) that may be on a volume of the
 /// driver: `for_driver` drops those another driver provisioned, so other
 /// drivers' claims cost nothing; a claim bound to a pre-created PV has no

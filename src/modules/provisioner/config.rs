@@ -81,16 +81,16 @@ pub struct ProvisionerFlags {
     /// capacity owner reference level (accepted) (default 1)
     #[argh(option, default = "1")]
     pub capacity_ownerref_level: i64,
-    /// per-node deployment (not implemented yet: refused) (default false)
+    /// per-node deployment next to the driver; needs $NODE_NAME (default false)
     #[argh(switch)]
     pub node_deployment: bool,
-    /// node deployment: compete for Immediate PVCs (accepted) (default true)
+    /// node deployment: compete for Immediate PVCs (default true)
     #[argh(option, arg_name = "bool", default = "yes()", from_str_fn(go_bool_value))]
     pub node_deployment_immediate_binding: bool,
-    /// node deployment base delay (accepted) (default 20s)
+    /// node deployment: first delay before trying to own an Immediate PVC (default 20s)
     #[argh(option, default = "secs(20)", from_str_fn(duration))]
     pub node_deployment_base_delay: Duration,
-    /// node deployment maximum delay (accepted) (default 1m)
+    /// node deployment: maximum delay before trying to own an Immediate PVC (default 1m)
     #[argh(option, default = "secs(60)", from_str_fn(duration))]
     pub node_deployment_max_delay: Duration,
     /// PV spec.csi.readOnly when the PVC's only access mode is ReadOnlyMany (default false)
@@ -138,9 +138,6 @@ impl ProvisionerFlags {
         }
         if self.enable_capacity {
             return Err("--enable-capacity is not implemented by csi-sidecar yet".into());
-        }
-        if self.node_deployment {
-            return Err("--node-deployment is not implemented by csi-sidecar yet".into());
         }
         parse_feature_gates(&self.feature_gates)?;
         Ok(Vec::new())

@@ -12,9 +12,11 @@
 
 pub mod config;
 pub mod decide;
+pub mod node_deployment;
 pub mod params;
 pub mod sources;
 pub mod topology;
+pub mod vac;
 
 use std::{
     collections::HashMap,
@@ -30,7 +32,7 @@ use ::kube::{
 };
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::{CSINode, StorageClass},
+    storage::v1::{CSINode, StorageClass, VolumeAttributesClass},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -147,6 +149,15 @@ struct Provisioner {
     /// with the snapshot API installed, a driver that can snapshot and a
     /// sweep interval).
     protected_snapshots: Option<Cache<VolumeSnapshot>>,
+    /// `--node-deployment`: this node, from `$NODE_NAME` and `NodeGetInfo`.
+    node: Option<node_deployment::NodeDeployment>,
+    /// With `node`: whether requests carry the node's topology (the
+    /// `Topology` gate and a topology-aware driver).
+    node_topology: bool,
+    /// With `node`: the Immediate claims this instance races for.
+    races: node_deployment::Races,
+    /// The `VolumeAttributesClass` gate in effect.
+    vac_gate: bool,
 }
 
 /// A clone's or restore's source as read for its checks.
@@ -194,6 +205,15 @@ fn status_text(s: &tonic::Status) -> String {
     compat::grpc_error_text(s)
 }
 
+/// A class's `allowedTopologies` as (key, values) terms.
+fn allowed_terms(sc: &StorageClass) -> Vec<Vec<(String, Vec<String>)>> {
+    sc.allowed_topologies
+        .iter()
+        .flatten()
+        .map(|t| t.match_label_expressions.iter().flatten().map(|e| (e.key.clone(), e.values.clone())).collect())
+        .collect()
+}
+
 impl Provisioner {
     fn claim(&self, key: &str) -> Option<PersistentVolumeClaim> {
         let (ns, name) = key.split_once('/')?;
@@ -214,6 +234,14 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
     ) -> Result<Option<csi::TopologyRequirement>, topology::TopologyError> {
+        if let Some(nd) = &self.node {
+            if !self.node_topology {
+                return Ok(None);
+            }
+            let allowed = topology::flatten_allowed(&allowed_terms(sc));
+            let name = pvc.metadata.name.as_deref().unwrap_or_default();
+            return nd.requirements(name, &allowed, self.cfg.strict_topology, self.cfg.immediate_topology);
+        }
         let Some((nodes, csinodes)) = &self.topology else { return Ok(None) };
         let driver = self.driver.name.to_string();
         let labels = |n: &str| nodes.get(&ObjectRef::new(n)).map(|m| m.metadata.labels.clone().unwrap_or_default());
@@ -224,13 +252,7 @@ impl Provisioner {
         let driver_nodes =
             csinodes.state().iter().filter(|c| keys_of(c).is_some()).filter_map(|c| c.metadata.name.clone()).collect();
         let view = topology::ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes };
-        let terms: Vec<Vec<(String, Vec<String>)>> = sc
-            .allowed_topologies
-            .iter()
-            .flatten()
-            .map(|t| t.match_label_expressions.iter().flatten().map(|e| (e.key.clone(), e.values.clone())).collect())
-            .collect();
-        let allowed = topology::flatten_allowed(&terms);
+        let allowed = topology::flatten_allowed(&allowed_terms(sc));
         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).map(String::as_str);
         let req = topology::Request {
             late_binding: sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"),
@@ -273,7 +295,10 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
-        let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else { return Outcome::Done };
+        let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else {
+            self.races.forget(&key);
+            return Outcome::Done;
+        };
         let in_flight =
             live_uid.as_ref().and_then(|u| self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
@@ -295,7 +320,36 @@ impl Provisioner {
                 Outcome::Done
             }
             ClaimDecision::Provision => match sc {
-                Some(sc) => self.provision(&key, &pvc, &sc, in_flight).await,
+                Some(sc) => {
+                    if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
+                        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
+                        let immediate = node_deployment::immediate(&sc);
+                        match node_deployment::ownership(
+                            selected.map(String::as_str),
+                            &nd.node,
+                            immediate,
+                            nd.immediate_binding,
+                        ) {
+                            node_deployment::Ownership::Ours => {}
+                            node_deployment::Ownership::NotOurs => {
+                                tracing::trace!(claim = %key, "Not this node's claim");
+                                self.races.forget(&key);
+                                return Outcome::Done;
+                            }
+                            node_deployment::Ownership::Race => {
+                                // A class whose allowedTopologies exclude this node is not raced for.
+                                if sc.allowed_topologies.as_ref().is_some_and(|t| !t.is_empty())
+                                    && self.accessibility(&pvc, &sc).is_err()
+                                {
+                                    tracing::debug!(claim = %key, "The class's allowed topologies exclude this node");
+                                    return Outcome::Done;
+                                }
+                                return self.race(&key, &pvc, &sc).await;
+                            }
+                        }
+                    }
+                    self.provision(&key, &pvc, &sc, in_flight).await
+                }
                 None => {
                     let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
                     self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
@@ -323,6 +377,13 @@ impl Provisioner {
             sources::check_granted(pvc, src, &grants.items).map_err(|e| invalid(e.to_string()))?;
         }
         let mut plan = decide::plan(pvc, sc, &self.driver, &self.settings, source.as_ref())?;
+        if let Some(class) = vac::class_name(pvc, self.vac_gate) {
+            vac::check_driver(&self.driver).map_err(|e| PlanError::Capability(e.to_string()))?;
+            let api: Api<VolumeAttributesClass> = Api::all(self.client.clone());
+            let found = api.get(class).await.map_err(|e| invalid(api_error_text(&e)))?;
+            plan.request.mutable_parameters =
+                vac::mutable_parameters(&found, &self.driver.name).map_err(|e| invalid(e.to_string()))?;
+        }
         if let Some(src) = plan.source.clone() {
             let kind = match src.kind {
                 SourceKind::Clone => up::KIND_PVC,
@@ -586,7 +647,16 @@ impl Provisioner {
             Ok(r) => r,
             Err(status) => return self.create_failed(&uid, key, pvc, &status, &failed).await,
         };
-        let built = decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings);
+        let built = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
+            // With the gate off, upstream does not record the class either.
+            Ok(mut pv) if !self.vac_gate => {
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.volume_attributes_class_name = None;
+                }
+                Ok(pv)
+            }
+            other => other,
+        };
         let built = match built {
             Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv)
                 .map_err(|e| format!("failed to translate the CSI PersistentVolume to in-tree: {e}")),
@@ -927,8 +997,31 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     for note in cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })? {
         tracing::warn!("{note}");
     }
+    let node_name = node_deployment::node_name(cfg.node_deployment, std::env::var(up::NODE_NAME_ENV).ok().as_deref())
+        .map_err(|message| ModuleError::Config { module: NAME, message })?;
+    if node_name.is_some() && kube.leader.enabled {
+        tracing::warn!(
+            "--node-deployment with --leader-election: every node's instance competes for one Lease, so one node provisions at a time"
+        );
+    }
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
+    // Node deployment: the driver's own answer is this node's topology.
+    let node = match node_name {
+        None => None,
+        Some(name) => {
+            let info = ctx
+                .csi
+                .call("/csi.v1.Node/NodeGetInfo", cfg.timeout, csi::NodeGetInfoRequest {}, |ch, r| async move {
+                    csi::node_client::NodeClient::new(ch).node_get_info(r).await
+                })
+                .await
+                .map_err(|s| fatal(format!("Failed to get node info from CSI driver: {}", status_text(&s))))?;
+            let nd = node_deployment::NodeDeployment::new(name, &info, &cfg);
+            tracing::info!(node = %nd.node, node_id = %info.node_id, topology = ?nd.segment, "Node deployment: using the driver's topology of this node");
+            Some(nd)
+        }
+    };
     // The snapshot sweep: VolumeSnapshots carrying the provisioner's
     // finalizer, only when the snapshot API is installed (silently off
     // otherwise), the driver can snapshot and the sweep is not disabled.
@@ -945,9 +1038,57 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                 false
             }
         };
+    // The VolumeAttributesClass gate: as given, else on where the API is served.
+    let vac_explicit = config::parse_feature_gates(&cfg.feature_gates)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|(g, _)| g == vac::GATE)
+        .map(|(_, on)| on);
+    let vac_served = match vac_explicit {
+        Some(_) => true,
+        None => crate::modules::resizer::vac_served(&kube.client).await,
+    };
+    let vac_gate = vac::gate(vac_explicit, vac_served);
+    if !vac_gate && vac_explicit.is_none() {
+        tracing::info!(
+            "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
+        );
+    }
     let informers = &kube.informers;
-    let pvc_inf = crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver);
-    let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
+    let (pvc_inf, pv_inf) = match &node {
+        None => (
+            crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver),
+            crate::modules::views::driver_pvs(informers, &driver.name),
+        ),
+        // A node's instance caches only what it may act on: claims not yet
+        // on a node or on its own, PVs its node can access.
+        Some(nd) => {
+            let (claims_nd, pvs_nd) = (nd.clone(), nd.clone());
+            (
+                crate::modules::views::node_unbound_claims(
+                    informers,
+                    &driver.name,
+                    decide::is_for_driver,
+                    &nd.node,
+                    move |c: &CachedPvc| {
+                        claims_nd.claim_in_view(
+                            c.metadata
+                                .annotations
+                                .as_ref()
+                                .and_then(|a| a.get(up::ANN_SELECTED_NODE))
+                                .map(String::as_str),
+                        )
+                    },
+                ),
+                crate::modules::views::node_pvs(informers, &driver.name, &nd.node, move |pv: &CachedPv| {
+                    node_deployment::volume_accessible(
+                        pv.spec.as_ref().and_then(|s| s.node_affinity.as_deref()),
+                        pvs_nd.segment.as_ref(),
+                    )
+                }),
+            )
+        }
+    };
     let sc_inf = informers.get::<StorageClass>();
     let va_inf = driver
         .has_controller_capability(Rpc::PublishUnpublishVolume)
@@ -964,9 +1105,11 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
     let waiting_inf = (clone_inf.is_some() || snap_inf.is_some())
         .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
-    // Nodes are only read for their labels: a metadata-only watch.
-    let topo_inf = (topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints))
-        .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
+    // Nodes are only read for their labels: a metadata-only watch. A node
+    // deployment watches neither (its topology is the driver's answer).
+    let topology_aware = topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
+    let topo_inf =
+        (topology_aware && node.is_none()).then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let claims: WorkQueue<String> = WorkQueue::new(up::QUEUE_CLAIMS, backoff);
@@ -1029,7 +1172,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let component = up::library_event_component(&driver.name, &host, &random_uuid());
     let p = Arc::new(Provisioner {
         settings,
-        identity: identity(&driver.name),
+        identity: node_deployment::identity(identity(&driver.name), node.as_ref().map(|n| n.node.as_str())),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
         events: Recorder::new(kube.client.clone(), &component, "", &ctx.shutdown),
@@ -1046,6 +1189,10 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         waiting: waiting_inf.as_ref().map(|i| i.store()),
         clone_protection: clone_inf.as_ref().zip(clone_queue.clone()).map(|(i, q)| (i.store(), q)),
         protected_snapshots: snap_inf.as_ref().map(|i| i.store()),
+        node_topology: topology_aware,
+        node,
+        races: node_deployment::Races::default(),
+        vac_gate,
         driver: driver.clone(),
         cfg,
     });

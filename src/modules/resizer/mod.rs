@@ -515,7 +515,7 @@ impl Resizer {
 }
 
 /// Whether the apiserver serves `storage.k8s.io/v1` VolumeAttributesClass.
-async fn vac_served(client: &Client) -> bool {
+pub(crate) async fn vac_served(client: &Client) -> bool {
     match client.list_api_group_resources("storage.k8s.io/v1").await {
         Ok(list) => list.resources.iter().any(|r| r.kind == "VolumeAttributesClass"),
         Err(e) => {

@@ -15,6 +15,10 @@
 //	--disable-attach              no PUBLISH_UNPUBLISH_VOLUME capability;
 //	                              ControllerPublish/Unpublish return Unimplemented
 //	--enable-topology             VOLUME_ACCESSIBILITY_CONSTRAINTS plugin capability
+//	--topology-value VALUE        with --enable-topology: the value of the mock's
+//	                              topology segment in NodeGetInfo and in created
+//	                              volumes (default: upstream's some-mock-node), so
+//	                              that drivers on several nodes differ
 //	--attach-limit N              NodeGetInfo.max_volumes_per_node and the number of
 //	                              volumes ControllerPublish accepts (0 = no limit)
 //	--verbose                     also log requests and responses as JSON
@@ -113,6 +117,26 @@ type translator struct {
 	internal string // what the mock service uses: the driver name
 	external string // what callers see: --node-id
 	verbose  bool
+	topology string // --topology-value: replaces service.TopologyValue in responses
+}
+
+// segment rewrites the mock's fixed topology value to --topology-value.
+func (t *translator) segment(top *csi.Topology) {
+	if top == nil || t.topology == "" {
+		return
+	}
+	if top.Segments[service.TopologyKey] == service.TopologyValue {
+		top.Segments[service.TopologyKey] = t.topology
+	}
+}
+
+func (t *translator) volumeTopology(v *csi.Volume) {
+	if v == nil {
+		return
+	}
+	for _, top := range v.AccessibleTopology {
+		t.segment(top)
+	}
 }
 
 func (t *translator) translateRequest(req any) error {
@@ -165,20 +189,24 @@ func (t *translator) translateResponse(resp any) {
 		if r.NodeId == t.internal {
 			r.NodeId = t.external
 		}
+		t.segment(r.AccessibleTopology)
 	case *csi.CreateVolumeResponse:
 		t.cleanVolume(r.GetVolume())
+		t.volumeTopology(r.GetVolume())
 	case *csi.ListVolumesResponse:
 		for _, e := range r.GetEntries() {
 			if e.Status != nil && e.Status.PublishedNodeIds != nil {
 				e.Status.PublishedNodeIds = t.published(e.GetVolume())
 			}
 			t.cleanVolume(e.GetVolume())
+			t.volumeTopology(e.GetVolume())
 		}
 	case *csi.ControllerGetVolumeResponse:
 		if r.Status != nil && r.Status.PublishedNodeIds != nil {
 			r.Status.PublishedNodeIds = t.published(r.GetVolume())
 		}
 		t.cleanVolume(r.GetVolume())
+		t.volumeTopology(r.GetVolume())
 	}
 }
 
@@ -270,6 +298,7 @@ func main() {
 		nodeID                  = flag.String("node-id", "", "node ID reported by NodeGetInfo and accepted by ControllerPublish (default: the driver name)")
 		disableAttach           = flag.Bool("disable-attach", false, "disable ControllerPublish/Unpublish (no PUBLISH_UNPUBLISH_VOLUME capability)")
 		enableTopology          = flag.Bool("enable-topology", false, "advertise VOLUME_ACCESSIBILITY_CONSTRAINTS")
+		topologyValue           = flag.String("topology-value", "", "with --enable-topology: the topology segment's value (default: "+service.TopologyValue+")")
 		attachLimit             = flag.Int64("attach-limit", 0, "max volumes per node (0 = unlimited)")
 		nodeExpansionRequired   = flag.Bool("node-expand-required", false, "advertise the node EXPAND_VOLUME capability")
 		disableCtrlExpansion    = flag.Bool("disable-controller-expansion", false, "do not advertise the controller EXPAND_VOLUME capability")
@@ -329,7 +358,7 @@ func main() {
 		ul.SetUnlinkOnClose(false)
 	}
 
-	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose}
+	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose, topology: *topologyValue}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(tr.intercept))
 	csi.RegisterIdentityServer(srv, svc)
 	csi.RegisterControllerServer(srv, svc)
