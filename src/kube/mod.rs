@@ -55,6 +55,8 @@ pub struct KubeContext {
     /// The process-wide election with `--leader-election-shared-lease`,
     /// started by the first module that asks.
     shared_lease: std::sync::Arc<tokio::sync::OnceCell<shared_lease::SharedLease>>,
+    /// The client configuration, for a module's client with its own budget.
+    config: ::kube::Config,
 }
 
 /// All modules' Lease health checks as one: healthy only if each is.
@@ -100,7 +102,7 @@ impl KubeContext {
                 m.parse().map_err(|e| KubeContextError::Flag(format!("invalid --master {m:?}: {e}")))?;
         }
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
-        let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
+        let leader_client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let labels = match shared.leader_election_labels.as_deref() {
             Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
             None => BTreeMap::new(),
@@ -121,7 +123,14 @@ impl KubeContext {
             leader,
             leader_health: LeaderHealth::default(),
             shared_lease: std::sync::Arc::default(),
+            config,
         })
+    }
+
+    /// Another client with its own request budget (the provisioner's
+    /// CSIStorageCapacity client: `--kube-api-capacity-qps/-burst`).
+    pub fn client_with_budget(&self, qps: f64, burst: u32) -> Result<::kube::Client, client::ClientError> {
+        client::build(self.config.clone(), qps, burst)
     }
 
     /// An elector for `lock_name` when `--leader-election` is on.
