@@ -23,11 +23,17 @@ pub struct Proc {
 impl Proc {
     /// Starts `program args` with stdout and stderr in `<log_dir>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> Proc {
+        Self::spawn_env(name, program, args, log_dir, &[])
+    }
+
+    /// Like [`Proc::spawn`], with these environment variables added.
+    pub fn spawn_env(name: &str, program: &Path, args: &[String], log_dir: &Path, env: &[(&str, &str)]) -> Proc {
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let err = out.try_clone().expect("log file");
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
