@@ -11,6 +11,9 @@
 //! CreateSnapshot, DeleteSnapshot and ListSnapshots keep a backend of
 //! snapshots ([`FaultDriver::snapshots`], idempotent by name) and record every
 //! call with its secrets and parameters ([`FaultDriver::snapshot_calls`]).
+//! GetCapacity answers per topology segment, less what the created volumes
+//! in that segment take, with an optional maximum volume size and garbage
+//! on demand ([`Script::capacity`]).
 
 use std::{
     path::{Path, PathBuf},
