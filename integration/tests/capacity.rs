@@ -78,7 +78,8 @@ impl Env {
     }
 
     fn provisioner(&self, extra: &[&str], env: &[(&str, &str)]) -> Proc {
-        let mut args = vec!["provisioner", "-v=5", "--enable-capacity", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
+        let mut args =
+            vec!["provisioner", "-v=5", "--enable-capacity", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
         args.extend(extra);
         let mut all_env = vec![("NAMESPACE", self.ns.name())];
         all_env.extend(env);
@@ -101,7 +102,9 @@ impl Env {
                     .and_then(|t| t.match_labels.as_ref())
                     .and_then(|l| l.get(&self.key).cloned())
                     .unwrap_or_default();
-                let q = |q: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>| q.map(|q| q.0).unwrap_or_default();
+                let q = |q: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+                    q.map(|q| q.0).unwrap_or_default()
+                };
                 ((o.storage_class_name.clone(), zone), (q(o.capacity), q(o.maximum_volume_size)))
             })
             .collect()
@@ -202,9 +205,7 @@ async fn objects_are_owned_by_the_object_at_the_owner_level() {
     }))
     .expect("deployment");
     let deployment = create(&env.ns.api(), &deployment).await;
-    let owner = |kind: &str, o: &kube::api::ObjectMeta| {
-        serde_json::json!([{"apiVersion": "apps/v1", "kind": kind, "name": o.name, "uid": o.uid, "controller": true}])
-    };
+    let owner = |kind: &str, o: &kube::api::ObjectMeta| serde_json::json!([{"apiVersion": "apps/v1", "kind": kind, "name": o.name, "uid": o.uid, "controller": true}]);
     let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "ctrl-5d4f", "ownerReferences": owner("Deployment", &deployment.metadata)},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ctrl"}}, "template": template}

@@ -300,9 +300,14 @@ fn resizer_cluster_role_is_exactly_what_the_code_calls() {
 fn the_code_touches_no_kind_the_rbac_does_not_cover() {
     let root = workspace_root().join("src");
     let mut found = BTreeSet::new();
-    for dir in
-        ["modules/provisioner", "modules/provisioner/capacity", "modules/attacher", "modules/resizer", "modules/snapshotter", "kube"]
-    {
+    for dir in [
+        "modules/provisioner",
+        "modules/provisioner/capacity",
+        "modules/attacher",
+        "modules/resizer",
+        "modules/snapshotter",
+        "kube",
+    ] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();
             if path.extension().is_none_or(|e| e != "rs") {
@@ -981,7 +986,10 @@ impl Cycle {
             (c.capacity.map(|q| q.0).as_deref() != Some("1")).then_some(())
         })
         .await?;
-        classes.delete(&late_name, &DeleteParams::default()).await.map_err(|e| self.fail(format!("delete class: {e}")))?;
+        classes
+            .delete(&late_name, &DeleteParams::default())
+            .await
+            .map_err(|e| self.fail(format!("delete class: {e}")))?;
         self.until("the CSIStorageCapacity deleted with its class", async |_| {
             matches!(capacities.get_opt(&obj_name).await, Ok(None)).then_some(())
         })

@@ -126,8 +126,13 @@ pub fn capacity_objects(
         labels: format!("{LABEL_DRIVER_NAME}={driver},{LABEL_MANAGED_BY}={managed_by}"),
     };
     let (d, m) = (driver.to_string(), managed_by.to_string());
-    informers.scoped(scope, &format!("capacity,driver={driver}"), move |c: &k8s_openapi::api::storage::v1::CSIStorageCapacity| {
-        let labels = c.metadata.labels.as_ref();
-        labels.and_then(|l| l.get(LABEL_DRIVER_NAME)) == Some(&d) && labels.and_then(|l| l.get(LABEL_MANAGED_BY)) == Some(&m)
-    })
+    informers.scoped(
+        scope,
+        &format!("capacity,driver={driver}"),
+        move |c: &k8s_openapi::api::storage::v1::CSIStorageCapacity| {
+            let labels = c.metadata.labels.as_ref();
+            labels.and_then(|l| l.get(LABEL_DRIVER_NAME)) == Some(&d)
+                && labels.and_then(|l| l.get(LABEL_MANAGED_BY)) == Some(&m)
+        },
+    )
 }

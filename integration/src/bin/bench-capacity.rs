@@ -98,7 +98,9 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("{} nodes with CSINodes, {} classes ...", args.nodes, args.classes);
     for i in 0..args.nodes {
         let name = format!("bench-cap-{i}");
-        Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node(&name, &[(KEY, &format!("z{i}"))])).await?;
+        Api::<Node>::all(admin.clone())
+            .create(&PostParams::default(), &node(&name, &[(KEY, &format!("z{i}"))]))
+            .await?;
         Api::<CSINode>::all(admin.clone())
             .create(&PostParams::default(), &csi_node(&name, DRIVER, &name, &[KEY]))
             .await?;
@@ -183,7 +185,13 @@ async fn run(args: Args) -> Result<()> {
     );
     println!("| phase | creates | patches | deletes | requests (all, per interval) |\n|---|---:|---:|---:|---:|");
     println!("| start-up ({created_secs:.1} s to all objects) | {c0} | - | - | {start_requests} |");
-    println!("| steady, capacity unchanged (per interval) | {:.1} | {:.1} | {:.1} | {:.1} |", sc / n, sp / n, sd / n, steady.sidecar / n);
+    println!(
+        "| steady, capacity unchanged (per interval) | {:.1} | {:.1} | {:.1} | {:.1} |",
+        sc / n,
+        sp / n,
+        sd / n,
+        steady.sidecar / n
+    );
     println!(
         "| every capacity changed before each poll (per interval) | {:.1} | {:.1} | {:.1} | {:.1} |",
         cc / n,

@@ -83,10 +83,7 @@ pub fn class_tracked(sc: &StorageClass, driver: &str, immediate: bool) -> bool {
 
 /// Every (segment, class) pair.
 pub fn desired(segments: &BTreeSet<Segment>, classes: &BTreeSet<String>) -> BTreeSet<Item> {
-    segments
-        .iter()
-        .flat_map(|s| classes.iter().map(move |c| Item { segment: s.clone(), class: c.clone() }))
-        .collect()
+    segments.iter().flat_map(|s| classes.iter().map(move |c| Item { segment: s.clone(), class: c.clone() })).collect()
 }
 
 /// The item an existing object stands for: its class and a node topology
@@ -102,7 +99,9 @@ pub fn item_of(obj: &CSIStorageCapacity) -> Option<Item> {
 
 /// The objects by item: the one to keep (the oldest; by name among equals)
 /// first.
-pub fn by_item<'a>(objects: impl IntoIterator<Item = &'a CSIStorageCapacity>) -> BTreeMap<Item, Vec<&'a CSIStorageCapacity>> {
+pub fn by_item<'a>(
+    objects: impl IntoIterator<Item = &'a CSIStorageCapacity>,
+) -> BTreeMap<Item, Vec<&'a CSIStorageCapacity>> {
     let mut out: BTreeMap<Item, Vec<&CSIStorageCapacity>> = BTreeMap::new();
     for o in objects {
         if let Some(item) = item_of(o) {
@@ -128,12 +127,8 @@ pub fn to_delete<'a>(
     let key = |o: &CSIStorageCapacity| {
         (o.metadata.name.clone().unwrap_or_default(), o.metadata.uid.clone().unwrap_or_default())
     };
-    let mut out: Vec<(String, String)> = objects
-        .clone()
-        .into_iter()
-        .filter(|o| item_of(o).is_none_or(|i| !desired.contains(&i)))
-        .map(key)
-        .collect();
+    let mut out: Vec<(String, String)> =
+        objects.clone().into_iter().filter(|o| item_of(o).is_none_or(|i| !desired.contains(&i))).map(key).collect();
     for (item, list) in by_item(objects) {
         if desired.contains(&item) {
             out.extend(list.iter().skip(1).map(|o| key(o)));
@@ -145,7 +140,10 @@ pub fn to_delete<'a>(
 
 /// Upstream's three gauges: (goal, current, obsolete). Duplicates count
 /// neither as current nor as obsolete, as upstream.
-pub fn counts<'a>(objects: impl IntoIterator<Item = &'a CSIStorageCapacity> + Clone, desired: &BTreeSet<Item>) -> (usize, usize, usize) {
+pub fn counts<'a>(
+    objects: impl IntoIterator<Item = &'a CSIStorageCapacity> + Clone,
+    desired: &BTreeSet<Item>,
+) -> (usize, usize, usize) {
     let have = by_item(objects.clone());
     let current = desired.iter().filter(|i| have.contains_key(*i)).count();
     let obsolete = objects.into_iter().filter(|o| item_of(o).is_none_or(|i| !desired.contains(&i))).count();

@@ -99,7 +99,10 @@ pub async fn lookup_owner(client: &Client, namespace: &str, level: i64) -> Resul
     if level < 0 {
         return Ok(None);
     }
-    let pod = std::env::var(up::ENV_POD_NAME).ok().filter(|s| !s.is_empty()).ok_or(SetupError::MissingEnv(up::ENV_POD_NAME))?;
+    let pod = std::env::var(up::ENV_POD_NAME)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .ok_or(SetupError::MissingEnv(up::ENV_POD_NAME))?;
     let get_err = |e: ::kube::Error| SetupError::Owner(format!("get object: {e}"));
     let mut meta = Api::<Pod>::namespaced(client.clone(), namespace).get(&pod).await.map_err(get_err)?.metadata;
     let (mut api_version, mut kind, mut levels) = ("v1".to_string(), "Pod".to_string(), level);
@@ -213,8 +216,12 @@ impl Controller {
         let classes = informers.get::<StorageClass>();
         let nodes = informers.metadata::<Node>();
         let csinodes = informers.get::<CSINode>();
-        let objects =
-            crate::modules::views::capacity_objects(informers, &settings.namespace, &settings.driver, &settings.managed_by);
+        let objects = crate::modules::views::capacity_objects(
+            informers,
+            &settings.namespace,
+            &settings.driver,
+            &settings.managed_by,
+        );
         let written: Arc<Mutex<HashMap<Item, Arc<CSIStorageCapacity>>>> = Arc::default();
         {
             let (h, driver) = (handle.clone(), settings.driver.clone());
@@ -257,9 +264,7 @@ impl Controller {
                 }
                 let o = c.object();
                 let mut w = written.lock().unwrap_or_else(|e| e.into_inner());
-                w.retain(|_, mine| {
-                    mine.metadata.name != o.metadata.name || (!c.is_deleted() && !caught_up(o, mine))
-                });
+                w.retain(|_, mine| mine.metadata.name != o.metadata.name || (!c.is_deleted() && !caught_up(o, mine)));
                 drop(w);
                 h.shared.topology.add(());
             });
@@ -297,7 +302,10 @@ impl Controller {
         let objects = self.objects.store().state();
         let have = decide::by_item(objects.iter().map(|o| &**o));
         let written = self.written.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let previous = std::mem::replace(&mut *self.handle.shared.desired.lock().unwrap_or_else(|e| e.into_inner()), desired.clone());
+        let previous = std::mem::replace(
+            &mut *self.handle.shared.desired.lock().unwrap_or_else(|e| e.into_inner()),
+            desired.clone(),
+        );
         let mut queued = 0;
         for i in &desired {
             if !previous.contains(i) || (!have.contains_key(i) && !written.contains_key(i)) {

@@ -64,7 +64,11 @@ fn segments_from_csinodes_and_node_labels() {
         ("another driver's node", vec![csinode("a", &[("other.example.com", Some(keys))])], vec![]),
         ("a CSINode whose Node is gone", vec![csinode("gone", &[(DRIVER, Some(keys))])], vec![]),
         ("a Node still missing a key's label", vec![csinode("no-rack", &[(DRIVER, Some(keys))])], vec![]),
-        ("a driver without topology keys: the empty segment", vec![csinode("plain", &[(DRIVER, None)])], vec![seg(&[])]),
+        (
+            "a driver without topology keys: the empty segment",
+            vec![csinode("plain", &[(DRIVER, None)])],
+            vec![seg(&[])],
+        ),
     ];
     for (what, nodes, want) in table {
         let got: Vec<Segment> = segments(nodes.iter(), &labels, DRIVER).into_iter().collect();
@@ -178,7 +182,13 @@ fn owner(uid: &str) -> OwnerReference {
 #[test]
 fn a_new_object_has_upstreams_name_labels_topology_and_owner() {
     let i = item(&[("zone", "z1")], "fast");
-    let o = new_object(&i, Answer { available: 1 << 30, maximum: Some(1 << 20) }, DRIVER, "external-provisioner", Some(&owner("u")));
+    let o = new_object(
+        &i,
+        Answer { available: 1 << 30, maximum: Some(1 << 20) },
+        DRIVER,
+        "external-provisioner",
+        Some(&owner("u")),
+    );
     assert_eq!(o.metadata.generate_name.as_deref(), Some("csisc-"));
     let l = o.metadata.labels.clone().unwrap_or_default();
     assert_eq!(l["csi.storage.k8s.io/drivername"], DRIVER);
@@ -291,7 +301,12 @@ fn the_owner_walk() {
     assert_eq!(owner_step(&pod, "v1", "Pod", 1), Ok(done("apps/v1", "ReplicaSet", "rs", "rs-uid")), "level 1: unread");
     assert_eq!(
         owner_step(&pod, "v1", "Pod", 2),
-        Ok(OwnerStep::Follow { api_version: "apps/v1".into(), kind: "ReplicaSet".into(), name: "rs".into(), levels: 1 })
+        Ok(OwnerStep::Follow {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: "rs".into(),
+            levels: 1
+        })
     );
     let orphan = ObjectMeta { owner_references: None, ..pod };
     assert_eq!(
