@@ -418,7 +418,6 @@ type MakeApi<K> = Arc<dyn Fn(Client) -> Api<K> + Send + Sync>;
 /// The trimmed list-and-watch of all `K` of `api` (with `labels`), with backoff: a
 /// streaming list where the apiserver offers it, else a list from its watch
 /// cache ([`with_list_fallback`]).
-
 fn api_source<K>(api: Api<K>, labels: Option<String>) -> EventStream<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
