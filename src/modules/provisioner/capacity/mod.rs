@@ -364,12 +364,16 @@ impl Controller {
         self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(item);
     }
 
-    async fn sync_item(&self, item: Item) -> Outcome {
+    /// Syncs one item; `stop` abandons a call or write still waiting (for
+    /// the capacity client's budget, say) at shutdown: an object not
+    /// refreshed is refreshed by the next leader.
+    async fn sync_item(&self, item: Item, stop: &CancellationToken) -> Outcome {
         if !self.handle.desired().contains(&item) {
             return Outcome::Done;
         }
         let Some(sc) = self.classes.store().get_named(None, &item.class) else { return Outcome::Done };
-        let resp = match self.get_capacity(&item, &sc).await {
+        let Some(resp) = stop.run_until_cancelled(self.get_capacity(&item, &sc)).await else { return Outcome::Done };
+        let resp = match resp {
             Ok(r) => r,
             Err(s) => {
                 tracing::warn!(item = %item, error = %crate::compat::grpc_error_text(&s), "CSI GetCapacity failed");
@@ -387,7 +391,11 @@ impl Controller {
         match self.current(&item) {
             None => {
                 let obj = decide::new_object(&item, answer, &self.settings.driver, &self.settings.managed_by, owner);
-                match self.api().create(&PostParams::default(), &obj).await {
+                let api = self.api();
+                let Some(created) = stop.run_until_cancelled(api.create(&PostParams::default(), &obj)).await else {
+                    return Outcome::Done;
+                };
+                match created {
                     Ok(created) => {
                         tracing::debug!(item = %item, name = ?created.metadata.name, capacity = answer.available, "Created CSIStorageCapacity");
                         self.remember(&item, created);
@@ -402,7 +410,12 @@ impl Controller {
             Some(obj) => {
                 let Some(patch) = decide::update(&obj, answer, owner) else { return Outcome::Done };
                 let name = obj.metadata.name.clone().unwrap_or_default();
-                match self.api().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                let api = self.api();
+                let pp = PatchParams::default();
+                let Some(patched) = stop.run_until_cancelled(api.patch(&name, &pp, &Patch::Merge(&patch))).await else {
+                    return Outcome::Done;
+                };
+                match patched {
                     Ok(updated) => {
                         tracing::debug!(item = %item, name = %name, capacity = answer.available, "Updated CSIStorageCapacity");
                         self.remember(&item, updated);
@@ -422,7 +435,7 @@ impl Controller {
         }
     }
 
-    async fn sync_delete(&self, name: String, uid: String) -> Outcome {
+    async fn sync_delete(&self, name: String, uid: String, stop: &CancellationToken) -> Outcome {
         let objects = self.objects.store().state();
         let desired = self.handle.desired();
         let still = decide::to_delete(objects.iter().map(|o| &**o), &desired).contains(&(name.clone(), uid.clone()));
@@ -433,7 +446,9 @@ impl Controller {
             preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
             ..DeleteParams::default()
         };
-        match self.api().delete(&name, &dp).await {
+        let api = self.api();
+        let Some(deleted) = stop.run_until_cancelled(api.delete(&name, &dp)).await else { return Outcome::Done };
+        match deleted {
             Ok(_) => {
                 tracing::debug!(name = %name, "Deleted an obsolete CSIStorageCapacity");
                 Outcome::Done
@@ -473,7 +488,7 @@ impl Controller {
                 }
             }
         };
-        let stop = token.clone();
+        let (stop, stop_workers) = (token.clone(), token.clone());
         tokio::join!(
             self.handle.shared.topology.run(1, token.clone(), move |()| {
                 let c = c1.clone();
@@ -483,12 +498,12 @@ impl Controller {
                 }
             }),
             self.handle.shared.items.run(self.settings.threads.max(1), token.clone(), move |key| {
-                let c = c2.clone();
+                let (c, stop) = (c2.clone(), stop_workers.clone());
                 let span = tracing::info_span!("capacity", key = ?key);
                 async move {
                     match key {
-                        Key::Item(i) => c.sync_item(i).await,
-                        Key::Delete(name, uid) => c.sync_delete(name, uid).await,
+                        Key::Item(i) => c.sync_item(i, &stop).await,
+                        Key::Delete(name, uid) => c.sync_delete(name, uid, &stop).await,
                     }
                 }
                 .instrument(span)
