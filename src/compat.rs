@@ -301,6 +301,40 @@ pub mod provisioner {
     pub use super::snapshotter::{NODE_NAME_ENV, TEXT_NODE_NAME_MISSING};
 }
 
+/// external-provisioner's storage capacity tracking (`pkg/capacity`).
+pub mod capacity {
+    /// CSIStorageCapacity label: the driver.
+    pub const LABEL_DRIVER_NAME: &str = "csi.storage.k8s.io/drivername";
+    /// CSIStorageCapacity label: the managing instance.
+    pub const LABEL_MANAGED_BY: &str = "csi.storage.k8s.io/managed-by";
+    /// Value of [`LABEL_MANAGED_BY`] of a central provisioner.
+    pub const MANAGED_BY: &str = "external-provisioner";
+    /// `metadata.generateName` of the objects.
+    pub const GENERATE_NAME: &str = "csisc-";
+    /// The namespace of the objects (required).
+    pub const ENV_NAMESPACE: &str = "NAMESPACE";
+    /// The pod the owner walk starts from (with an owner level >= 0).
+    pub const ENV_POD_NAME: &str = "POD_NAME";
+    /// Work queue of the objects (upstream's name).
+    pub const QUEUE: &str = "csistoragecapacity";
+    /// Work queue of the topology segments (upstream's name).
+    pub const QUEUE_TOPOLOGY: &str = "csitopology";
+    /// Gauge: objects that are supposed to exist.
+    pub const METRIC_GOAL: &str = "csistoragecapacities_desired_goal";
+    /// Help of [`METRIC_GOAL`].
+    pub const METRIC_GOAL_HELP: &str =
+        "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.";
+    /// Gauge: objects that exist and are supposed to.
+    pub const METRIC_CURRENT: &str = "csistoragecapacities_desired_current";
+    /// Help of [`METRIC_CURRENT`].
+    pub const METRIC_CURRENT_HELP: &str =
+        "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.";
+    /// Gauge: objects that exist and will be deleted.
+    pub const METRIC_OBSOLETE: &str = "csistoragecapacities_obsolete";
+    /// Help of [`METRIC_OBSOLETE`].
+    pub const METRIC_OBSOLETE_HELP: &str = "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.";
+}
+
 /// external-attacher.
 pub mod attacher {
     /// VolumeAttachment annotation with the node ID used for attach.

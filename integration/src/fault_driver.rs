@@ -14,6 +14,9 @@
 //! The GroupController service (with `Script::group_snapshots`) keeps group
 //! snapshots the same way ([`FaultDriver::groups`], [`FaultDriver::group_calls`]);
 //! without it every group call answers `Unimplemented`.
+//! GetCapacity answers per topology segment, less what the created volumes
+//! in that segment take, with an optional maximum volume size and garbage
+//! on demand ([`Script::capacity`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -135,6 +138,28 @@ pub struct Script {
     pub group_snapshots: bool,
     /// `CreateVolumeGroupSnapshot` fails with this while set.
     pub create_group_snapshot_error: Option<(Code, String)>,
+    /// Advertise GET_CAPACITY (with `controller`). `GetCapacity` answers
+    /// per segment ([`segment_key`] of `accessible_topology`): the
+    /// segment's total from `capacity_segments`, else `capacity_total`,
+    /// minus the bytes of the volumes created in it (`CreateVolume` puts a
+    /// volume in the first preferred, else requisite, segment and answers
+    /// it as the volume's accessible topology, with `topology`); a segment
+    /// with neither fails with NotFound.
+    pub capacity: bool,
+    /// The total of a segment not in `capacity_segments`.
+    pub capacity_total: Option<i64>,
+    /// Totals by [`segment_key`].
+    pub capacity_segments: BTreeMap<String, i64>,
+    /// `maximum_volume_size` of every answer.
+    pub capacity_maximum: Option<i64>,
+    /// Garbage: `available_capacity` is this instead (e.g. negative).
+    pub capacity_garbage: Option<i64>,
+}
+
+/// A segment as `k=v,k2=v2`, keys sorted (`""`: no topology).
+pub fn segment_key<'a>(segment: impl IntoIterator<Item = (&'a String, &'a String)>) -> String {
+    let sorted: BTreeMap<&String, &String> = segment.into_iter().collect();
+    sorted.into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
 }
 
 impl Default for Script {
@@ -176,6 +201,11 @@ impl Default for Script {
             clone: false,
             group_snapshots: false,
             create_group_snapshot_error: None,
+            capacity: false,
+            capacity_total: None,
+            capacity_segments: BTreeMap::new(),
+            capacity_maximum: None,
+            capacity_garbage: None,
         }
     }
 }
@@ -208,7 +238,12 @@ pub struct Counters {
     pub publishes: AtomicU64,
     /// `ControllerUnpublishVolume` calls.
     pub unpublishes: AtomicU64,
+    /// `GetCapacity` calls.
+    pub get_capacities: AtomicU64,
 }
+
+/// Bytes allocated by created volumes: volume id → (segment key, bytes).
+pub type Allocations = Arc<Mutex<BTreeMap<String, (String, i64)>>>;
 
 /// The backend: volumes by name (`CreateVolume` is idempotent by name).
 pub type Volumes = Arc<Mutex<BTreeMap<String, String>>>;
@@ -430,6 +465,7 @@ struct Service {
     publish_log: Arc<Mutex<PublishLog>>,
     calls: CallLog,
     modify_log: ModifyLog,
+    allocations: Allocations,
 }
 
 /// The `mutable_parameters` of every ControllerModifyVolume call.
@@ -581,6 +617,9 @@ impl Controller for Service {
         if s.clone {
             rpcs.push(RpcType::CloneVolume);
         }
+        if s.capacity {
+            rpcs.push(RpcType::GetCapacity);
+        }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: rpcs
                 .into_iter()
@@ -612,8 +651,18 @@ impl Controller for Service {
         .map_err(|e| Status::internal(e.to_string()))?;
         let bytes = req.capacity_range.map_or(0, |c| c.required_bytes);
         let content_source = req.volume_content_source;
+        let segment = req.accessibility_requirements.as_ref().and_then(|r| r.preferred.first().or(r.requisite.first()));
+        let accessible_topology = segment.filter(|_| s.topology).cloned().into_iter().collect();
+        let key = segment.map(|t| segment_key(&t.segments)).unwrap_or_default();
+        self.allocations.lock().expect("allocations").entry(id.clone()).or_insert((key, bytes));
         Ok(Response::new(csi::CreateVolumeResponse {
-            volume: Some(csi::Volume { volume_id: id, capacity_bytes: bytes, content_source, ..Default::default() }),
+            volume: Some(csi::Volume {
+                volume_id: id,
+                capacity_bytes: bytes,
+                content_source,
+                accessible_topology,
+                ..Default::default()
+            }),
         }))
     }
 
@@ -768,7 +817,28 @@ impl Controller for Service {
         check_secret(&self.script(), &req.secrets)?;
         let id = req.volume_id;
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
+        self.allocations.lock().expect("allocations").remove(&id);
         Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn get_capacity(
+        &self,
+        req: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        self.counters.get_capacities.fetch_add(1, Ordering::SeqCst);
+        let req = req.into_inner();
+        let s = self.script();
+        let key = req.accessible_topology.as_ref().map(|t| segment_key(&t.segments)).unwrap_or_default();
+        let Some(total) = s.capacity_segments.get(&key).copied().or(s.capacity_total) else {
+            return Err(Status::not_found(format!("unknown topology segment {key:?}")));
+        };
+        let used: i64 =
+            self.allocations.lock().expect("allocations").values().filter(|(k, _)| *k == key).map(|(_, b)| b).sum();
+        Ok(Response::new(csi::GetCapacityResponse {
+            available_capacity: s.capacity_garbage.unwrap_or(total - used),
+            maximum_volume_size: s.capacity_maximum,
+            minimum_volume_size: None,
+        }))
     }
 }
 
@@ -971,6 +1041,8 @@ pub struct FaultDriver {
     /// The group snapshots that exist in the backend.
     pub groups: Groups,
     group_log: Arc<Mutex<Vec<GroupCall>>>,
+    /// Bytes of the created volumes by segment.
+    pub allocations: Allocations,
     stop: CancellationToken,
 }
 
@@ -1011,7 +1083,9 @@ impl FaultDriver {
         let snapshot_log: Arc<Mutex<Vec<SnapshotCall>>> = Arc::default();
         let groups: Groups = Arc::default();
         let group_log: Arc<Mutex<Vec<GroupCall>>> = Arc::default();
+        let allocations: Allocations = Arc::default();
         let svc = Service {
+            allocations: allocations.clone(),
             groups: groups.clone(),
             group_log: group_log.clone(),
             snapshots: snapshots.clone(),
@@ -1071,6 +1145,7 @@ impl FaultDriver {
             snapshot_log,
             groups,
             group_log,
+            allocations,
             stop,
         }
     }
@@ -1088,6 +1163,11 @@ impl FaultDriver {
     /// Names of the volumes that exist in the backend.
     pub fn volume_names(&self) -> Vec<String> {
         self.volumes.lock().expect("volumes").keys().cloned().collect()
+    }
+
+    /// `GetCapacity` calls so far.
+    pub fn get_capacities(&self) -> u64 {
+        self.counters.get_capacities.load(Ordering::SeqCst)
     }
 
     /// `CreateVolume` calls so far.
@@ -1213,12 +1293,18 @@ impl FaultEnv {
     /// symlink) on the driver's socket and the env's control plane, with
     /// `args` after those two flags.
     pub fn sidecar(&self, name: &str, program: &Path, args: &[&str]) -> crate::process::Proc {
+        self.sidecar_env(name, program, args, &[])
+    }
+
+    /// Like [`FaultEnv::sidecar`], with environment variables.
+    pub fn sidecar_env(&self, name: &str, program: &Path, args: &[&str], env: &[(&str, &str)]) -> crate::process::Proc {
         let mut all = vec![
             format!("--csi-address={}", self.socket().display()),
             format!("--kubeconfig={}", self.kubeconfig.display()),
         ];
         all.extend(args.iter().map(|s| s.to_string()));
-        crate::process::Proc::spawn(name, program, &all, self.dir.path())
+        let env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, Some(*v))).collect();
+        crate::process::Proc::spawn_env(name, program, &all, &env, self.dir.path())
     }
 }
 

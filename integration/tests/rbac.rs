@@ -155,6 +155,28 @@ const PROVISIONER_CALLS: &[(&str, &str, &str)] = &[
     ("", "events", "patch"),
 ];
 
+/// What capacity tracking calls (src/modules/provisioner/capacity/mod.rs),
+/// in the provisioner's namespace only (a Role).
+const CAPACITY_CALLS: &[(&str, &str, &str)] = &[
+    // views::capacity_objects: the namespaced, label-selected watch.
+    ("storage.k8s.io", "csistoragecapacities", "list"),
+    ("storage.k8s.io", "csistoragecapacities", "watch"),
+    // `sync_item`: a new object; a changed capacity (merge patch).
+    ("storage.k8s.io", "csistoragecapacities", "create"),
+    ("storage.k8s.io", "csistoragecapacities", "patch"),
+    // `sync_delete`: an object whose class or segment is gone.
+    ("storage.k8s.io", "csistoragecapacities", "delete"),
+    // `lookup_owner`: the pod $POD_NAME (--capacity-ownerref-level >= 0).
+    ("", "pods", "get"),
+];
+
+#[test]
+fn provisioner_capacity_role_is_exactly_what_the_code_calls() {
+    let role = doc("provisioner.yaml", "Role", "csi-sidecar-provisioner-capacity");
+    assert_eq!(role["metadata"]["namespace"], "default", "namespace placeholder");
+    assert_eq!(triples(&role), set(CAPACITY_CALLS));
+}
+
 /// src/kube/leader.rs: `get_opt`, `create`, `replace` of the Lease.
 const LEADER_ELECTION_CALLS: &[(&str, &str, &str)] = &[
     ("coordination.k8s.io", "leases", "get"),
@@ -290,7 +312,14 @@ fn resizer_cluster_role_is_exactly_what_the_code_calls() {
 fn the_code_touches_no_kind_the_rbac_does_not_cover() {
     let root = workspace_root().join("src");
     let mut found = BTreeSet::new();
-    for dir in ["modules/provisioner", "modules/attacher", "modules/resizer", "modules/snapshotter", "kube"] {
+    for dir in [
+        "modules/provisioner",
+        "modules/provisioner/capacity",
+        "modules/attacher",
+        "modules/resizer",
+        "modules/snapshotter",
+        "kube",
+    ] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();
             if path.extension().is_none_or(|e| e != "rs") {
@@ -331,6 +360,11 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "VolumeGroupSnapshotClass",
         // The provisioner's gate-only rule, commented out in manifests/rbac/provisioner.yaml.
         "ReferenceGrant",
+        // Capacity tracking: its Role in provisioner.yaml; the owner walk's
+        // objects above the pod (replicasets: a commented-out rule).
+        "CSIStorageCapacity",
+        "Pod",
+        "DynamicObject",
     ]
     .into_iter()
     .map(str::to_string)
@@ -453,7 +487,13 @@ impl Module {
             ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "patch"),
         ];
         let skip = set(&unexercised);
-        set(calls).into_iter().filter(|t| !skip.contains(t)).chain(set(LEADER_ELECTION_CALLS)).collect()
+        let capacity = if self == Module::Provisioner { CAPACITY_CALLS } else { &[] };
+        set(calls)
+            .into_iter()
+            .filter(|t| !skip.contains(t))
+            .chain(set(LEADER_ELECTION_CALLS))
+            .chain(set(capacity))
+            .collect()
     }
 }
 
@@ -522,7 +562,9 @@ async fn apply_rbac(client: &Client, ns: &str, module: Module, drop: Option<&Tri
         r.unwrap_or_else(|e| panic!("create {what}: {e}"));
         applied += 1;
     }
-    assert_eq!(applied, 5, "ServiceAccount, ClusterRole, Role and their two bindings");
+    // The provisioner also has the capacity Role and its binding.
+    let want = if module == Module::Provisioner { 7 } else { 5 };
+    assert_eq!(applied, want, "ServiceAccount, ClusterRole, Role(s) and their bindings");
 }
 
 fn drop_ok<T>(_: T) {}
@@ -594,7 +636,29 @@ impl Cycle {
         if module == Module::Attacher {
             args.push("--reconcile-sync=2s".into());
         }
-        let sidecar = Proc::spawn("csi-sidecar", &sidecar_bin(), &args, dir.path());
+        // Capacity tracking, owned by a pod of the namespace (the owner walk's GET).
+        let mut env = Vec::new();
+        if module == Module::Provisioner {
+            let p = Pod {
+                metadata: kube::api::ObjectMeta { name: Some("provisioner-0".into()), ..Default::default() },
+                spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                    containers: vec![k8s_openapi::api::core::v1::Container {
+                        name: "c".into(),
+                        image: Some("example.invalid/none".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            create(&Api::<Pod>::namespaced(admin.clone(), ns.name()), &p).await;
+            args.extend(
+                ["--enable-capacity", "--capacity-ownerref-level=0", "--capacity-poll-interval=1s"].map(String::from),
+            );
+            env = vec![("NAMESPACE", ns.name().to_string()), ("POD_NAME", "provisioner-0".to_string())];
+        }
+        let env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, Some(v.as_str()))).collect();
+        let sidecar = Proc::spawn_env("csi-sidecar", &sidecar_bin(), &args, &env, dir.path());
         Cycle { module, ns, driver, sidecar, driver_name, node_name, _dir: dir }
     }
 
@@ -936,6 +1000,41 @@ impl Cycle {
         pvcs.delete("moved", &DeleteParams::default())
             .await
             .map_err(|e| self.fail(format!("delete PVC moved: {e}")))?;
+
+        // Capacity: one object for the late-binding class on the node's
+        // segment (created), owned by the pod (its GET); an admin's wrong
+        // capacity corrected by the next poll (patch); gone with its class
+        // (delete).
+        let capacities: Api<k8s_openapi::api::storage::v1::CSIStorageCapacity> = Api::namespaced(client.clone(), &ns);
+        let late_name = late.metadata.name.clone().unwrap_or_default();
+        let object = self
+            .until("a CSIStorageCapacity for the late-binding class", async |_| {
+                let list = capacities.list(&ListParams::default()).await.ok()?;
+                list.items.into_iter().find(|c| c.storage_class_name == late_name)
+            })
+            .await?;
+        let obj_name = object.metadata.name.clone().unwrap_or_default();
+        let owner = object.metadata.owner_references.clone().unwrap_or_default();
+        if owner.first().map(|o| (o.kind.as_str(), o.name.as_str())) != Some(("Pod", "provisioner-0")) {
+            return Err(self.fail(format!("the CSIStorageCapacity is not owned by the pod: {owner:?}")));
+        }
+        capacities
+            .patch(&obj_name, &PatchParams::default(), &Patch::Merge(serde_json::json!({"capacity": "1"})))
+            .await
+            .map_err(|e| self.fail(format!("patch the capacity: {e}")))?;
+        self.until("the capacity corrected by a poll", async |_| {
+            let c = capacities.get(&obj_name).await.ok()?;
+            (c.capacity.map(|q| q.0).as_deref() != Some("1")).then_some(())
+        })
+        .await?;
+        classes
+            .delete(&late_name, &DeleteParams::default())
+            .await
+            .map_err(|e| self.fail(format!("delete class: {e}")))?;
+        self.until("the CSIStorageCapacity deleted with its class", async |_| {
+            matches!(capacities.get_opt(&obj_name).await, Ok(None)).then_some(())
+        })
+        .await?;
         pvcs.delete("broken", &DeleteParams::default())
             .await
             .map_err(|e| self.fail(format!("delete PVC broken: {e}")))?;
@@ -1340,10 +1439,10 @@ async fn every_exercised_verb_is_needed(module: Module) {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// 30 triples: all of the provisioner's.
+/// 36 triples: all of the provisioner's (6 of capacity tracking).
 #[tokio::test]
 async fn provisioner_fails_without_any_one_exercised_verb() {
-    assert_eq!(Module::Provisioner.exercised().len(), 30);
+    assert_eq!(Module::Provisioner.exercised().len(), 36);
     every_exercised_verb_is_needed(Module::Provisioner).await;
 }
 

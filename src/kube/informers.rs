@@ -222,6 +222,19 @@ struct Entry {
     kind: String,
     type_name: &'static str,
     starter: Option<Starter>,
+    /// Where the kind is watched: `None` cluster-wide.
+    scope: Option<Scope>,
+}
+
+/// A watch narrower than cluster-wide: one namespace, objects with these
+/// labels (a kind only one module reads in one place, such as the
+/// provisioner's CSIStorageCapacities).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The namespace.
+    pub namespace: String,
+    /// A label selector (`k=v,k2=v2`).
+    pub labels: String,
 }
 
 /// The registry of shared informers.
@@ -280,9 +293,39 @@ impl Informers {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        self.shared_in(None, Arc::new(Api::all))
+    }
+
+    /// The view `name` of `K` watched only in `scope` (one namespace, a
+    /// label selector); `keep` filters further. A kind is watched in one
+    /// scope: asking for it in another (or cluster-wide) is a panic, as
+    /// two watches of one kind would be.
+    pub fn scoped<K>(&self, scope: Scope, name: &str, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Informer<K>
+    where
+        K: Resource<DynamicType = (), Scope = ::kube::core::NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let ns = scope.namespace.clone();
+        self.shared_in::<K>(Some(scope), Arc::new(move |c| Api::namespaced(c, &ns)));
+        self.view(name, keep)
+    }
+
+    fn shared_in<K>(&self, scope: Option<Scope>, make_api: MakeApi<K>) -> Arc<Shared<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let kind = kind_key::<K>();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = entries.get(&kind) {
+            // A programming error as below: one kind, one watch.
+            if scope.is_some() && e.scope != scope {
+                panic!("{kind} is already watched in {:?}, not {scope:?}", e.scope);
+            }
             match e.informer.clone().downcast::<Shared<K>>() {
                 Ok(shared) => return shared,
                 // A programming error caught by any test that starts the
@@ -298,10 +341,13 @@ impl Informers {
             relist: Notify::new(),
         });
         let for_task = shared.clone();
+        let watched = scope.clone();
         let starter: Starter = Box::new(move |client, injected, shutdown| {
             let source: Source<K> = match injected.and_then(|s| s.downcast::<Source<K>>().ok()) {
                 Some(s) => *s,
-                None => Arc::new(move || api_source::<K>(client.clone())),
+                None => Arc::new(move || {
+                    api_source::<K>(make_api(client.clone()), watched.as_ref().map(|s| s.labels.clone()))
+                }),
             };
             Box::pin(supervise::<K>(for_task, source, shutdown))
         });
@@ -310,6 +356,7 @@ impl Informers {
             kind: kind.clone(),
             type_name: std::any::type_name::<K>(),
             starter: Some(starter),
+            scope,
         };
         entries.insert(kind, entry);
         shared
@@ -365,16 +412,23 @@ type EventStream<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
 /// Opens a watch's event stream (again, when one ends).
 pub(crate) type Source<K> = Arc<dyn Fn() -> EventStream<K> + Send + Sync>;
 
-/// The trimmed list-and-watch of all `K` in the cluster, with backoff: a
+/// How a kind's watch gets its `Api` (cluster-wide, or one namespace).
+type MakeApi<K> = Arc<dyn Fn(Client) -> Api<K> + Send + Sync>;
+
+/// The trimmed list-and-watch of all `K` of `api` (with `labels`), with backoff: a
 /// streaming list where the apiserver offers it, else a list from its watch
 /// cache ([`with_list_fallback`]).
-fn api_source<K>(client: Client) -> EventStream<K>
+fn api_source<K>(api: Api<K>, labels: Option<String>) -> EventStream<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let api: Api<K> = Api::all(client);
-    let streaming = watcher::watcher(api.clone(), streaming_config()).default_backoff().boxed();
-    let listing = move || watcher::watcher(api.clone(), list_config()).default_backoff().boxed();
+    let select = move |c: watcher::Config| match &labels {
+        Some(l) => c.labels(l),
+        None => c,
+    };
+    let (streaming_cfg, list_cfg) = (select(streaming_config()), select(list_config()));
+    let streaming = watcher::watcher(api.clone(), streaming_cfg).default_backoff().boxed();
+    let listing = move || watcher::watcher(api.clone(), list_cfg).default_backoff().boxed();
     with_list_fallback(streaming, listing, &K::kind(&())).modify(trim::<K>).boxed()
 }
 

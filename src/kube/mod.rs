@@ -69,6 +69,8 @@ pub struct KubeContext {
     /// The process-wide election with `--leader-election-shared-lease`,
     /// started by the first module that asks.
     shared_lease: std::sync::Arc<tokio::sync::OnceCell<shared_lease::SharedLease>>,
+    /// The client configuration, for a module's client with its own budget.
+    config: ::kube::Config,
 }
 
 /// All modules' Lease health checks as one: healthy only if each is.
@@ -126,7 +128,7 @@ impl KubeContext {
         let agent = client::user_agent(crate::cli::PROGRAM);
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let client = client::with_user_agent(&client, &agent)?;
-        let leader_client = client::build(config, shared.kube_api_qps(), shared.kube_api_burst())?;
+        let leader_client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let leader_client = client::with_user_agent(&leader_client, &agent)?;
         let labels = match shared.leader_election_labels.as_deref() {
             Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
@@ -148,7 +150,21 @@ impl KubeContext {
             leader,
             leader_health: LeaderHealth::default(),
             shared_lease: std::sync::Arc::default(),
+            config,
         })
+    }
+
+    /// Another client with its own request budget (the provisioner's
+    /// CSIStorageCapacity client: `--kube-api-capacity-qps/-burst`), writing
+    /// as `program` (its field manager).
+    pub fn client_with_budget(
+        &self,
+        qps: f64,
+        burst: u32,
+        program: &str,
+    ) -> Result<::kube::Client, client::ClientError> {
+        let c = client::build(self.config.clone(), qps, burst)?;
+        client::with_user_agent(&c, &client::user_agent(program))
     }
 
     /// An elector for `lock_name` when `--leader-election` is on.

@@ -159,3 +159,29 @@ pub fn driver_group_snapshot_contents(informers: &Informers, driver: &str) -> In
 pub fn group_snapshot_classes(informers: &Informers) -> Informer<VolumeGroupSnapshotClass> {
     informers.get::<VolumeGroupSnapshotClass>()
 }
+
+/// The CSIStorageCapacity objects this provisioner manages: watched in
+/// `namespace` only, selected by the driver and managed-by labels (the
+/// apiserver filters; the view checks again).
+pub fn capacity_objects(
+    informers: &Informers,
+    namespace: &str,
+    driver: &str,
+    managed_by: &str,
+) -> Informer<k8s_openapi::api::storage::v1::CSIStorageCapacity> {
+    use crate::compat::capacity::{LABEL_DRIVER_NAME, LABEL_MANAGED_BY};
+    let scope = crate::kube::informers::Scope {
+        namespace: namespace.to_string(),
+        labels: format!("{LABEL_DRIVER_NAME}={driver},{LABEL_MANAGED_BY}={managed_by}"),
+    };
+    let (d, m) = (driver.to_string(), managed_by.to_string());
+    informers.scoped(
+        scope,
+        &format!("capacity,driver={driver}"),
+        move |c: &k8s_openapi::api::storage::v1::CSIStorageCapacity| {
+            let labels = c.metadata.labels.as_ref();
+            labels.and_then(|l| l.get(LABEL_DRIVER_NAME)) == Some(&d)
+                && labels.and_then(|l| l.get(LABEL_MANAGED_BY)) == Some(&m)
+        },
+    )
+}

@@ -45,7 +45,7 @@ pub struct ProvisionerFlags {
     /// how often orphaned snapshot source finalizers are swept; 0 disables it (default 5m)
     #[argh(option, default = "secs(300)", from_str_fn(duration))]
     pub snapshot_orphan_sweep_interval: Duration,
-    /// capacity workers (accepted; capacity tracking is not implemented yet) (default 1)
+    /// CSIStorageCapacity workers (default 1)
     #[argh(option, default = "1")]
     pub capacity_threads: usize,
     /// timeout of each CSI call (default 10s)
@@ -63,22 +63,22 @@ pub struct ProvisionerFlags {
     /// fsType when the StorageClass sets none (default "")
     #[argh(option, default = "String::new()")]
     pub default_fstype: String,
-    /// API budget of the capacity client (accepted; capacity tracking is not implemented yet) (default 1)
+    /// requests per second of the CSIStorageCapacity client (default 1)
     #[argh(option, default = "1.0")]
     pub kube_api_capacity_qps: f64,
-    /// burst of the capacity client (accepted) (default 5)
+    /// burst of the CSIStorageCapacity client (default 5)
     #[argh(option, default = "5")]
     pub kube_api_capacity_burst: u32,
-    /// produce CSIStorageCapacity objects (not implemented yet: refused) (default false)
+    /// produce CSIStorageCapacity objects from GetCapacity (needs env NAMESPACE, and POD_NAME unless --capacity-ownerref-level=-1) (default false)
     #[argh(switch)]
     pub enable_capacity: bool,
-    /// capacity also for Immediate StorageClasses (accepted) (default false)
+    /// CSIStorageCapacity also for StorageClasses with Immediate binding (default false)
     #[argh(switch)]
     pub capacity_for_immediate_binding: bool,
-    /// capacity poll interval (accepted) (default 1m)
+    /// how often every CSIStorageCapacity is refreshed with GetCapacity (default 1m)
     #[argh(option, default = "secs(60)", from_str_fn(duration))]
     pub capacity_poll_interval: Duration,
-    /// capacity owner reference level (accepted) (default 1)
+    /// owner of the CSIStorageCapacity objects, counted up from POD_NAME: negative: none, 0 the pod, 1 its controller (StatefulSet, ReplicaSet), 2 a Deployment (default 1)
     #[argh(option, default = "1")]
     pub capacity_ownerref_level: i64,
     /// per-node deployment next to the driver; needs $NODE_NAME (default false)
@@ -136,8 +136,8 @@ impl ProvisionerFlags {
         if self.worker_threads == 0 {
             return Err("--worker-threads must be greater than 0".into());
         }
-        if self.enable_capacity {
-            return Err("--enable-capacity is not implemented by csi-sidecar yet".into());
+        if self.enable_capacity && self.capacity_poll_interval.is_zero() {
+            return Err("--capacity-poll-interval must be greater than 0".into());
         }
         parse_feature_gates(&self.feature_gates)?;
         Ok(Vec::new())

@@ -10,6 +10,7 @@
 //! `volumes`, `cloning-protection`), live reads of data sources, CSI calls
 //! through the shared connection, events, and the optional Lease.
 
+pub mod capacity;
 pub mod config;
 pub mod decide;
 pub mod node_deployment;
@@ -158,6 +159,9 @@ struct Provisioner {
     races: node_deployment::Races,
     /// The `VolumeAttributesClass` gate in effect.
     vac_gate: bool,
+    /// Capacity tracking (`--enable-capacity`), told about provisioning
+    /// and deletion.
+    capacity: Option<capacity::Handle>,
 }
 
 /// A clone's or restore's source as read for its checks.
@@ -694,6 +698,9 @@ impl Provisioner {
         }
         self.forget_in_flight(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
+        if let Some(c) = &self.capacity {
+            c.provisioned(&pv, &class);
+        }
         if let Some(src) = plan.source.as_ref().filter(|s| s.kind == SourceKind::Snapshot) {
             self.release_snapshot(src).await;
         }
@@ -719,6 +726,9 @@ impl Provisioner {
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
         failed(status_text(status));
+        if let (Some(c), Some(sc)) = (&self.capacity, pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref())) {
+            c.refresh_class(sc);
+        }
         match class {
             CreateFailure::InBackground => Outcome::Retry,
             CreateFailure::Final | CreateFailure::Reschedule => {
@@ -858,6 +868,9 @@ impl Provisioner {
             }
             tracing::info!(pv = %name, volume = %handle, "Deleted volume");
             self.volume_deleted.insert(&uid);
+            if let Some(c) = &self.capacity {
+                c.deleted(pv);
+            }
         }
         let mut current = pv.clone();
         if pv.metadata.deletion_timestamp.is_none() {
@@ -1054,7 +1067,16 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
             "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
         );
     }
+    // Capacity tracking: its environment, the driver's capability and the
+    // owner walk are start-up checks (upstream exits on each).
+    let capacity_setup = match cfg.enable_capacity {
+        false => None,
+        true => Some(capacity_settings(&cfg, &kube, &driver).await?),
+    };
     let informers = &kube.informers;
+    let capacity_ctl = capacity_setup.map(|(settings, client)| {
+        Arc::new(capacity::Controller::register(informers, settings, ctx.csi.clone(), client))
+    });
     let (pvc_inf, pv_inf) = match &node {
         None => (
             crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver),
@@ -1193,6 +1215,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         node,
         races: node_deployment::Races::default(),
         vac_gate,
+        capacity: capacity_ctl.as_ref().map(|c| c.handle()),
         driver: driver.clone(),
         cfg,
     });
@@ -1201,6 +1224,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
         let (clone_inf, snap_inf, clone_queue) = (clone_inf.clone(), snap_inf.clone(), clone_queue.clone());
         let waiting_inf = waiting_inf.clone();
+        let capacity_ctl = capacity_ctl.clone();
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
@@ -1233,10 +1257,54 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                 }),
                 run_cloning_protection(p.clone(), clone_queue, token.clone()),
                 run_snapshot_sweep(p.clone(), snap_inf.clone(), token.clone()),
+                async {
+                    if let Some(c) = capacity_ctl.clone() {
+                        c.run(token.clone()).await;
+                    }
+                },
             );
         }
     };
     // Lease name: the driver name with '/' replaced, sanitised (upstream).
     // Lease name: upstream's for this module.
     crate::modules::led::run_led(&ctx, NAME, &driver.name.replace('/', "-"), work).await
+}
+
+/// The capacity controller's settings and client, checked at start-up:
+/// `$NAMESPACE` (and `$POD_NAME` for an owner), the driver's GET_CAPACITY
+/// capability, the owner walk.
+async fn capacity_settings(
+    cfg: &ProvisionerFlags,
+    kube: &KubeContext,
+    driver: &DriverInfo,
+) -> Result<(capacity::Settings, Client), ModuleError> {
+    let config = |message: String| ModuleError::Config { module: NAME, message };
+    if !driver.has_controller_capability(Rpc::GetCapacity) {
+        return Err(config(format!(
+            "--enable-capacity: the driver {} does not report the GET_CAPACITY controller capability",
+            driver.name
+        )));
+    }
+    let namespace = capacity::namespace_from_env().map_err(|e| config(e.to_string()))?;
+    let client = kube
+        .client_with_budget(cfg.kube_api_capacity_qps, cfg.kube_api_capacity_burst, "csi-provisioner")
+        .map_err(|e| ModuleError::Fatal { module: NAME, message: e.to_string() })?;
+    let owner = capacity::lookup_owner(&client, &namespace, cfg.capacity_ownerref_level)
+        .await
+        .map_err(|e| config(e.to_string()))?;
+    if let Some(o) = &owner {
+        tracing::info!("using {}/{} {} as owner of CSIStorageCapacity objects", o.api_version, o.kind, o.name);
+    }
+    let settings = capacity::Settings {
+        driver: driver.name.to_string(),
+        namespace,
+        managed_by: compat::capacity::MANAGED_BY.to_string(),
+        owner,
+        immediate: cfg.capacity_for_immediate_binding,
+        poll: cfg.capacity_poll_interval,
+        threads: cfg.capacity_threads,
+        timeout: cfg.timeout,
+        backoff: Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max },
+    };
+    Ok((settings, client))
 }
