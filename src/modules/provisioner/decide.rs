@@ -132,9 +132,29 @@ pub enum PlanError {
     /// Anything else, upstream's wording.
     #[error("{0}")]
     Invalid(String),
+    /// `spec.selector` is set.
+    #[error("claim Selector is not supported")]
+    Selector,
     /// A data source this provisioner leaves to an external populator.
     #[error("data source ({0}) is not handled by the provisioner, assuming an external populator will provision it")]
     ExternalPopulator(String),
+}
+
+impl PlanError {
+    /// Whether upstream reports this failure as it is, without the library's
+    /// `failed to provision volume with StorageClass "<class>": ` prefix:
+    /// the claim or class is refused before provisioning starts (an unknown
+    /// reserved key, a selector, a driver that cannot provision at all).
+    pub fn reported_unprefixed(&self) -> bool {
+        match self {
+            PlanError::Strip(ParamError::UnknownReservedKey(_)) | PlanError::Param(ParamError::UnknownReservedKey(_)) => {
+                true
+            }
+            PlanError::Selector => true,
+            PlanError::Capability(text) => text.starts_with("CSI driver does not support dynamic provisioning"),
+            _ => false,
+        }
+    }
 }
 
 /// Everything needed to call `CreateVolume` and then build the PV.
@@ -227,7 +247,7 @@ pub fn plan(
         _ => {}
     }
     if spec.selector.is_some() {
-        return Err(PlanError::Invalid("claim Selector is not supported".into()));
+        return Err(PlanError::Selector);
     }
     let uid = pvc.metadata.uid.clone().unwrap_or_default();
     let pv_name = volume_name(&s.volume_name_prefix, &uid, s.volume_name_uuid_length).map_err(PlanError::Invalid)?;

@@ -614,6 +614,10 @@ impl Provisioner {
                 );
                 return Outcome::Done;
             }
+            Err(e) if e.reported_unprefixed() => {
+                self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &e.to_string());
+                return Outcome::Retry;
+            }
             Err(e) => {
                 failed(e.to_string());
                 return Outcome::Retry;

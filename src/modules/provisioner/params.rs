@@ -28,7 +28,9 @@ pub enum ParamError {
     #[error("{0} secrets specified in parameters with both \"csi\" and \"csi.storage.k8s.io/\" keys")]
     SecretTwice(&'static str),
     /// Only one of name and namespace.
-    #[error("either name and namespace for {0} secrets specified, Both must be specified")]
+    #[error(
+        "failed to get name and namespace template from params: either name and namespace for {0} secrets specified, Both must be specified"
+    )]
     SecretHalf(&'static str),
     /// Name or namespace empty.
     #[error("{0} secrets specified in parameters but value of either namespace or name is empty")]

@@ -408,3 +408,45 @@ fn in_tree_classes_are_translated_for_their_target_only() {
         migrated_class(&conflicting, "ebs.csi.aws.com").unwrap_err().starts_with("failed to translate storage class")
     );
 }
+
+/// Which refusals upstream reports without the library's StorageClass
+/// prefix, pinned with their whole texts.
+#[test]
+fn refusal_texts_and_which_are_prefixed() {
+    let claim = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
+    let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
+    let mut sel = claim.clone();
+    sel.spec.as_mut().unwrap().selector = Some(Default::default());
+    let half = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s")], "Immediate");
+    let cases: Vec<(&str, PlanError, bool, &str)> = vec![
+        (
+            "no CREATE_DELETE_VOLUME",
+            plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings(), None).unwrap_err(),
+            true,
+            "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
+        ),
+        (
+            "unknown reserved key",
+            plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings(), None)
+                .unwrap_err(),
+            true,
+            "found unknown parameter key \"csi.storage.k8s.io/bogus\" with reserved namespace csi.storage.k8s.io/",
+        ),
+        (
+            "selector",
+            plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings(), None).unwrap_err(),
+            true,
+            "claim Selector is not supported",
+        ),
+        (
+            "half a secret reference",
+            plan(&claim, &half, &ok_driver, &settings(), None).unwrap_err(),
+            false,
+            "failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified",
+        ),
+    ];
+    for (what, err, unprefixed, text) in cases {
+        assert_eq!(err.reported_unprefixed(), unprefixed, "{what}: {err}");
+        assert!(err.to_string().ends_with(text), "{what}: {err}");
+    }
+}
