@@ -305,6 +305,20 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         rules(find(&static_snap, "ClusterRole", "-snapshotter")),
         "chart vs manifests/rbac/snapshotter.yaml"
     );
+    // Capacity tracking's namespaced Role: the manifest's, plus the
+    // ReplicaSet read the manifest leaves commented out (level 2 here).
+    let capacity = load(&out.path().join("chart-capacity.yaml"));
+    let mut chart_cap = rules(find(&capacity, "Role", "-provisioner-capacity"));
+    assert!(chart_cap.remove(&("apps".into(), "replicasets".into(), "get".into())), "level 2 reads the ReplicaSet");
+    assert_eq!(
+        chart_cap,
+        rules(find(&static_prov, "Role", "-provisioner-capacity")),
+        "chart vs manifests/rbac/provisioner.yaml (capacity)"
+    );
+    assert!(
+        !default.iter().any(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-provisioner-capacity"))),
+        "no capacity Role unless enabled"
+    );
     // The narrower Secrets alternative: no cluster-wide secrets rule, a Role per namespace.
     let narrow = load(&out.path().join("chart-attacher.yaml"));
     for role in ["-provisioner", "-attacher"] {
@@ -329,7 +343,7 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 16, "rendered csi-sidecar containers");
+    assert_eq!(checked, 18, "rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();

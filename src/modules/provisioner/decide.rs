@@ -147,9 +147,8 @@ impl PlanError {
     /// reserved key, a selector, a driver that cannot provision at all).
     pub fn reported_unprefixed(&self) -> bool {
         match self {
-            PlanError::Strip(ParamError::UnknownReservedKey(_)) | PlanError::Param(ParamError::UnknownReservedKey(_)) => {
-                true
-            }
+            PlanError::Strip(ParamError::UnknownReservedKey(_))
+            | PlanError::Param(ParamError::UnknownReservedKey(_)) => true,
             PlanError::Selector => true,
             PlanError::Capability(text) => text.starts_with("CSI driver does not support dynamic provisioning"),
             _ => false,

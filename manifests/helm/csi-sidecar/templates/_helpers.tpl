@@ -167,6 +167,17 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
       valueFrom:
         fieldRef:
           fieldPath: metadata.namespace
+    {{- if .capacity }}
+    # Capacity tracking: where its objects live and the owner walk's start.
+    - name: NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    {{- end }}
   {{- end }}
   ports:
     {{- range .ports }}
@@ -221,3 +232,16 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The provisioner's capacity-tracking flags (a YAML list; empty when off).
+*/}}
+{{- define "csi-sidecar.capacityArgs" -}}
+{{- $cap := .Values.controller.modules.provisioner.capacity -}}
+{{- if $cap.enabled -}}
+- --enable-capacity
+- {{ printf "--capacity-ownerref-level=%v" $cap.ownerrefLevel | quote }}
+{{- else -}}
+[]
+{{- end -}}
+{{- end }}
