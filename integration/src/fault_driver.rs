@@ -35,6 +35,7 @@ use csi_sidecar::csi::proto::csi::v1::{
     controller_server::{Controller, ControllerServer},
     group_controller_server::{GroupController, GroupControllerServer},
     identity_server::{Identity, IdentityServer},
+    node_server::{Node, NodeServer},
 };
 use tokio::{io::AsyncWriteExt, net::UnixListener};
 use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
@@ -93,6 +94,10 @@ pub struct Script {
     pub publish_error: Option<(Code, String)>,
     /// `ListVolumes` never ends: every page answers a new `next_token`.
     pub list_volumes_endless: bool,
+    /// `NodeGetInfo` answers this node ID and accessible topology (the
+    /// Node service's other calls answer `Unimplemented`); `None`: it
+    /// answers `Unimplemented` too.
+    pub node_info: Option<(String, BTreeMap<String, String>)>,
     /// The first this many `ControllerPublishVolume` calls of each
     /// (volume, node) fail with `Internal` (after the delay).
     pub publish_failures_per_pair: u32,
@@ -178,6 +183,7 @@ impl Default for Script {
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
             list_volumes_endless: false,
+            node_info: None,
             publish_readonly: false,
             required_secret: None,
             publish_error: None,
@@ -1061,6 +1067,23 @@ fn scopeguard<F: FnOnce()>(f: F) -> Guard<F> {
     Guard(Some(f))
 }
 
+#[tonic::async_trait]
+impl Node for Service {
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        match self.script().node_info {
+            Some((node_id, segments)) => Ok(Response::new(csi::NodeGetInfoResponse {
+                node_id,
+                accessible_topology: Some(csi::Topology { segments: segments.into_iter().collect() }),
+                ..Default::default()
+            })),
+            None => Err(Status::unimplemented("the fault driver has no node service in this script")),
+        }
+    }
+}
+
 impl FaultDriver {
     /// Listens on `socket` (replacing a stale one).
     pub fn start(socket: &Path, transport: Transport, script: Script) -> FaultDriver {
@@ -1110,6 +1133,7 @@ impl FaultDriver {
                     let _ = tonic::transport::Server::builder()
                         .add_service(IdentityServer::new(svc.clone()))
                         .add_service(GroupControllerServer::new(svc.clone()))
+                        .add_service(NodeServer::new(svc.clone()))
                         .add_service(ControllerServer::new(svc))
                         .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
                         .await;

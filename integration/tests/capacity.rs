@@ -291,3 +291,32 @@ async fn unusable_answers_and_bad_start_up_input_give_clear_errors() {
     assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", no_cap.logs());
     assert!(no_cap.logs().contains("does not report the GET_CAPACITY controller capability"), "{}", no_cap.logs());
 }
+
+/// With `--node-deployment` (TopoLVM-style node-local storage) each node's
+/// instance publishes only its own node's segment, from `NodeGetInfo`, with
+/// its own managed-by label, as upstream's static topology does; before,
+/// every instance published every segment, asking its local driver about
+/// other nodes' storage.
+#[tokio::test]
+async fn a_node_deployment_publishes_only_its_own_nodes_segment() {
+    let env = Env::new("capnode").await;
+    let n1 = env.add_node("n1", "z1").await;
+    env.add_node("n2", "z2").await;
+    let script =
+        Script { node_info: Some((n1.clone(), BTreeMap::from([(env.key.clone(), "z1".to_string())]))), ..env.script() };
+    let _driver = FaultDriver::start(&env.socket(), Transport::Grpc, script);
+    let fast = env.add_class("fast", "WaitForFirstConsumer").await;
+    let _p = env.provisioner(
+        &["--node-deployment", "--capacity-poll-interval=1h", "--capacity-ownerref-level=-1"],
+        &[("NODE_NAME", n1.as_str())],
+    );
+    let want: BTreeMap<_, _> = [row(&fast, "z1", 10)].into();
+    env.wait_table("one object: this node's segment x 1 class", &want).await;
+    let objects = env.objects().await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let labels = objects[0].metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("csi.storage.k8s.io/managed-by").map(String::as_str),
+        Some(format!("external-provisioner-{n1}").as_str())
+    );
+}

@@ -1075,7 +1075,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     // owner walk are start-up checks (upstream exits on each).
     let capacity_setup = match cfg.enable_capacity {
         false => None,
-        true => Some(capacity_settings(&cfg, &kube, &driver).await?),
+        true => Some(capacity_settings(&cfg, &kube, &driver, node.as_ref()).await?),
     };
     let informers = &kube.informers;
     let capacity_ctl = capacity_setup.map(|(settings, client)| {
@@ -1281,6 +1281,7 @@ async fn capacity_settings(
     cfg: &ProvisionerFlags,
     kube: &KubeContext,
     driver: &DriverInfo,
+    node: Option<&node_deployment::NodeDeployment>,
 ) -> Result<(capacity::Settings, Client), ModuleError> {
     let config = |message: String| ModuleError::Config { module: NAME, message };
     if !driver.has_controller_capability(Rpc::GetCapacity) {
@@ -1302,7 +1303,13 @@ async fn capacity_settings(
     let settings = capacity::Settings {
         driver: driver.name.to_string(),
         namespace,
-        managed_by: compat::capacity::MANAGED_BY.to_string(),
+        // Each node's instance manages its own node's objects (upstream's
+        // `external-provisioner-<node>`).
+        managed_by: match node {
+            None => compat::capacity::MANAGED_BY.to_string(),
+            Some(n) => capacity::decide::node_managed_by(compat::capacity::MANAGED_BY, &n.node),
+        },
+        node_segment: node.map(|n| n.segment.clone().unwrap_or_default()),
         owner,
         immediate: cfg.capacity_for_immediate_binding,
         poll: cfg.capacity_poll_interval,

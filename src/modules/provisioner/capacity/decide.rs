@@ -75,6 +75,22 @@ pub fn segments<'a>(
     out
 }
 
+/// The managed-by label of a node deployment's objects: `<base>-<node>`,
+/// kept within a label value's 63 characters (a longer name ends in a hash
+/// of the node name instead, so two long names never share a value).
+pub fn node_managed_by(base: &str, node: &str) -> String {
+    let name = format!("{base}-{node}");
+    if name.len() <= 63 {
+        return name;
+    }
+    // FNV-1a: stable across releases, no dependency.
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let suffix = format!("{hash:016x}");
+    let keep = 63 - suffix.len() - 1;
+    let prefix: String = name.chars().take(keep).collect();
+    format!("{}-{suffix}", prefix.trim_end_matches(['-', '.', '_']))
+}
+
 /// Whether a StorageClass gets capacity objects: the driver's, and not
 /// Immediate binding unless `immediate` (`--capacity-for-immediate-binding`).
 pub fn class_tracked(sc: &StorageClass, driver: &str, immediate: bool) -> bool {

@@ -71,6 +71,10 @@ pub struct Settings {
     pub timeout: Duration,
     /// Retry backoff (`--retry-interval-start/-max`).
     pub backoff: Backoff,
+    /// `--node-deployment`: this node's segment only (from `NodeGetInfo`),
+    /// and no Node or CSINode watch, as upstream's static topology; `None`
+    /// in a central deployment.
+    pub node_segment: Option<decide::Segment>,
 }
 
 /// Start-up could not prepare capacity tracking.
@@ -181,8 +185,8 @@ pub struct Controller {
     csi: Connection,
     client: Client,
     classes: Informer<StorageClass>,
-    nodes: Informer<PartialObjectMeta<Node>>,
-    csinodes: Informer<CSINode>,
+    /// The Node and CSINode views (none in a node deployment).
+    topology: Option<(Informer<PartialObjectMeta<Node>>, Informer<CSINode>)>,
     objects: Informer<CSIStorageCapacity>,
     /// The object of an item as this process last wrote it, until the
     /// cache shows that version or a newer one (no duplicate create, no
@@ -214,8 +218,8 @@ impl Controller {
         });
         let handle = Handle { shared };
         let classes = informers.get::<StorageClass>();
-        let nodes = informers.metadata::<Node>();
-        let csinodes = informers.get::<CSINode>();
+        let topology =
+            settings.node_segment.is_none().then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
         let objects = crate::modules::views::capacity_objects(
             informers,
             &settings.namespace,
@@ -239,15 +243,13 @@ impl Controller {
                 }
             });
         }
-        {
+        if let Some((nodes, csinodes)) = &topology {
             let h = handle.clone();
             nodes.on_change(move |c| match c {
                 Change::Updated { old, new } if labels_of(old) == labels_of(new) => {}
                 Change::Resync(_) => {}
                 _ => h.shared.topology.add(()),
             });
-        }
-        {
             let (h, driver) = (handle.clone(), settings.driver.clone());
             csinodes.on_change(move |c| match c {
                 Change::Updated { old, new }
@@ -269,7 +271,7 @@ impl Controller {
                 h.shared.topology.add(());
             });
         }
-        Controller { handle, settings, csi, client, classes, nodes, csinodes, objects, written }
+        Controller { handle, settings, csi, client, classes, topology, objects, written }
     }
 
     /// The handle the provisioner calls after provisioning and deletion.
@@ -279,10 +281,16 @@ impl Controller {
 
     /// The items that should exist now, from the caches.
     fn compute_desired(&self) -> BTreeSet<Item> {
-        let nodes = self.nodes.store();
-        let labels = |n: &str| nodes.get_named(None, n).map(|m| m.metadata.labels.clone().unwrap_or_default());
-        let csinodes = self.csinodes.store().state();
-        let segments = decide::segments(csinodes.iter().map(|c| &**c), &labels, &self.settings.driver);
+        let segments = match (&self.settings.node_segment, &self.topology) {
+            (Some(segment), _) => BTreeSet::from([segment.clone()]),
+            (None, Some((nodes, csinodes))) => {
+                let nodes = nodes.store();
+                let labels = |n: &str| nodes.get_named(None, n).map(|m| m.metadata.labels.clone().unwrap_or_default());
+                let csinodes = csinodes.store().state();
+                decide::segments(csinodes.iter().map(|c| &**c), &labels, &self.settings.driver)
+            }
+            (None, None) => BTreeSet::new(),
+        };
         let classes: BTreeSet<String> = self
             .classes
             .store()
@@ -466,7 +474,12 @@ impl Controller {
     /// queued objects with `--capacity-threads` workers.
     pub async fn run(self: Arc<Self>, token: CancellationToken) {
         let synced = async {
-            tokio::join!(self.classes.synced(), self.nodes.synced(), self.csinodes.synced(), self.objects.synced())
+            let topology = async {
+                if let Some((nodes, csinodes)) = &self.topology {
+                    tokio::join!(nodes.synced(), csinodes.synced());
+                }
+            };
+            tokio::join!(self.classes.synced(), topology, self.objects.synced())
         };
         if token.run_until_cancelled(synced).await.is_none() {
             return;

@@ -314,3 +314,15 @@ fn the_owner_walk() {
         Err("v1/Pod \"p-0\" in namespace \"ns\" has no controlling owner, cannot unwind the ownership further".into())
     );
 }
+
+#[test]
+fn node_deployment_managed_by_is_per_node_and_a_label_value() {
+    assert_eq!(node_managed_by("external-provisioner", "node-1"), "external-provisioner-node-1");
+    let long = "ip-10-0-0-1.eu-west-1.compute.internal.example.com.extra";
+    let a = node_managed_by("external-provisioner", long);
+    let b = node_managed_by("external-provisioner", &format!("{long}2"));
+    assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+    assert_ne!(a, b);
+    assert!(a.starts_with("external-provisioner-ip-10"), "{a}");
+    assert!(a.chars().last().is_some_and(|c| c.is_ascii_alphanumeric()));
+}
