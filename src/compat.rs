@@ -9,6 +9,9 @@ use std::time::Duration;
 /// `--csi-address` default of every upstream sidecar.
 pub const DEFAULT_CSI_ADDRESS: &str = "/run/csi/socket";
 /// `--metrics-path` default.
+/// The multicall program's own name (its subcommand form, the shared
+/// watches' field manager).
+pub const PROGRAM: &str = "csi-sidecar";
 pub const DEFAULT_METRICS_PATH: &str = "/metrics";
 
 /// CSI call metrics (csi-lib-utils `metrics`).

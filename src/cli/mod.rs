@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// The name of the multicall binary itself.
-pub const PROGRAM: &str = "csi-sidecar";
+pub const PROGRAM: &str = crate::compat::PROGRAM;
 
 /// The version printed by `--version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -125,7 +125,7 @@ impl KubeContext {
             config.cluster_url =
                 m.parse().map_err(|e| KubeContextError::Flag(format!("invalid --master {m:?}: {e}")))?;
         }
-        let agent = client::user_agent(crate::cli::PROGRAM);
+        let agent = client::user_agent(crate::compat::PROGRAM);
         let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
         let client = client::with_user_agent(&client, &agent)?;
         let leader_client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
