@@ -1229,6 +1229,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         let (clone_inf, snap_inf, clone_queue) = (clone_inf.clone(), snap_inf.clone(), clone_queue.clone());
         let waiting_inf = waiting_inf.clone();
         let capacity_ctl = capacity_ctl.clone();
+        let topo_inf = topo_inf.clone();
         move |token: CancellationToken| async move {
             // A cache that cannot sync (a forbidden watch) must not hold
             // up a shutdown: nothing was started that needs draining.
@@ -1239,6 +1240,12 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
                     }
                     if let Some(i) = &waiting_inf {
                         i.synced().await;
+                    }
+                    // The selected node's labels and CSINode: a claim read
+                    // before these caches synced would find its node
+                    // missing and be handed back to the scheduler.
+                    if let Some((nodes, csinodes)) = &topo_inf {
+                        tokio::join!(nodes.synced(), csinodes.synced());
                     }
                 })
             };
