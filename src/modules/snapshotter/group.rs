@@ -6,10 +6,7 @@
 //! being-created annotation, the finalizer removal and upstream's events,
 //! through the queue `csi-snapshotter-groupsnapshotcontent`.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashMap, sync::Arc};
 
 use ::kube::{
     Api, Client,
@@ -22,7 +19,6 @@ use super::{
     config::SnapshotterFlags,
     decide::Naming,
     group_decide::{self as gd, GroupError, GroupObserved, GroupStep},
-    lock,
 };
 use crate::{
     compat::{self, snapshotter as up},
@@ -36,7 +32,7 @@ use crate::{
 };
 
 /// The newest version of each group content this process wrote.
-pub(super) type Written = Arc<Mutex<HashMap<String, Arc<VolumeGroupSnapshotContent>>>>;
+pub(super) type Written = super::written::Written<VolumeGroupSnapshotContent>;
 
 fn json_patch(v: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
     serde_json::from_value(v).map_err(::kube::Error::SerdeError)
@@ -63,32 +59,11 @@ impl GroupSnapshotter {
     }
 
     fn current(&self, name: &str) -> Option<Arc<VolumeGroupSnapshotContent>> {
-        let cached = self.contents.get(&ObjectRef::new(name));
-        let mut written = lock(&self.written);
-        match (cached, written.get(name)) {
-            (None, _) => {
-                written.remove(name);
-                None
-            }
-            (Some(c), Some(mine))
-                if super::decide::is_older(
-                    c.metadata.resource_version.as_deref(),
-                    mine.metadata.resource_version.as_deref(),
-                ) =>
-            {
-                Some(mine.clone())
-            }
-            (Some(c), _) => {
-                written.remove(name);
-                Some(c)
-            }
-        }
+        super::written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
     fn wrote(&self, c: VolumeGroupSnapshotContent) -> Arc<VolumeGroupSnapshotContent> {
-        let c = Arc::new(c);
-        lock(&self.written).insert(c.metadata.name.clone().unwrap_or_default(), c.clone());
-        c
+        super::written::wrote(&self.written, c)
     }
 
     async fn patch(&self, name: &str, p: serde_json::Value) -> Result<Arc<VolumeGroupSnapshotContent>, ::kube::Error> {

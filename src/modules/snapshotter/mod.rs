@@ -19,6 +19,7 @@ pub mod config;
 pub mod decide;
 mod group;
 pub mod group_decide;
+mod written;
 
 use std::{
     collections::HashMap,
@@ -59,10 +60,8 @@ const NAME: &str = "snapshotter";
 /// How often a missing snapshot API is looked for again at start.
 const CRD_RETRY: Duration = Duration::from_secs(5);
 
-/// The newest version of each content this process wrote: the cache may
-/// still hold an older one when the key comes round again (upstream keeps
-/// its own store for the same reason).
-type Written = Arc<Mutex<HashMap<String, Arc<VolumeSnapshotContent>>>>;
+/// The newest version of each content this process wrote (see `written`).
+type Written = written::Written<VolumeSnapshotContent>;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -92,32 +91,11 @@ impl Snapshotter {
     /// The content to act on: the cached one, or the one we wrote if the
     /// cache is behind it.
     fn current(&self, name: &str) -> Option<Arc<VolumeSnapshotContent>> {
-        let cached = self.contents.get(&ObjectRef::new(name));
-        let mut written = lock(&self.written);
-        match (cached, written.get(name)) {
-            (None, _) => {
-                written.remove(name);
-                None
-            }
-            (Some(c), Some(mine))
-                if decide::is_older(
-                    c.metadata.resource_version.as_deref(),
-                    mine.metadata.resource_version.as_deref(),
-                ) =>
-            {
-                Some(mine.clone())
-            }
-            (Some(c), _) => {
-                written.remove(name);
-                Some(c)
-            }
-        }
+        written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
     fn wrote(&self, c: VolumeSnapshotContent) -> Arc<VolumeSnapshotContent> {
-        let c = Arc::new(c);
-        lock(&self.written).insert(c.metadata.name.clone().unwrap_or_default(), c.clone());
-        c
+        written::wrote(&self.written, c)
     }
 
     async fn patch(&self, name: &str, patch: serde_json::Value) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
