@@ -4,8 +4,9 @@
 //! provisioned with the translated class and gets an in-tree PV, which is
 //! deleted through its translation; an in-tree PV is attached and detached
 //! through its translation; an in-tree inline volume the attach-detach
-//! controller translated is attached and detached. Each also checks the
-//! `migrated` label of `csi_sidecar_operations_seconds`.
+//! controller translated is attached and detached; an in-tree PV that
+//! kube-controller-manager hands over is expanded through its translation.
+//! Each also checks the `migrated` label of `csi_sidecar_operations_seconds`.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -22,18 +23,19 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 
 const T: Duration = Duration::from_secs(60);
 
 struct Setup {
-    dir: tempfile::TempDir,
     driver: Proc,
     sidecar: Proc,
     ns: TestNamespace,
     node: String,
     metrics: String,
+    /// Last: the processes (and their logs, printed on failure) go first.
+    dir: tempfile::TempDir,
 }
 
 impl Setup {
@@ -251,4 +253,72 @@ async fn inline_volume_handed_over_by_the_attach_detach_controller_is_attached()
         .expect("delete pod");
     wait_deleted(&vas, &va_name, T).await;
     assert!(s.driver.logs().contains("/csi.v1.Controller/ControllerUnpublishVolume -> OK"), "{}", s.diagnostics());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_tree_pv_is_expanded_through_translation_once_handed_over() {
+    const DRIVER: &str = "cinder.csi.openstack.org";
+    let s = Setup::start("mig-rsz", DRIVER, &["resizer"]).await;
+    let client = s.ns.client().clone();
+    let ns = s.ns.name().to_string();
+    // An in-tree class that allows expansion, and an in-tree PV (the mock's
+    // volume "1", of 1 TiB; Cinder's handle is its volumeID) pre-bound to a claim.
+    let sc = s.ns.scoped("sc");
+    create(
+        &Api::<StorageClass>::all(client.clone()),
+        &json(serde_json::json!({"metadata": {"name": sc}, "provisioner": "kubernetes.io/cinder",
+            "allowVolumeExpansion": true})),
+    )
+    .await;
+    let pv_name = s.ns.scoped("pv");
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    create(
+        &pvs,
+        &json(serde_json::json!({"metadata": {"name": pv_name},
+            "spec": {"cinder": {"volumeID": "1", "fsType": "ext4"}, "accessModes": ["ReadWriteOnce"],
+                     "capacity": {"storage": "1Ti"}, "persistentVolumeReclaimPolicy": "Retain",
+                     "storageClassName": sc, "claimRef": {"namespace": ns, "name": "data"}}})),
+    )
+    .await;
+    let pvcs: Api<PersistentVolumeClaim> = s.ns.api();
+    create(
+        &pvcs,
+        &json(serde_json::json!({"metadata": {"name": "data"},
+            "spec": {"storageClassName": sc, "volumeName": pv_name, "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Ti"}}}})),
+    )
+    .await;
+    wait_until("the claim bound by the PV binder", T, async || {
+        let c = pvcs.get_opt("data").await.ok().flatten();
+        (c.as_ref().and_then(|c| c.status.as_ref()).and_then(|st| st.phase.as_deref()) == Some("Bound"), ())
+    })
+    .await;
+    let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Ti"}}}});
+    pvcs.patch("data", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("request 2Ti");
+    // kube-controller-manager's expand controller names the CSI driver the
+    // claim's resizer; the resizer then expands the translated volume.
+    let claim = wait_until("the claim expanded to 2Ti", T, async || {
+        let c = pvcs.get_opt("data").await.ok().flatten();
+        let cap = c.as_ref().and_then(|c| c.status.as_ref()?.capacity.as_ref()?.get("storage")).map(|q| q.0.clone());
+        (cap.as_deref() == Some("2Ti"), c)
+    })
+    .await
+    .unwrap_or_else(|| panic!("not expanded\n{}", s.diagnostics()));
+    let resizer = claim.metadata.annotations.unwrap_or_default().get("volume.kubernetes.io/storage-resizer").cloned();
+    assert_eq!(resizer.as_deref(), Some(DRIVER), "handed over by kube-controller-manager");
+    let pv = pvs.get(&pv_name).await.expect("pv");
+    let spec = pv.spec.expect("spec");
+    assert_eq!(spec.capacity.and_then(|c| c.get("storage").cloned()).map(|q| q.0).as_deref(), Some("2Ti"));
+    assert!(spec.cinder.is_some() && spec.csi.is_none(), "the PV stays in-tree");
+    // Each call the mock logs is followed by its request.
+    let logs = s.driver.logs();
+    let lines: Vec<&str> = logs.lines().collect();
+    let requests: Vec<&str> = lines
+        .windows(2)
+        .filter(|w| w[0].contains("/csi.v1.Controller/ControllerExpandVolume -> OK"))
+        .map(|w| w[1])
+        .collect();
+    assert_eq!(requests.len(), 1, "one ControllerExpandVolume\n{logs}");
+    assert!(requests[0].contains("\"volumeId\":\"1\""), "the translated handle: {}", requests[0]);
+    s.wait_metric("ControllerExpandVolume", "true").await;
 }

@@ -134,6 +134,18 @@ pub fn is_migrated_to(pv: &PersistentVolume, driver: &str) -> bool {
     pv.spec.as_ref().and_then(Plugin::of_spec).is_some_and(|p| p.csi_driver() == driver)
 }
 
+/// The PV in the form `driver` is called with: as it is (`false`) unless
+/// it is an in-tree volume whose plugin migrates to `driver`, which comes
+/// translated (`true`: migrated, upstream `TranslateInTreePVToCSI`).
+/// Anything else is left for the module's request to refuse.
+pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume, bool), TranslateError> {
+    let in_tree = pv.spec.as_ref().is_some_and(|s| s.csi.is_none()) && is_migrated_to(&pv, driver);
+    if !in_tree {
+        return Ok((pv, false));
+    }
+    in_tree_pv_to_csi(&pv).map(|t| (t, true))
+}
+
 /// An in-tree PV in its CSI form (upstream `TranslateInTreePVToCSI`).
 pub fn in_tree_pv_to_csi(pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
     let plugin = pv.spec.as_ref().and_then(Plugin::of_spec).ok_or_else(|| {

@@ -78,7 +78,8 @@ pub const ADMIN_USER: &str = "csi-sidecar-admin";
 const SERVER_CA_CN: &str = "csi-sidecar-itest-ca";
 const CLIENT_CA_CN: &str = "csi-sidecar-itest-client-ca";
 const KCM_CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-attach-detach-controller,\
-                               persistentvolumeclaim-protection-controller,persistentvolume-protection-controller";
+                               persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,\
+                               persistentvolume-expander-controller";
 
 /// What the launcher reports when the cluster is ready (the JSON line on its
 /// stdout, also written to `<run_dir>/cluster.json`). All paths are absolute.

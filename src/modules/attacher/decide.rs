@@ -194,18 +194,11 @@ pub fn inline_volume(va: &VolumeAttachment) -> Option<PersistentVolume> {
     Some(PersistentVolume { metadata, spec: Some(spec), status: None })
 }
 
-/// The PV in the form the driver is called with: as it is if it is a CSI
-/// volume; an in-tree volume whose plugin migrates to `driver` translated
-/// (`true`: migrated, upstream `TranslateInTreePVToCSI`); anything else is
-/// left for the publish request to refuse.
+/// The PV in the form the driver is called with ([`crate::migration::csi_form`]),
+/// its translation error in the attacher's words.
 pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume, bool), String> {
-    let in_tree = pv.spec.as_ref().is_some_and(|s| s.csi.is_none()) && crate::migration::is_migrated_to(&pv, driver);
-    if !in_tree {
-        return Ok((pv, false));
-    }
     let name = pv.metadata.name.clone().unwrap_or_default();
-    crate::migration::in_tree_pv_to_csi(&pv)
-        .map(|t| (t, true))
+    crate::migration::csi_form(pv, driver)
         .map_err(|e| format!("failed to translate in-tree PersistentVolume {name} to CSI: {e}"))
 }
 

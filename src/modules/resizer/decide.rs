@@ -166,10 +166,27 @@ pub fn resize_asked_without_volume(pvc: &PersistentVolumeClaim, sizes: &Sizes) -
 /// the claimRef's namespace and UID).
 pub fn pv_is_ours(pv: &PersistentVolume, pvc: &PersistentVolumeClaim, driver: &str) -> bool {
     let Some(spec) = pv.spec.as_ref() else { return false };
-    let ours = spec.csi.as_ref().is_some_and(|c| c.driver == driver);
+    let ours = match &spec.csi {
+        Some(c) => c.driver == driver,
+        // An in-tree volume of a plugin that migrates to the driver (upstream
+        // `CanSupport`): the driver's once kube-controller-manager's expand
+        // controller named it the claim's resizer.
+        None => crate::migration::is_migrated_to(pv, driver) && resizer_of(pvc) == Some(driver),
+    };
     let claim = spec.claim_ref.as_ref();
     ours && claim.and_then(|c| c.namespace.as_deref()) == pvc.metadata.namespace.as_deref()
         && claim.and_then(|c| c.uid.as_deref()) == pvc.metadata.uid.as_deref()
+}
+
+/// The claim's `volume.kubernetes.io/storage-resizer` annotation.
+fn resizer_of(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.metadata.annotations.as_ref()?.get(up::ANN_STORAGE_RESIZER).map(String::as_str)
+}
+
+/// The PV as the driver is asked to expand it: a CSI PV as it is, a
+/// migrated in-tree PV translated (`true`: the `migrated` metric label).
+pub fn csi_form(pv: &PersistentVolume, driver: &str) -> Result<(PersistentVolume, bool), String> {
+    crate::migration::csi_form(pv.clone(), driver).map_err(|e| format!("failed to translate persistent volume: {e}"))
 }
 
 /// Whether the PV's pre-resize annotation can go: the claim's capacity

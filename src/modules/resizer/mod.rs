@@ -275,19 +275,20 @@ impl Resizer {
         if self.expander == Expander::Trivial {
             return Ok((target, true));
         }
+        let (pv, migrated) = decide::csi_form(pv, &self.driver.name).map_err(|e| (None, e))?;
         let smw = self.driver.has_controller_capability(Rpc::SingleNodeMultiWriter);
-        let mut req = decide::expand_request(pv, target, smw).map_err(|e| (None, e.to_string()))?;
+        let mut req = decide::expand_request(&pv, target, smw).map_err(|e| (None, e.to_string()))?;
         if let Some(r) =
             pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| c.controller_expand_secret_ref.as_ref())
         {
             let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
             req.secrets = crate::kube::secrets::secret_data(&self.client, &name, &ns).await.map_err(|e| (None, e))?;
         }
-        let resp = self
-            .csi
-            .call("/csi.v1.Controller/ControllerExpandVolume", self.cfg.timeout, req, |ch, r| async move {
+        let call =
+            self.csi.call("/csi.v1.Controller/ControllerExpandVolume", self.cfg.timeout, req, |ch, r| async move {
                 ControllerClient::new(ch).controller_expand_volume(r).await
-            })
+            });
+        let resp = crate::csi::connection::migrated_scope(migrated, call)
             .await
             .map_err(|s| (Some(s.code()), compat::grpc_error_text(&s)))?;
         let size = decide::checked_capacity(target, resp.capacity_bytes).map_err(|e| (None, e))?;

@@ -151,6 +151,73 @@ fn pv_must_be_the_drivers_volume_of_this_claim() {
     assert!(!pv_is_ours(&other_uid, &pvc, "d"));
 }
 
+/// An in-tree Cinder volume bound to [`claim`].
+fn cinder_volume(size: &str) -> PersistentVolume {
+    let mut pv = volume(size);
+    let spec = pv.spec.as_mut().unwrap();
+    spec.csi = None;
+    spec.cinder = Some(k8s_openapi::api::core::v1::CinderPersistentVolumeSource {
+        volume_id: "vol-7".into(),
+        fs_type: Some("xfs".into()),
+        ..Default::default()
+    });
+    pv
+}
+
+#[test]
+fn a_migrated_in_tree_volume_is_the_drivers_once_named_the_claims_resizer() {
+    const CINDER: &str = "cinder.csi.openstack.org";
+    let mut pvc = claim("2Gi", "1Gi", None, None);
+    let pv = cinder_volume("1Gi");
+    // Table: (resizer annotation, driver, ours).
+    let table: &[(Option<&str>, &str, bool)] = &[
+        // kube-controller-manager has not handed the claim over yet.
+        (None, CINDER, false),
+        // Handed to another CSI driver, or still to the in-tree plugin.
+        (Some("ebs.csi.aws.com"), CINDER, false),
+        (Some("kubernetes.io/cinder"), CINDER, false),
+        (Some(CINDER), CINDER, true),
+        // The driver is not Cinder's migration target.
+        (Some("d"), "d", false),
+    ];
+    for &(resizer, driver, want) in table {
+        pvc.metadata.annotations = resizer.map(|r| [(up::ANN_STORAGE_RESIZER.to_string(), r.to_string())].into());
+        assert_eq!(pv_is_ours(&pv, &pvc, driver), want, "resizer {resizer:?}, driver {driver}");
+    }
+    // The claim reference still has to match.
+    let mut other_uid = pv.clone();
+    other_uid.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("u2".into());
+    pvc.metadata.annotations = Some([(up::ANN_STORAGE_RESIZER.to_string(), CINDER.to_string())].into());
+    assert!(!pv_is_ours(&other_uid, &pvc, CINDER));
+}
+
+#[test]
+fn a_migrated_in_tree_volume_is_expanded_by_its_translated_handle() {
+    let (pv, migrated) = csi_form(&cinder_volume("1Gi"), "cinder.csi.openstack.org").unwrap();
+    assert!(migrated);
+    let r = expand_request(&pv, 2 * GI, false).unwrap();
+    assert_eq!(r.volume_id, "vol-7");
+    let Some(csi::volume_capability::AccessType::Mount(m)) = r.volume_capability.unwrap().access_type else {
+        panic!("a filesystem volume")
+    };
+    assert_eq!(m.fs_type, "xfs");
+    // A CSI volume is asked as it is, unlabelled.
+    let (same, migrated) = csi_form(&volume("1Gi"), "d").unwrap();
+    assert!(!migrated && same.spec.unwrap().csi.is_some());
+    // An in-tree volume that cannot be translated says why.
+    let mut shared = cinder_volume("1Gi");
+    let spec = shared.spec.as_mut().unwrap();
+    spec.cinder = None;
+    spec.azure_disk = Some(k8s_openapi::api::core::v1::AzureDiskVolumeSource {
+        disk_name: "d1".into(),
+        disk_uri: "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks/d1".into(),
+        kind: Some("Shared".into()),
+        ..Default::default()
+    });
+    let e = csi_form(&shared, "disk.csi.azure.com").unwrap_err();
+    assert_eq!(e, "failed to translate persistent volume: kind(Shared) is not supported in csi migration");
+}
+
 #[test]
 fn claims_of_other_drivers_are_not_cached() {
     let meta = |k: &str, v: &str| ObjectMeta {
