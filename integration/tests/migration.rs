@@ -210,8 +210,20 @@ async fn in_tree_pv_is_attached_and_detached_through_translation() {
     wait_deleted(&vas, &va_name, T).await;
     assert!(s.driver.logs().contains("/csi.v1.Controller/ControllerUnpublishVolume -> OK"), "{}", s.diagnostics());
     s.wait_metric("ControllerUnpublishVolume", "true").await;
-    // The attacher's PV finalizer goes once no attachment references the PV.
+    // The attacher's PV finalizer goes once no attachment references the
+    // PV: a statically created in-tree PV carries no
+    // `pv.kubernetes.io/migrated-to`, so it is handed back to
+    // kube-controller-manager (as upstream) without being deleted.
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    wait_until("the attacher's finalizer removed from the detached in-tree PV", T, async || {
+        let pv = pvs.get_opt(&pv_name).await.ok().flatten();
+        let ours = pv
+            .as_ref()
+            .is_some_and(|p| p.metadata.finalizers.iter().flatten().any(|f| f.starts_with("external-attacher/")));
+        let live = pv.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+        (live && !ours, ())
+    })
+    .await;
     pvs.delete(&pv_name, &DeleteParams::default()).await.expect("delete pv");
     wait_deleted(&pvs, &pv_name, T).await;
 }

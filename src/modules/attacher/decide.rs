@@ -11,7 +11,7 @@ use k8s_openapi::{
 };
 
 use crate::{
-    compat::attacher as up,
+    compat::{attacher as up, provisioner as prov},
     csi::{
         DriverInfo,
         proto::csi::v1::{
@@ -195,17 +195,22 @@ pub fn inline_volume(va: &VolumeAttachment) -> Option<PersistentVolume> {
 }
 
 /// The PV in the form the driver is called with ([`crate::migration::csi_form`]),
-/// its translation error in the attacher's words.
+/// its translation error in upstream's words.
 pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume, bool), String> {
-    let name = pv.metadata.name.clone().unwrap_or_default();
-    crate::migration::csi_form(pv, driver)
-        .map_err(|e| format!("failed to translate in-tree PersistentVolume {name} to CSI: {e}"))
+    crate::migration::csi_form(pv, driver).map_err(|e| format!("failed to translate in tree pv to CSI: {e}"))
 }
 
-/// Whether the PV finalizer can go: the PV is being deleted and no
-/// VolumeAttachment references it.
-pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str) -> bool {
-    pv.metadata.deletion_timestamp.is_some()
+/// Whether the PV finalizer can go: no VolumeAttachment of the driver
+/// references the PV, and the PV is being deleted or is an in-tree PV whose
+/// `pv.kubernetes.io/migrated-to` does not name the driver (upstream: CSI
+/// migration is off for it, so the attacher gives it back to
+/// kube-controller-manager; a statically created in-tree PV never carries
+/// the annotation, so it loses the finalizer once detached).
+pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str, driver: &str) -> bool {
+    let in_tree = pv.spec.as_ref().is_some_and(|s| s.csi.is_none() && crate::migration::Plugin::of_spec(s).is_some());
+    let migrated_to = pv.metadata.annotations.as_ref().and_then(|a| a.get(prov::ANN_MIGRATED_TO));
+    let handed_back = in_tree && migrated_to.map(String::as_str) != Some(driver);
+    (pv.metadata.deletion_timestamp.is_some() || handed_back)
         && !referenced
         && pv.metadata.finalizers.iter().flatten().any(|f| f == finalizer)
 }
@@ -546,6 +551,45 @@ mod tests {
         let bad: PersistentVolume = serde_json::from_value(serde_json::json!({"metadata": {"name": "pv-2"},
             "spec": {"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}}}))
         .unwrap();
-        assert!(csi_form(bad, "disk.csi.azure.com").is_err());
+        assert_eq!(
+            csi_form(bad, "disk.csi.azure.com").unwrap_err(),
+            "failed to translate in tree pv to CSI: kind(Shared) is not supported in csi migration"
+        );
+    }
+
+    #[test]
+    fn the_pv_finalizer_goes_when_deleted_or_handed_back_and_unreferenced() {
+        const CINDER: &str = "cinder.csi.openstack.org";
+        let fin = up::finalizer(CINDER);
+        let pv = |csi: bool, deleting: bool, migrated_to: Option<&str>| -> PersistentVolume {
+            let source = if csi {
+                serde_json::json!({"csi": {"driver": CINDER, "volumeHandle": "v"}})
+            } else {
+                serde_json::json!({"cinder": {"volumeID": "v"}})
+            };
+            let mut pv: PersistentVolume =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}, "spec": source})).unwrap();
+            pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into(), fin.clone()]);
+            pv.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::UNIX_EPOCH));
+            pv.metadata.annotations = migrated_to.map(|d| [(prov::ANN_MIGRATED_TO.to_string(), d.to_string())].into());
+            pv
+        };
+        // (case, pv, referenced by a VolumeAttachment, removable)
+        let table = [
+            ("CSI PV being deleted", pv(true, true, None), false, true),
+            ("CSI PV being deleted, still attached", pv(true, true, None), true, false),
+            ("CSI PV in use", pv(true, false, None), false, false),
+            ("in-tree PV migrated to the driver", pv(false, false, Some(CINDER)), false, false),
+            ("in-tree PV migrated to the driver, deleted", pv(false, true, Some(CINDER)), false, true),
+            ("in-tree PV without migrated-to (static, or migration off)", pv(false, false, None), false, true),
+            ("in-tree PV migrated to another driver", pv(false, false, Some("other.example.com")), false, true),
+            ("in-tree PV handed back but still attached", pv(false, false, None), true, false),
+        ];
+        for (case, pv, referenced, want) in table {
+            assert_eq!(pv_finalizer_removable(&pv, referenced, &fin, CINDER), want, "{case}");
+        }
+        let mut without = pv(true, true, None);
+        without.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+        assert!(!pv_finalizer_removable(&without, false, &fin, CINDER), "no finalizer of ours");
     }
 }

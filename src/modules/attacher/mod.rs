@@ -314,7 +314,7 @@ impl Attacher {
     async fn sync_pv(&self, name: String) -> Outcome {
         let Some(pv) = self.pv(&name) else { return Outcome::Done };
         let referenced = !self.vas.by_index(crate::modules::views::VA_BY_PV, &name).is_empty();
-        if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer) {
+        if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer, &self.driver.name) {
             return Outcome::Done;
         }
         match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
