@@ -570,7 +570,7 @@ mod tests {
             let mut pv: PersistentVolume =
                 serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}, "spec": source})).unwrap();
             pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into(), fin.clone()]);
-            pv.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::UNIX_EPOCH));
+            pv.metadata.deletion_timestamp = deleting.then_some(Time(Timestamp::UNIX_EPOCH));
             pv.metadata.annotations = migrated_to.map(|d| [(prov::ANN_MIGRATED_TO.to_string(), d.to_string())].into());
             pv
         };
