@@ -2,7 +2,8 @@
 //! against the real `k8s.io/csi-translation-lib` (v0.36.3, the version the
 //! pinned control plane uses): `csi-translate` (integration/go/kube/cmd)
 //! runs the library over `integration/testdata/migration-corpus.json` and
-//! every case's result must be the same here: the same object, or an error
+//! every case's result must be the same here (the PV, class and inline
+//! translations, and the volume-handle repair): the same object, or an error
 //! on both sides. Objects are compared after dropping what Go's `omitempty`
 //! drops (null, false, 0, "", empty maps and lists), so an absent field and its
 //! zero value count as equal, as they do on the wire.
@@ -105,6 +106,14 @@ fn translation_equals_csi_translation_lib_for_every_case() {
                     }
                     ours(migration::inline_volume_to_csi(&v, case["podNamespace"].as_str().unwrap_or_default()))
                 }
+                "repair" => {
+                    let driver = case["driver"].as_str().expect("driver");
+                    if let Some(p) = Plugin::for_driver(driver) {
+                        plugins_seen.insert(format!("repair:{p:?}"));
+                    }
+                    let (handle, node) = (case["volumeHandle"].as_str(), case["nodeId"].as_str());
+                    ours(migration::repair_volume_handle(driver, handle.expect("volumeHandle"), node.expect("nodeId")))
+                }
                 other => panic!("unknown corpus section {other}"),
             };
             count += 1;
@@ -130,7 +139,7 @@ fn translation_equals_csi_translation_lib_for_every_case() {
     }
     assert!(failures.is_empty(), "{} of {count} cases differ:\n{}", failures.len(), failures.join("\n"));
     // Every GA plugin in every direction.
-    for kind in ["pv", "csi", "class", "inline"] {
+    for kind in ["pv", "csi", "class", "inline", "repair"] {
         for p in Plugin::ALL {
             assert!(plugins_seen.contains(&format!("{kind}:{p:?}")), "the corpus has no {kind} case for {p:?}");
         }

@@ -146,6 +146,16 @@ pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume,
     in_tree_pv_to_csi(&pv).map(|t| (t, true))
 }
 
+/// A migrated volume's handle completed from the node ID it is published to
+/// (upstream `RepairVolumeHandle`), as the driver names it in `ListVolumes`:
+/// the translation of a GCE PD leaves its project (and zone) `UNSPECIFIED`.
+pub fn repair_volume_handle(driver: &str, handle: &str, node_id: &str) -> Result<String, TranslateError> {
+    let plugin = Plugin::for_driver(driver).ok_or_else(|| {
+        TranslateError::Unsupported(format!("could not find In-Tree driver name for CSI plugin {driver}"))
+    })?;
+    plugins::repair_handle(plugin, handle, node_id)
+}
+
 /// An in-tree PV in its CSI form (upstream `TranslateInTreePVToCSI`).
 pub fn in_tree_pv_to_csi(pv: &PersistentVolume) -> Result<PersistentVolume, TranslateError> {
     let plugin = pv.spec.as_ref().and_then(Plugin::of_spec).ok_or_else(|| {

@@ -706,3 +706,50 @@ fn unzoned_regions_cleared(
         })
         .collect()
 }
+
+/// A migrated volume's handle completed from the node ID it is attached to
+/// (upstream `RepairVolumeHandle`). Only GCE PD handles have parts the
+/// in-tree source cannot give (`UNSPECIFIED` project, zone or region); the
+/// node ID `projects/<project>/zones/<zone>/instances/<name>` supplies them.
+pub fn repair_handle(plugin: Plugin, handle: &str, node_id: &str) -> Result<String, TranslateError> {
+    if plugin != Plugin::GcePd {
+        return Ok(handle.to_string());
+    }
+    let tok: Vec<&str> = handle.split('/').collect();
+    if tok.len() < 6 {
+        return Err(TranslateError::Invalid(format!(
+            "volume handle has wrong number of elements; got {}, wanted 6 or more",
+            tok.len()
+        )));
+    }
+    if tok[1] != UNSPECIFIED {
+        return Ok(handle.to_string());
+    }
+    let node: Vec<&str> = node_id.split('/').collect();
+    if node.len() < 6 {
+        return Err(TranslateError::Invalid(format!(
+            "node handle has wrong number of elements; got {}, wanted 6 or more",
+            node.len()
+        )));
+    }
+    let (project, node_zone, disk) = (node[1], node[3], tok[5]);
+    match tok[2] {
+        "zones" => {
+            let zone = if tok[3] == UNSPECIFIED { node_zone } else { tok[3] };
+            Ok(format!("projects/{project}/zones/{zone}/disks/{disk}"))
+        }
+        "regions" => {
+            let region = if tok[3] == UNSPECIFIED {
+                topology::gce_region(&[node_zone.to_string()]).map_err(|e| {
+                    TranslateError::Invalid(format!("failed to get region from zone {node_zone}: {}", inner(&e)))
+                })?
+            } else {
+                tok[3].to_string()
+            };
+            Ok(format!("projects/{project}/regions/{region}/disks/{disk}"))
+        }
+        other => Err(TranslateError::Invalid(format!(
+            "expected volume handle to have zones or regions regionality value, got: {other}"
+        ))),
+    }
+}

@@ -391,6 +391,19 @@ impl Attacher {
             ) else {
                 continue;
             };
+            // A migrated volume's translated handle can lack what the driver
+            // names it by (a GCE PD's project and zone): completed from the node.
+            let handle = if self.is_migrated(&va) {
+                match crate::migration::repair_volume_handle(&self.driver.name, &handle, &node_id) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!(va = %name, error = %e, "Failed to repair the migrated volume handle {handle}");
+                        continue;
+                    }
+                }
+            } else {
+                handle
+            };
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
             // A volume missing from the answer is published nowhere (upstream).
             let is_published = published.get(&handle).is_some_and(|nodes| nodes.contains(&node_id));

@@ -7,7 +7,8 @@
 //
 // Input: {"pvs": [{"name", "pv"}], "csiPvs": [{"name", "pv"}],
 // "classes": [{"name", "plugin", "class"}], "inline": [{"name",
-// "podNamespace", "volume"}]}. Output: the same four keys, each an object
+// "podNamespace", "volume"}], "repair": [{"name", "driver", "volumeHandle",
+// "nodeId"}]}. Output: the same five keys, each an object
 // from case name to {"result": <object>} or {"error": "<text>"} (a panic of
 // the library is reported as an error starting with "panic: ").
 package main
@@ -40,11 +41,19 @@ type inlineCase struct {
 	Volume       v1.Volume `json:"volume"`
 }
 
+type repairCase struct {
+	Name         string `json:"name"`
+	Driver       string `json:"driver"`
+	VolumeHandle string `json:"volumeHandle"`
+	NodeID       string `json:"nodeId"`
+}
+
 type corpus struct {
 	PVs     []pvCase     `json:"pvs"`
 	CSIPVs  []pvCase     `json:"csiPvs"`
 	Classes []classCase  `json:"classes"`
 	Inline  []inlineCase `json:"inline"`
+	Repair  []repairCase `json:"repair"`
 }
 
 type result struct {
@@ -73,7 +82,7 @@ func main() {
 	}
 	t := csitrans.New()
 	logger := klog.Background()
-	out := map[string]map[string]result{"pvs": {}, "csiPvs": {}, "classes": {}, "inline": {}}
+	out := map[string]map[string]result{"pvs": {}, "csiPvs": {}, "classes": {}, "inline": {}, "repair": {}}
 	for _, k := range c.PVs {
 		pv := k.PV
 		out["pvs"][k.Name] = run(func() (any, error) { return t.TranslateInTreePVToCSI(logger, &pv) })
@@ -91,6 +100,10 @@ func main() {
 		vol := k.Volume
 		ns := k.PodNamespace
 		out["inline"][k.Name] = run(func() (any, error) { return t.TranslateInTreeInlineVolumeToCSI(logger, &vol, ns) })
+	}
+	for _, k := range c.Repair {
+		k := k
+		out["repair"][k.Name] = run(func() (any, error) { return t.RepairVolumeHandle(k.Driver, k.VolumeHandle, k.NodeID) })
 	}
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", " ")
