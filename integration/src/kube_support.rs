@@ -352,6 +352,20 @@ pub async fn events_for(ns: &TestNamespace, name: &str) -> Vec<k8s_openapi::api:
         .collect()
 }
 
+/// The messages of the namespace's Events with `reason` (none when the list
+/// fails).
+pub async fn event_messages(ns: &TestNamespace, reason: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = ns.api();
+    api.list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.message.unwrap_or_default())
+        .collect()
+}
+
 /// Waits up to `timeout` for an Event `reason` on `name` whose message
 /// contains `contains`; panics with the events seen.
 pub async fn wait_event(
