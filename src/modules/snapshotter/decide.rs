@@ -618,8 +618,12 @@ pub fn cleared_status(current: Option<&VolumeSnapshotContentStatus>) -> VolumeSn
 
 /// A content kind as the decisions shared with group contents see it.
 pub trait Content: Resource + Clone + PartialEq {
+    /// The kind's status.
+    type Status: ContentStatus;
     /// The kind's being-created annotation.
     const BEING_CREATED: &'static str;
+    /// The status, if any.
+    fn status(&self) -> Option<&Self::Status>;
     /// Whether the status says ready.
     fn is_ready(&self) -> bool;
     /// Drops the status.
@@ -627,7 +631,11 @@ pub trait Content: Resource + Clone + PartialEq {
 }
 
 impl Content for VolumeSnapshotContent {
+    type Status = VolumeSnapshotContentStatus;
     const BEING_CREATED: &'static str = up::ANN_BEING_CREATED;
+    fn status(&self) -> Option<&VolumeSnapshotContentStatus> {
+        self.status.as_ref()
+    }
     fn is_ready(&self) -> bool {
         is_ready(self)
     }

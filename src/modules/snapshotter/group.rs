@@ -141,23 +141,11 @@ impl GroupSnapshotter {
     /// again soon (the annotation's removal is our own write, not
     /// announced); else polled with backoff.
     fn ready_or_poll(&self, c: &VolumeGroupSnapshotContent) -> Outcome {
-        match (gd::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
-            (true, false) => Outcome::Done,
-            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
-            (false, _) => Outcome::Retry,
-        }
+        super::ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
     async fn record_error(&self, c: &VolumeGroupSnapshotContent, reason: &str, message: &str) {
-        let Some(patch) = gd::error_patch(c.status.as_ref(), message, Timestamp::now()) else {
-            tracing::debug!("The same error is already recorded");
-            return;
-        };
-        let name = c.metadata.name.clone().unwrap_or_default();
-        if let Err(e) = self.patch_status(&name, patch).await {
-            tracing::warn!(error = %e, "Recording the error in the group content status failed");
-        }
-        self.event(c, reason, message);
+        super::record_error(&self.api(), &self.written, &self.events, c, (reason, message), "group content").await
     }
 
     /// The group secret from the deletion-secret annotations.

@@ -440,7 +440,11 @@ pub fn cleared_status(current: Option<&VolumeGroupSnapshotContentStatus>) -> Vol
 }
 
 impl decide::Content for VolumeGroupSnapshotContent {
+    type Status = VolumeGroupSnapshotContentStatus;
     const BEING_CREATED: &'static str = up::ANN_GROUP_BEING_CREATED;
+    fn status(&self) -> Option<&VolumeGroupSnapshotContentStatus> {
+        self.status.as_ref()
+    }
     fn is_ready(&self) -> bool {
         is_ready(self)
     }

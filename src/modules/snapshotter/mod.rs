@@ -163,32 +163,12 @@ impl Snapshotter {
         }
     }
 
-    /// After a create or check: done when ready, else polled with backoff.
-    /// A ready content that is being deleted is synced again soon: the
-    /// deletion waited for the being-created annotation, whose removal is
-    /// our own change and so not announced to us (upstream waits for the
-    /// resync there).
     fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Outcome {
-        match (decide::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
-            (true, false) => Outcome::Done,
-            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
-            (false, _) => Outcome::Retry,
-        }
+        ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
-    /// Records a failure in `status.error` and as a Warning event, unless
-    /// the same message is already recorded.
     async fn record_error(&self, c: &VolumeSnapshotContent, reason: &str, message: &str) {
-        let Some(patch) = decide::error_patch(c.status.as_ref(), message, Timestamp::now()) else {
-            tracing::debug!("The same error is already recorded");
-            return;
-        };
-        let name = c.metadata.name.clone().unwrap_or_default();
-        if let Err(e) = self.patch_status(&name, patch).await {
-            tracing::warn!(error = %e, "Recording the error in the content status failed");
-        }
-        // Emitted even when the status write failed, so the user sees it.
-        self.event(c, EventType::Warning, reason, message);
+        record_error(&self.api(), &self.written, &self.events, c, (reason, message), "content").await
     }
 
     async fn secrets(&self, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {
@@ -470,6 +450,44 @@ async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Dur
         ),
     }
     true
+}
+
+/// After a create or check of a content or group content: done when ready,
+/// else polled with backoff. A ready one that is being deleted is synced
+/// again `soon`: the deletion waited for the being-created annotation,
+/// whose removal is our own change and so not announced to us (upstream
+/// waits for the resync there).
+fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Outcome {
+    match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
+        (true, false) => Outcome::Done,
+        (true, true) => Outcome::RetryAfter(soon),
+        (false, _) => Outcome::Retry,
+    }
+}
+
+/// Records a failure (`reason`, `message`) in the `status.error` of `c`
+/// and as a Warning event, unless the same message is already recorded
+/// (`what`: the kind in the log, "content" or "group content").
+async fn record_error<K>(
+    api: &Api<K>,
+    written: &written::Written<K>,
+    events: &Recorder,
+    c: &K,
+    (reason, message): (&str, &str),
+    what: &str,
+) where
+    K: decide::Content<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(patch) = decide::error_patch(c.status(), message, Timestamp::now()) else {
+        tracing::debug!("The same error is already recorded");
+        return;
+    };
+    let name = c.meta().name.clone().unwrap_or_default();
+    if let Err(e) = written::patch(api, written, &name, patch, true).await {
+        tracing::warn!(error = %e, "Recording the error in the {what} status failed");
+    }
+    // Emitted even when the status write failed, so the user sees it.
+    events.publish(reference(c), EventType::Warning, reason, message);
 }
 
 /// Feeds the changes of a content (or group content) view into its queue,
