@@ -400,6 +400,29 @@ pub async fn setup_identity(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// The sidecar's identity on `cp` ([`setup_identity`] as `admin`, then
+/// [`check_accounting`]): the kubeconfig of [`SIDECAR_USER`].
+pub async fn sidecar_kubeconfig(cp: &ControlPlane, admin: &Client) -> Result<std::path::PathBuf> {
+    setup_identity(admin).await?;
+    let identity = crate::cluster::Identity::user(SIDECAR_USER, &[]);
+    let kubeconfig = cp.mint(&identity);
+    check_accounting(admin, &cp.client_as(&identity).await).await?;
+    Ok(kubeconfig)
+}
+
+/// Creates the namespace `name`.
+pub async fn create_namespace(admin: &Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
 /// Waits until requests of the sidecar's user are counted under its FlowSchema
 /// (the APF configuration is picked up asynchronously).
 pub async fn check_accounting(admin: &Client, as_sidecar: &Client) -> Result<()> {
@@ -446,6 +469,21 @@ pub fn sidecar(
     let mut args = vec![format!("--csi-address={}", csi.display()), format!("--kubeconfig={}", kubeconfig.display())];
     args.extend(extra.iter().cloned());
     crate::process::Proc::spawn(name, &crate::sidecar_bin(), &args, log)
+}
+
+/// [`sidecar`], then waits up to 2 minutes for `synced` in its log
+/// (`what`: the wait's name in a timeout).
+pub async fn synced_sidecar(
+    name: &str,
+    csi: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    extra: &[String],
+    log: &std::path::Path,
+    (what, synced): (&str, &str),
+) -> Result<crate::process::Proc> {
+    let p = sidecar(name, csi, kubeconfig, extra, log);
+    wait_for(what, Duration::from_secs(120), async || Ok(p.logs().contains(synced))).await?;
+    Ok(p)
 }
 
 /// The median of the values that are not NaN (the mean of the middle two

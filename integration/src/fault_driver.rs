@@ -1330,6 +1330,60 @@ impl FaultEnv {
         let env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, Some(*v))).collect();
         crate::process::Proc::spawn_env(name, program, &all, &env, self.dir.path())
     }
+
+    /// Starts the driver (gRPC, `script`) and csi-sidecar running the
+    /// provisioner and `module` at `-v=5` with retries from 200 ms to 2 s,
+    /// `args` after those.
+    pub fn start_with_provisioner(
+        &self,
+        module: &str,
+        script: Script,
+        args: &[&str],
+    ) -> (FaultDriver, crate::process::Proc) {
+        let driver = FaultDriver::start(&self.socket(), Transport::Grpc, script);
+        let mut all = vec!["-v=5", "provisioner", module, "--retry-interval-start=200ms", "--retry-interval-max=2s"];
+        all.extend(args);
+        (driver, self.sidecar("csi-sidecar", &crate::sidecar_bin(), &all))
+    }
+
+    /// Creates a StorageClass of the driver named `name` scoped to the
+    /// namespace (after `edit`); its name.
+    pub async fn storage_class(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut k8s_openapi::api::storage::v1::StorageClass),
+    ) -> String {
+        let mut sc = crate::kube_support::storage_class(&self.ns.scoped(name), &self.driver_name);
+        edit(&mut sc);
+        crate::kube_support::create(&kube::Api::all(self.ns.client().clone()), &sc).await;
+        sc.metadata.name.unwrap_or_default()
+    }
+
+    /// Creates the 1Mi claim `name` of class `sc` and waits up to `timeout`
+    /// for it to be Bound; its PV's name.
+    pub async fn bound_claim(&self, name: &str, sc: &str, timeout: Duration) -> String {
+        let pvcs: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = self.ns.api();
+        crate::kube_support::create(&pvcs, &crate::kube_support::pvc(name, Some(sc), "1Mi")).await;
+        let c = crate::kube_support::wait_for(&pvcs, name, timeout, |c| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await;
+        c.spec.and_then(|s| s.volume_name).expect("volumeName")
+    }
+}
+
+/// Implements `Deref<Target = FaultEnv>` for a test's environment struct
+/// that keeps its [`FaultEnv`] in the field `base`.
+#[macro_export]
+macro_rules! deref_fault_env {
+    ($ty:ty) => {
+        impl ::std::ops::Deref for $ty {
+            type Target = $crate::fault_driver::FaultEnv;
+            fn deref(&self) -> &$crate::fault_driver::FaultEnv {
+                &self.base
+            }
+        }
+    };
 }
 
 #[cfg(test)]

@@ -340,15 +340,25 @@ pub fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(s) if s.code == code)
 }
 
+/// The namespace's Events (none when the list fails).
+async fn events(ns: &TestNamespace) -> Vec<k8s_openapi::api::core::v1::Event> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = ns.api();
+    api.list(&kube::api::ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+}
+
 /// The Events of the namespace's object `name`.
 pub async fn events_for(ns: &TestNamespace, name: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
-    let api: Api<k8s_openapi::api::core::v1::Event> = ns.api();
-    api.list(&kube::api::ListParams::default())
+    events(ns).await.into_iter().filter(|e| e.involved_object.name.as_deref() == Some(name)).collect()
+}
+
+/// The messages of the namespace's Events with `reason` (none when the list
+/// fails).
+pub async fn event_messages(ns: &TestNamespace, reason: &str) -> Vec<String> {
+    events(ns)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.message.unwrap_or_default())
         .collect()
 }
 

@@ -8,8 +8,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use csi_sidecar_integration::{
+    deref_fault_env,
     fault_driver::{FaultDriver, FaultEnv, Script, Transport},
-    kube_support::{create, csi_node, node, pvc, storage_class},
+    kube_support::{create, csi_node, node, pvc},
     process::Proc,
     sidecar_bin, wait_until,
 };
@@ -37,12 +38,7 @@ struct Env {
     key: String,
 }
 
-impl std::ops::Deref for Env {
-    type Target = FaultEnv;
-    fn deref(&self) -> &FaultEnv {
-        &self.base
-    }
-}
+deref_fault_env!(Env);
 
 impl Env {
     async fn new(prefix: &str) -> Env {
@@ -71,10 +67,7 @@ impl Env {
     }
 
     async fn add_class(&self, name: &str, mode: &str) -> String {
-        let mut sc = storage_class(&self.ns.scoped(name), &self.driver_name);
-        sc.volume_binding_mode = Some(mode.into());
-        create(&Api::<StorageClass>::all(self.ns.client().clone()), &sc).await;
-        sc.metadata.name.unwrap_or_default()
+        self.storage_class(name, |sc| sc.volume_binding_mode = Some(mode.into())).await
     }
 
     fn provisioner(&self, extra: &[&str], env: &[(&str, &str)]) -> Proc {

@@ -10,14 +10,15 @@ use std::{collections::BTreeSet, time::Duration};
 
 use csi_sidecar_integration::{
     cluster::ControlPlane,
+    deref_fault_env,
     fault_driver::{FaultDriver, FaultEnv, GroupMethod, Script, SnapshotMethod, Transport},
-    kube_support::{create, pvc, storage_class, wait_deleted, wait_for},
+    kube_support::{create, pvc, wait_deleted, wait_for},
     process::Proc,
     sidecar_bin,
     snapshots::{SnapApis, ready},
     wait_until,
 };
-use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::{
     Api,
     api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
@@ -47,19 +48,13 @@ struct Env {
     contents: Api<DynamicObject>,
 }
 
-impl std::ops::Deref for Env {
-    type Target = FaultEnv;
-    fn deref(&self) -> &FaultEnv {
-        &self.base
-    }
-}
+deref_fault_env!(Env);
 
 impl Env {
     async fn new(prefix: &str) -> Env {
         let base = FaultEnv::on(ControlPlane::with_snapshots(), prefix).await;
         let client = base.ns.client().clone();
-        let sc = base.ns.scoped("sc");
-        create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &base.driver_name)).await;
+        let sc = base.storage_class("sc", |_| {}).await;
         let snaps = SnapApis::new(&client, base.ns.name());
         Env {
             classes: Api::all_with(client.clone(), &group_resource("VolumeGroupSnapshotClass")),
@@ -75,11 +70,7 @@ impl Env {
     /// csi-sidecar running provisioner and snapshotter (`args` after it).
     fn start(&self, groups: bool, script: impl FnOnce(Script) -> Script, args: &[&str]) -> (FaultDriver, Proc) {
         let s = Script { snapshots: true, group_snapshots: groups, ..self.script() };
-        let driver = FaultDriver::start(&self.socket(), Transport::Grpc, script(s));
-        let mut all =
-            vec!["-v=5", "provisioner", "snapshotter", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
-        all.extend(args);
-        (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &all))
+        self.start_with_provisioner("snapshotter", script(s), args)
     }
 
     /// Three bound claims labelled for the group; their volume handles.

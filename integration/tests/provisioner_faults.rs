@@ -4,14 +4,15 @@
 use std::{sync::Arc, time::Duration};
 
 use csi_sidecar_integration::{
+    deref_fault_env,
     failover::{assert_lease_held, fast_leader_election, kill_leader, wait_one_leader},
     fault_driver::{FaultDriver, FaultEnv, Script, Transport},
-    kube_support::{create, pvc, storage_class, wait_for},
+    kube_support::{create, event_messages, pvc, storage_class, wait_for},
     process::Proc,
     symlinked_bin, wait_until,
 };
 use k8s_openapi::api::{
-    core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
+    core::v1::{PersistentVolume, PersistentVolumeClaim},
     storage::v1::StorageClass,
 };
 use kube::{
@@ -28,18 +29,12 @@ struct Env {
     sc: String,
 }
 
-impl std::ops::Deref for Env {
-    type Target = FaultEnv;
-    fn deref(&self) -> &FaultEnv {
-        &self.base
-    }
-}
+deref_fault_env!(Env);
 
 impl Env {
     async fn new(prefix: &str) -> Env {
         let base = FaultEnv::new(prefix).await;
-        let sc = base.ns.scoped("sc");
-        create(&Api::<StorageClass>::all(base.ns.client().clone()), &storage_class(&sc, &base.driver_name)).await;
+        let sc = base.storage_class("sc", |_| {}).await;
         Env { base, sc }
     }
 
@@ -59,15 +54,7 @@ impl Env {
     }
 
     async fn events(&self, reason: &str) -> Vec<String> {
-        let api: Api<Event> = self.ns.api();
-        api.list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .map(|e| e.message.unwrap_or_default())
-            .collect()
+        event_messages(&self.ns, reason).await
     }
 
     async fn wait_all_bound(&self, n: usize) {

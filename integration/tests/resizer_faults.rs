@@ -6,14 +6,15 @@
 use std::time::Duration;
 
 use csi_sidecar_integration::{
+    deref_fault_env,
     fault_driver::{CallOutcome, FaultDriver, FaultEnv, Script, Transport},
-    kube_support::{create, pvc, storage_class, wait_for},
+    kube_support::{create, event_messages, pvc, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
 };
 use k8s_openapi::api::{
-    core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::{StorageClass, VolumeAttributesClass},
+    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    storage::v1::VolumeAttributesClass,
 };
 use kube::{
     Api,
@@ -29,32 +30,19 @@ struct Env {
     sc: String,
 }
 
-impl std::ops::Deref for Env {
-    type Target = FaultEnv;
-    fn deref(&self) -> &FaultEnv {
-        &self.base
-    }
-}
+deref_fault_env!(Env);
 
 impl Env {
     async fn new(prefix: &str) -> Env {
         let base = FaultEnv::new(prefix).await;
-        let sc = base.ns.scoped("sc");
-        let mut class = storage_class(&sc, &base.driver_name);
-        class.allow_volume_expansion = Some(true);
-        create(&Api::<StorageClass>::all(base.ns.client().clone()), &class).await;
+        let sc = base.storage_class("sc", |c| c.allow_volume_expansion = Some(true)).await;
         Env { base, sc }
     }
 
     /// A driver that expands (after `script`'s changes) and csi-sidecar
     /// running provisioner and resizer (`resizer_args` after the resizer).
     fn start(&self, script: impl FnOnce(Script) -> Script, resizer_args: &[&str]) -> (FaultDriver, Proc) {
-        let driver =
-            FaultDriver::start(&self.socket(), Transport::Grpc, script(Script { expand: true, ..self.script() }));
-        let mut args =
-            vec!["-v=5", "provisioner", "resizer", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
-        args.extend(resizer_args);
-        (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &args))
+        self.start_with_provisioner("resizer", script(Script { expand: true, ..self.script() }), resizer_args)
     }
 
     fn pvcs(&self) -> Api<PersistentVolumeClaim> {
@@ -62,11 +50,7 @@ impl Env {
     }
 
     async fn bound_claim(&self, name: &str) -> String {
-        create(&self.pvcs(), &pvc(name, Some(&self.sc), "1Mi")).await;
-        let c =
-            wait_for(&self.pvcs(), name, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-                .await;
-        c.spec.and_then(|s| s.volume_name).expect("volumeName")
+        self.base.bound_claim(name, &self.sc, T).await
     }
 
     async fn request(&self, name: &str, size: &str) {
@@ -75,15 +59,7 @@ impl Env {
     }
 
     async fn event_messages(&self, reason: &str) -> Vec<String> {
-        let api: Api<Event> = self.ns.api();
-        api.list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .map(|e| e.message.unwrap_or_default())
-            .collect()
+        event_messages(&self.ns, reason).await
     }
 
     async fn wait_event(&self, reason: &str, containing: &str) -> Vec<String> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use csi_sidecar_integration::{
     cluster::ControlPlane,
+    deref_fault_env,
     fault_driver::{FaultDriver, FaultEnv, Script, SnapshotMethod, Transport},
     kube_support::{create, pvc, storage_class, wait_deleted, wait_for},
     sidecar_bin,
@@ -35,18 +36,12 @@ struct Env {
     snaps: SnapApis,
 }
 
-impl std::ops::Deref for Env {
-    type Target = FaultEnv;
-    fn deref(&self) -> &FaultEnv {
-        &self.base
-    }
-}
+deref_fault_env!(Env);
 
 impl Env {
     async fn new(prefix: &str) -> Env {
         let base = FaultEnv::on(ControlPlane::with_snapshots(), prefix).await;
-        let sc = base.ns.scoped("sc");
-        create(&Api::<StorageClass>::all(base.ns.client().clone()), &storage_class(&sc, &base.driver_name)).await;
+        let sc = base.storage_class("sc", |_| {}).await;
         let snaps = SnapApis::new(base.ns.client(), base.ns.name());
         Env { base, sc, snaps }
     }
@@ -58,19 +53,11 @@ impl Env {
         script: impl FnOnce(Script) -> Script,
         args: &[&str],
     ) -> (FaultDriver, csi_sidecar_integration::process::Proc) {
-        let driver =
-            FaultDriver::start(&self.socket(), Transport::Grpc, script(Script { snapshots: true, ..self.script() }));
-        let mut all =
-            vec!["-v=5", "provisioner", "snapshotter", "--retry-interval-start=200ms", "--retry-interval-max=2s"];
-        all.extend(args);
-        (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &all))
+        self.start_with_provisioner("snapshotter", script(Script { snapshots: true, ..self.script() }), args)
     }
 
     async fn bound_claim(&self, name: &str) -> String {
-        let pvcs: Api<PersistentVolumeClaim> = self.ns.api();
-        create(&pvcs, &pvc(name, Some(&self.sc), "1Mi")).await;
-        let c = wait_for(&pvcs, name, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
-        format!("fault-{}", c.spec.and_then(|s| s.volume_name).expect("volumeName"))
+        format!("fault-{}", self.base.bound_claim(name, &self.sc, T).await)
     }
 
     /// A bound claim, a class (`policy`, `params`) and a VolumeSnapshot of

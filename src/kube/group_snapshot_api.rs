@@ -5,59 +5,25 @@
 //! straight from the watch with the fields the module uses (`managedFields`
 //! never allocated). [`installed`] says whether the cluster serves both.
 
-use std::{borrow::Cow, collections::BTreeMap};
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::{Client, Resource};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
 use serde::{Deserialize, Serialize};
 
-use super::snapshot_api::{SnapshotError, SnapshotRef};
+use super::snapshot_api::{SnapshotError, SnapshotRef, crd_class, crd_object};
 
 /// The API group of the group snapshot CRDs.
 pub const GROUP: &str = "groupsnapshot.storage.k8s.io";
 /// The version the snapshotter reads and writes (upstream v8.7's).
 pub const VERSION: &str = "v1";
 
-macro_rules! group_resource {
-    ($ty:ty, $kind:literal, $plural:literal) => {
-        impl Resource for $ty {
-            type DynamicType = ();
-            type Scope = k8s_openapi::ClusterResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(GROUP)
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(VERSION)
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-/// The backend group snapshot, bound to one VolumeGroupSnapshot.
-/// Cluster-scoped.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct VolumeGroupSnapshotContent {
-    #[serde(default, deserialize_with = "super::cached::slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: VolumeGroupSnapshotContentSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<VolumeGroupSnapshotContentStatus>,
-}
-group_resource!(VolumeGroupSnapshotContent, "VolumeGroupSnapshotContent", "volumegroupsnapshotcontents");
+crd_object!(
+    /// The backend group snapshot, bound to one VolumeGroupSnapshot.
+    /// Cluster-scoped.
+    VolumeGroupSnapshotContent { spec: VolumeGroupSnapshotContentSpec, status: VolumeGroupSnapshotContentStatus },
+    "VolumeGroupSnapshotContent",
+    "volumegroupsnapshotcontents",
+    k8s_openapi::ClusterResourceScope
+);
 
 /// `VolumeGroupSnapshotContent.spec`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -135,38 +101,30 @@ pub struct VolumeSnapshotInfo {
     pub restore_size: Option<i64>,
 }
 
-/// The class of a group snapshot. Cluster-scoped.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeGroupSnapshotClass {
-    #[serde(default, deserialize_with = "super::cached::slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub driver: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub deletion_policy: String,
-}
-group_resource!(VolumeGroupSnapshotClass, "VolumeGroupSnapshotClass", "volumegroupsnapshotclasses");
+crd_class!(
+    /// The class of a group snapshot. Cluster-scoped.
+    VolumeGroupSnapshotClass,
+    "VolumeGroupSnapshotClass",
+    "volumegroupsnapshotclasses"
+);
 
 /// Whether the apiserver serves `groupsnapshot.storage.k8s.io/v1` with
 /// both VolumeGroupSnapshotContents and VolumeGroupSnapshotClasses (what
 /// upstream's start-up list checks); false when the CRDs are missing.
 /// Other failures are errors.
 pub async fn installed(client: &Client) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources(&format!("{GROUP}/{VERSION}")).await {
-        Ok(list) => {
-            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
-            Ok(has("volumegroupsnapshotcontents") && has("volumegroupsnapshotclasses"))
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    }
+    super::snapshot_api::serves(
+        client,
+        &format!("{GROUP}/{VERSION}"),
+        &["volumegroupsnapshotcontents", "volumegroupsnapshotclasses"],
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
+
     use super::*;
 
     #[test]

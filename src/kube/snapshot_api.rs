@@ -5,13 +5,8 @@
 //! not built into the apiserver: [`installed`] says whether this cluster
 //! serves them, and the modules watch these kinds only then.
 
-use std::{borrow::Cow, collections::BTreeMap};
-
-use k8s_openapi::apimachinery::pkg::{
-    api::resource::Quantity,
-    apis::meta::v1::{ObjectMeta, Time},
-};
-use kube::{Client, Resource};
+use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time};
+use kube::Client;
 use serde::{Deserialize, Serialize};
 
 /// The API group of the snapshot CRDs.
@@ -19,47 +14,88 @@ pub const GROUP: &str = "snapshot.storage.k8s.io";
 /// The version the modules read and write.
 pub const VERSION: &str = "v1";
 
-/// Implements [`Resource`] for a snapshot kind with a static identity.
-macro_rules! snapshot_resource {
+/// Implements [`Resource`](kube::Resource) for a kind of a snapshot CRD group with a static
+/// identity: `GROUP` and `VERSION` are the calling module's (this one's, or
+/// `group_snapshot_api`'s).
+macro_rules! crd_resource {
     ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
-        impl Resource for $ty {
+        impl ::kube::Resource for $ty {
             type DynamicType = ();
             type Scope = $scope;
 
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
+            fn kind(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($kind)
             }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(GROUP)
+            fn group(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed(GROUP)
             }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(VERSION)
+            fn version(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed(VERSION)
             }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
+            fn plural(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($plural)
             }
-            fn meta(&self) -> &ObjectMeta {
+            fn meta(&self) -> &::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.metadata
             }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
+            fn meta_mut(&mut self) -> &mut ::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &mut self.metadata
             }
         }
     };
 }
+pub(super) use crd_resource;
 
-/// A user's request for a snapshot of a claim (or a binding to a
-/// pre-provisioned content). Namespaced.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct VolumeSnapshot {
-    #[serde(default, deserialize_with = "super::cached::slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: VolumeSnapshotSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<VolumeSnapshotStatus>,
+/// Defines a CRD kind of `metadata`, `spec` and an optional `status` (the
+/// `metadata` slimmed as the watches decode it), and its [`Resource`](kube::Resource).
+macro_rules! crd_object {
+    ($(#[$doc:meta])* $ty:ident { spec: $spec:ty, status: $status:ty }, $kind:literal, $plural:literal, $scope:ty) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, ::serde::Deserialize, ::serde::Serialize, PartialEq)]
+        pub struct $ty {
+            #[serde(default, deserialize_with = "super::cached::slim_meta")]
+            pub metadata: ::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            #[serde(default)]
+            pub spec: $spec,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub status: Option<$status>,
+        }
+        $crate::kube::snapshot_api::crd_resource!($ty, $kind, $plural, $scope);
+    };
 }
-snapshot_resource!(VolumeSnapshot, "VolumeSnapshot", "volumesnapshots", k8s_openapi::NamespaceResourceScope);
+pub(super) use crd_object;
+
+/// Defines a cluster-scoped class kind: its driver, parameters and deletion
+/// policy (the same fields in both groups), and its [`Resource`](kube::Resource).
+macro_rules! crd_class {
+    ($(#[$doc:meta])* $ty:ident, $kind:literal, $plural:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, ::serde::Deserialize, ::serde::Serialize, PartialEq)]
+        #[serde(rename_all = "camelCase")]
+        pub struct $ty {
+            #[serde(default, deserialize_with = "super::cached::slim_meta")]
+            pub metadata: ::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            #[serde(default)]
+            pub driver: String,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub parameters: Option<::std::collections::BTreeMap<String, String>>,
+            /// `Delete` or `Retain`.
+            #[serde(default)]
+            pub deletion_policy: String,
+        }
+        $crate::kube::snapshot_api::crd_resource!($ty, $kind, $plural, ::k8s_openapi::ClusterResourceScope);
+    };
+}
+pub(super) use crd_class;
+
+crd_object!(
+    /// A user's request for a snapshot of a claim (or a binding to a
+    /// pre-provisioned content). Namespaced.
+    VolumeSnapshot { spec: VolumeSnapshotSpec, status: VolumeSnapshotStatus },
+    "VolumeSnapshot",
+    "volumesnapshots",
+    k8s_openapi::NamespaceResourceScope
+);
 
 /// `VolumeSnapshot.spec`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -108,18 +144,9 @@ pub struct SnapshotError {
     pub message: Option<String>,
 }
 
-/// The backend snapshot, bound to one VolumeSnapshot. Cluster-scoped.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct VolumeSnapshotContent {
-    #[serde(default, deserialize_with = "super::cached::slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: VolumeSnapshotContentSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<VolumeSnapshotContentStatus>,
-}
-snapshot_resource!(
-    VolumeSnapshotContent,
+crd_object!(
+    /// The backend snapshot, bound to one VolumeSnapshot. Cluster-scoped.
+    VolumeSnapshotContent { spec: VolumeSnapshotContentSpec, status: VolumeSnapshotContentStatus },
     "VolumeSnapshotContent",
     "volumesnapshotcontents",
     k8s_openapi::ClusterResourceScope
@@ -197,25 +224,12 @@ pub struct VolumeSnapshotContentStatus {
     pub volume_group_snapshot_handle: Option<String>,
 }
 
-/// The class of a snapshot: its driver, parameters and deletion policy.
-/// Cluster-scoped.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotClass {
-    #[serde(default, deserialize_with = "super::cached::slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub driver: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub deletion_policy: String,
-}
-snapshot_resource!(
+crd_class!(
+    /// The class of a snapshot: its driver, parameters and deletion policy.
+    /// Cluster-scoped.
     VolumeSnapshotClass,
     "VolumeSnapshotClass",
-    "volumesnapshotclasses",
-    k8s_openapi::ClusterResourceScope
+    "volumesnapshotclasses"
 );
 
 /// Whether the apiserver serves `snapshot.storage.k8s.io/v1` with
@@ -223,8 +237,15 @@ snapshot_resource!(
 /// installed (404, or the group without that resource). Other failures are
 /// errors, so a flaky apiserver does not switch snapshots off.
 pub async fn installed(client: &Client, resource: &str) -> Result<bool, kube::Error> {
-    match client.list_api_group_resources(&format!("{GROUP}/{VERSION}")).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
+    serves(client, &format!("{GROUP}/{VERSION}"), &[resource]).await
+}
+
+/// Whether the apiserver serves `group_version` with every one of
+/// `resources`: false on a 404 (the CRDs are not installed) or when one is
+/// missing; other failures are errors.
+pub(super) async fn serves(client: &Client, group_version: &str, resources: &[&str]) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(resources.iter().all(|n| list.resources.iter().any(|r| &r.name == n))),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e),
     }
@@ -232,6 +253,9 @@ pub async fn installed(client: &Client, resource: &str) -> Result<bool, kube::Er
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::Resource;
+
     use super::*;
 
     #[test]
@@ -279,6 +303,28 @@ mod tests {
         .expect("decodes");
         assert_eq!(c.deletion_policy, "Retain");
         assert_eq!(c.parameters.unwrap_or_default().get("a").map(String::as_str), Some("b"));
+    }
+
+    #[test]
+    fn the_macro_defined_kinds_serialize_in_the_crd_shape() {
+        let class = VolumeSnapshotClass {
+            metadata: ObjectMeta { name: Some("c".into()), ..Default::default() },
+            driver: "d".into(),
+            parameters: None,
+            deletion_policy: "Delete".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&class).expect("encodes"),
+            serde_json::json!({"metadata": {"name": "c"}, "driver": "d", "deletionPolicy": "Delete"})
+        );
+        let snap = VolumeSnapshot {
+            metadata: ObjectMeta { name: Some("s".into()), ..Default::default() },
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&snap).expect("encodes"),
+            serde_json::json!({"metadata": {"name": "s"}, "spec": {"source": {}}})
+        );
     }
 
     #[test]

@@ -32,10 +32,8 @@ use csi_sidecar::csi::proto::csi::v1::{
     CreateVolumeRequest, VolumeCapability, controller_client::ControllerClient, volume_capability,
 };
 use csi_sidecar_integration::{
-    bench::{
-        Qps, SIDECAR_USER, Snap, check_accounting, mib, open_watches, setup_identity, snapshot, start_mock_driver,
-    },
-    cluster::{ControlPlane, Identity},
+    bench::{Qps, Snap, mib, open_watches, sidecar_kubeconfig, snapshot, start_mock_driver},
+    cluster::ControlPlane,
     kube_support::{attached_count, csi_node, csi_pv, pvc, storage_class, unique_name, volume_attachment},
     process::{Proc, status_kib},
     sidecar_bin, uds_channel,
@@ -377,10 +375,7 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("starting the control plane ...");
     let cp = ControlPlane::try_start()?;
     let admin = cp.client().await;
-    setup_identity(&admin).await?;
-    let identity = Identity::user(SIDECAR_USER, &[]);
-    let kubeconfig = cp.mint(&identity);
-    check_accounting(&admin, &cp.client_as(&identity).await).await?;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
     let csi = tmp.path().join("csi.sock");
     let mut driver = start_mock_driver(&csi, DRIVER, NODE_ID, tmp.path()).await?;
     let csinodes: Api<CSINode> = Api::all(admin.clone());

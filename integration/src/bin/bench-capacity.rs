@@ -22,19 +22,19 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{SIDECAR_USER, check_accounting, mib, setup_identity, snapshot, wait_for},
-    cluster::{ControlPlane, Identity},
+    bench::{create_namespace, mib, sidecar_kubeconfig, snapshot, wait_for},
+    cluster::ControlPlane,
     fault_driver::{FaultDriver, Script, Transport},
     kube_support::{csi_node, node, storage_class},
     process::{Proc, status_kib},
 };
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node},
+    core::v1::Node,
     storage::v1::{CSINode, CSIStorageCapacity, StorageClass},
 };
 use kube::{
     Api, Client,
-    api::{ListParams, ObjectMeta, PostParams},
+    api::{ListParams, PostParams},
 };
 
 const DRIVER: &str = "bench-capacity.csi.example.com";
@@ -78,12 +78,8 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("starting the control plane ...");
     let cp = ControlPlane::try_start()?;
     let admin: Client = cp.client().await;
-    setup_identity(&admin).await?;
-    let identity = Identity::user(SIDECAR_USER, &[]);
-    let kubeconfig = cp.mint(&identity);
-    check_accounting(&admin, &cp.client_as(&identity).await).await?;
-    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
-    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await?;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    create_namespace(&admin, NS).await?;
     let csi = tmp.path().join("csi.sock");
     let script = Script {
         name: DRIVER.into(),

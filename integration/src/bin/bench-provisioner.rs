@@ -69,11 +69,8 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{
-        Delta, Qps, SIDECAR_USER, check_accounting, kcm_client, median, mib, settled_snapshot, setup_identity,
-        snapshot, start_mock_driver,
-    },
-    cluster::{ControlPlane, Identity},
+    bench::{Delta, Qps, kcm_client, median, mib, settled_snapshot, sidecar_kubeconfig, snapshot, start_mock_driver},
+    cluster::ControlPlane,
     kube_support::{csi_pv, pvc, storage_class, unique_name},
     process::Proc,
     process::status_kib,
@@ -1389,10 +1386,7 @@ async fn run(args: Args) -> Result<()> {
             None
         }
     };
-    setup_identity(&admin).await?;
-    let identity = Identity::user(SIDECAR_USER, &[]);
-    let sidecar_kubeconfig = cp.mint(&identity);
-    check_accounting(&admin, &cp.client_as(&identity).await).await?;
+    let sidecar_kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
 
     let csi_sock = tmp.path().join("csi.sock");
     let mut driver = start_mock_driver(&csi_sock, DRIVER, "node-1", &log_dir).await?;

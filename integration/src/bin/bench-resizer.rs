@@ -20,10 +20,10 @@ use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Qps, SIDECAR_USER, check_accounting, idle_rss, mib, settled_snapshot, setup_identity, sidecar,
-        start_mock_driver, wait_for,
+        Qps, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig, start_mock_driver,
+        synced_sidecar, wait_for,
     },
-    cluster::{ControlPlane, Identity},
+    cluster::ControlPlane,
     kube_support::{csi_pv, pod, pvc, storage_class},
     process::{Proc, status_kib},
 };
@@ -162,14 +162,10 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("starting the control plane ...");
     let cp = ControlPlane::try_start()?;
     let admin: Client = cp.client().await;
-    setup_identity(&admin).await?;
-    let identity = Identity::user(SIDECAR_USER, &[]);
-    let kubeconfig = cp.mint(&identity);
-    check_accounting(&admin, &cp.client_as(&identity).await).await?;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
     let csi = tmp.path().join("csi.sock");
     let mut driver = start_mock_driver(&csi, DRIVER, "bench-node", tmp.path()).await?;
-    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
-    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await?;
+    create_namespace(&admin, NS).await?;
     let mut sc = storage_class("bench-resize", DRIVER);
     sc.allow_volume_expansion = Some(true);
     Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &sc).await?;
@@ -204,9 +200,9 @@ async fn run(args: Args) -> Result<()> {
         let size = format!("{}Mi", r + 2);
         let mut extra = q.flags();
         extra.push("resizer".into());
-        let mut rsz = sidecar(&format!("resizer-{}", q.short()), &csi, &kubeconfig, &extra, tmp.path());
-        wait_for("the resizer's caches", Duration::from_secs(120), async || Ok(rsz.logs().contains("Caches synced")))
-            .await?;
+        let caches = ("the resizer's caches", "Caches synced");
+        let mut rsz =
+            synced_sidecar(&format!("resizer-{}", q.short()), &csi, &kubeconfig, &extra, tmp.path(), caches).await?;
         let before = settled_snapshot(&admin, None).await?;
         eprintln!("round {}: QPS {}, {} claims to {size} ...", r + 1, q.label(), args.claims);
         let start = Instant::now();

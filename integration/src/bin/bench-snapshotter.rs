@@ -25,22 +25,19 @@ use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Qps, SIDECAR_USER, check_accounting, idle_rss, mib, settled_snapshot, setup_identity, sidecar,
-        start_mock_driver, wait_for,
+        Qps, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig, start_mock_driver,
+        synced_sidecar, wait_for,
     },
-    cluster::{ControlPlane, Identity, launcher_bin},
+    cluster::{ControlPlane, launcher_bin},
     kube_support::{pvc, storage_class},
     process::status_kib,
     snapshots::{SnapApis, obj, ready},
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{
-    core::v1::{Namespace, PersistentVolumeClaim},
-    storage::v1::StorageClass,
-};
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, ObjectMeta, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
 };
 
 const DRIVER: &str = "bench-snap.csi.example.com";
@@ -147,11 +144,8 @@ async fn restore_round(
 ) -> Result<(f64, f64, f64)> {
     let mut extra = q.flags();
     extra.push("provisioner".into());
-    let mut prov = sidecar(&format!("provisioner-{}", q.short()), csi, kubeconfig, &extra, log);
-    wait_for("the provisioner's caches", Duration::from_secs(120), async || {
-        Ok(prov.logs().contains("Caches synced; provisioning"))
-    })
-    .await?;
+    let caches = ("the provisioner's caches", "Caches synced; provisioning");
+    let mut prov = synced_sidecar(&format!("provisioner-{}", q.short()), csi, kubeconfig, &extra, log, caches).await?;
     let before = settled_snapshot(admin, None).await?;
     eprintln!("  {} restores ...", args.restores);
     let start = Instant::now();
@@ -201,14 +195,10 @@ async fn run(args: Args) -> Result<()> {
     eprintln!("starting the control plane with snapshot-controller ...");
     let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"])?;
     let admin: Client = cp.client().await;
-    setup_identity(&admin).await?;
-    let identity = Identity::user(SIDECAR_USER, &[]);
-    let kubeconfig = cp.mint(&identity);
-    check_accounting(&admin, &cp.client_as(&identity).await).await?;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
     let csi = tmp.path().join("csi.sock");
     let mut driver = start_mock_driver(&csi, DRIVER, "bench-node", tmp.path()).await?;
-    let ns = Namespace { metadata: ObjectMeta { name: Some(NS.into()), ..Default::default() }, ..Default::default() };
-    Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await?;
+    create_namespace(&admin, NS).await?;
     Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
     let snaps = SnapApis::new(&admin, NS);
     snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
@@ -234,11 +224,10 @@ async fn run(args: Args) -> Result<()> {
     for (r, q) in qps.iter().enumerate() {
         let mut extra = q.flags();
         extra.push("snapshotter".into());
-        let mut snap = sidecar(&format!("snapshotter-{}", q.short()), &csi, &kubeconfig, &extra, tmp.path());
-        wait_for("the snapshotter's caches", Duration::from_secs(120), async || {
-            Ok(snap.logs().contains("Caches synced; snapshotting"))
-        })
-        .await?;
+        let caches = ("the snapshotter's caches", "Caches synced; snapshotting");
+        let mut snap =
+            synced_sidecar(&format!("snapshotter-{}", q.short()), &csi, &kubeconfig, &extra, tmp.path(), caches)
+                .await?;
         let before = settled_snapshot(&admin, None).await?;
         eprintln!("round {}: QPS {}, {} snapshots ...", r + 1, q.label(), args.snapshots);
         let start = Instant::now();

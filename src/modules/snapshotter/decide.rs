@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use ::kube::Resource;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use serde::Serialize;
 
 use crate::{
     compat::snapshotter as up,
@@ -528,55 +530,73 @@ pub fn status_update(
         });
     };
     let mut s = cur.clone();
-    let mut changed = false;
-    if s.snapshot_handle.is_none() {
-        s.snapshot_handle = Some(o.handle.clone());
-        changed = true;
-    }
-    if s.ready_to_use != Some(o.ready) {
-        s.ready_to_use = Some(o.ready);
-        changed = true;
-        if o.ready {
-            s.error = None;
-        }
-    }
-    if s.creation_time.is_none() {
-        s.creation_time = Some(o.created_ns);
-        changed = true;
-    }
-    if s.restore_size.is_none() && size.is_some() {
-        s.restore_size = size;
-        changed = true;
-    }
-    if s.volume_group_snapshot_handle.is_none() && group.is_some() {
-        s.volume_group_snapshot_handle = group;
-        changed = true;
-    }
-    changed.then_some(s)
+    let changed = [
+        fill(&mut s.snapshot_handle, Some(o.handle.clone())),
+        set_ready(&mut s.ready_to_use, &mut s.error, o.ready),
+        fill(&mut s.creation_time, Some(o.created_ns)),
+        fill(&mut s.restore_size, size),
+        fill(&mut s.volume_group_snapshot_handle, group),
+    ];
+    changed.contains(&true).then_some(s)
 }
 
-/// JSON patch replacing the whole status (sent to the `status` subresource).
-pub fn status_patch(status: &VolumeSnapshotContentStatus) -> serde_json::Value {
+/// Sets an unset status field to `value` (when that is set); whether it
+/// changed.
+pub(super) fn fill<T>(field: &mut Option<T>, value: Option<T>) -> bool {
+    let fills = field.is_none() && value.is_some();
+    if fills {
+        *field = value;
+    }
+    fills
+}
+
+/// Overwrites `readyToUse` when it differs from `ready`, clearing the error
+/// when it becomes true; whether it changed.
+pub(super) fn set_ready(ready_to_use: &mut Option<bool>, error: &mut Option<SnapshotError>, ready: bool) -> bool {
+    let differs = *ready_to_use != Some(ready);
+    if differs {
+        *ready_to_use = Some(ready);
+        if ready {
+            *error = None;
+        }
+    }
+    differs
+}
+
+/// JSON patch replacing the whole status (to the `status` subresource), of
+/// a content or a group content.
+pub fn status_patch<S: Serialize>(status: &S) -> serde_json::Value {
     serde_json::json!([{"op": "replace", "path": "/status", "value": status}])
 }
 
-/// The error-status patch (upstream's `updateContentErrorStatusWithEvent`):
-/// `status.error = {time, message}` and `readyToUse: false`; the whole
-/// status when there was none. `None` when the same message is already
-/// recorded (then neither the status nor the event is written).
-pub fn error_patch(
-    current: Option<&VolumeSnapshotContentStatus>,
-    message: &str,
-    now: Timestamp,
-) -> Option<serde_json::Value> {
+/// A content's or a group content's status, as [`error_patch`] reads and
+/// writes it.
+pub trait ContentStatus: Default + Serialize {
+    /// `status.error`.
+    fn error(&self) -> Option<&SnapshotError>;
+    /// A status of just `error` and `readyToUse: false`.
+    fn failed(error: SnapshotError) -> Self;
+}
+
+impl ContentStatus for VolumeSnapshotContentStatus {
+    fn error(&self) -> Option<&SnapshotError> {
+        self.error.as_ref()
+    }
+    fn failed(error: SnapshotError) -> Self {
+        Self { ready_to_use: Some(false), error: Some(error), ..Default::default() }
+    }
+}
+
+/// The error-status patch (upstream's `updateContentErrorStatusWithEvent`
+/// and its group form): `status.error = {time, message}` and
+/// `readyToUse: false`; the whole status when there was none. `None` when
+/// the same message is already recorded (then neither the status nor the
+/// event is written).
+pub fn error_patch<S: ContentStatus>(current: Option<&S>, message: &str, now: Timestamp) -> Option<serde_json::Value> {
     let error = SnapshotError { time: Some(Time(now)), message: Some(message.to_string()) };
     match current {
-        Some(s) if s.error.as_ref().and_then(|e| e.message.as_deref()) == Some(message) => None,
-        None => {
-            let status =
-                VolumeSnapshotContentStatus { ready_to_use: Some(false), error: Some(error), ..Default::default() };
-            Some(serde_json::json!([{"op": "replace", "path": "/status", "value": status}]))
-        }
+        Some(s) if s.error().and_then(|e| e.message.as_deref()) == Some(message) => None,
+        None => Some(status_patch(&S::failed(error))),
         Some(_) => Some(serde_json::json!([
             {"op": "replace", "path": "/status/error", "value": error},
             {"op": "replace", "path": "/status/readyToUse", "value": false},
@@ -596,50 +616,85 @@ pub fn cleared_status(current: Option<&VolumeSnapshotContentStatus>) -> VolumeSn
     }
 }
 
-/// The JSON patch setting the being-created annotation: the whole map
-/// replaced by the one read plus the annotation (upstream's form).
-pub fn being_created_patch(c: &VolumeSnapshotContent) -> serde_json::Value {
-    let mut a = c.metadata.annotations.clone().unwrap_or_default();
-    a.insert(up::ANN_BEING_CREATED.to_string(), "yes".to_string());
+/// A content kind as the decisions shared with group contents see it.
+pub trait Content: Resource + Clone + PartialEq {
+    /// The kind's status.
+    type Status: ContentStatus;
+    /// The kind's being-created annotation.
+    const BEING_CREATED: &'static str;
+    /// The status, if any.
+    fn status(&self) -> Option<&Self::Status>;
+    /// Whether the status says ready.
+    fn is_ready(&self) -> bool;
+    /// Drops the status.
+    fn clear_status(&mut self);
+}
+
+impl Content for VolumeSnapshotContent {
+    type Status = VolumeSnapshotContentStatus;
+    const BEING_CREATED: &'static str = up::ANN_BEING_CREATED;
+    fn status(&self) -> Option<&VolumeSnapshotContentStatus> {
+        self.status.as_ref()
+    }
+    fn is_ready(&self) -> bool {
+        is_ready(self)
+    }
+    fn clear_status(&mut self) {
+        self.status = None;
+    }
+}
+
+/// The JSON patch setting the kind's being-created annotation: the whole
+/// map replaced by the one read plus the annotation (upstream's form).
+pub fn being_created_patch<K: Content>(c: &K) -> serde_json::Value {
+    let mut a = c.meta().annotations.clone().unwrap_or_default();
+    a.insert(K::BEING_CREATED.to_string(), "yes".to_string());
     serde_json::json!([{"op": "replace", "path": "/metadata/annotations", "value": a}])
 }
 
 /// The JSON patch removing the being-created annotation.
 pub fn remove_being_created_patch() -> serde_json::Value {
-    let path = format!("/metadata/annotations/{}", up::ANN_BEING_CREATED.replace('~', "~0").replace('/', "~1"));
+    remove_annotation_patch(up::ANN_BEING_CREATED)
+}
+
+/// The JSON patch removing annotation `key`.
+pub(super) fn remove_annotation_patch(key: &str) -> serde_json::Value {
+    let path = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
     serde_json::json!([{"op": "remove", "path": path}])
 }
 
-/// Whether an update needs a sync (upstream's `ShouldEnqueueContentChange`):
-/// always for an unchanged resourceVersion (a resync) and for the
-/// readyToUse false → true transition; otherwise only when something other
-/// than the status, managedFields, finalizers and the being-created
-/// annotation changed.
-pub fn should_enqueue(old: &VolumeSnapshotContent, new: &VolumeSnapshotContent) -> bool {
-    if old.metadata.resource_version == new.metadata.resource_version {
+/// Whether an update needs a sync (upstream's `ShouldEnqueueContentChange`
+/// and v8.7's `ShouldEnqueueGroupContentChange`): always for an unchanged
+/// resourceVersion (a resync) and for the readyToUse false → true
+/// transition; otherwise only when something other than the status,
+/// managedFields, finalizers and the kind's being-created annotation
+/// changed.
+pub fn should_enqueue<K: Content>(old: &K, new: &K) -> bool {
+    if old.meta().resource_version == new.meta().resource_version {
         return true;
     }
-    if !is_ready(old) && is_ready(new) {
+    if !old.is_ready() && new.is_ready() {
         return true;
     }
     sanitized(old) != sanitized(new)
 }
 
-fn sanitized(c: &VolumeSnapshotContent) -> VolumeSnapshotContent {
+fn sanitized<K: Content>(c: &K) -> K {
     let mut s = c.clone();
-    s.metadata.resource_version = None;
-    s.metadata.managed_fields = None;
-    s.metadata.finalizers = None;
-    s.status = None;
-    if let Some(a) = s.metadata.annotations.as_mut() {
-        a.remove(up::ANN_BEING_CREATED);
+    s.clear_status();
+    let m = s.meta_mut();
+    m.resource_version = None;
+    m.managed_fields = None;
+    m.finalizers = None;
+    if let Some(a) = m.annotations.as_mut() {
+        a.remove(K::BEING_CREATED);
     }
     // Go's semantic equality: an empty map equals a missing one.
-    if s.metadata.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
-        s.metadata.annotations = None;
+    if m.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
+        m.annotations = None;
     }
-    if s.metadata.labels.as_ref().is_some_and(BTreeMap::is_empty) {
-        s.metadata.labels = None;
+    if m.labels.as_ref().is_some_and(BTreeMap::is_empty) {
+        m.labels = None;
     }
     s
 }

@@ -8,11 +8,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use ::kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-    runtime::reflector::ObjectRef,
-};
+use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
@@ -33,10 +29,6 @@ use crate::{
 
 /// The newest version of each group content this process wrote.
 pub(super) type Written = super::written::Written<VolumeGroupSnapshotContent>;
-
-fn json_patch(v: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
-    serde_json::from_value(v).map_err(::kube::Error::SerdeError)
-}
 
 /// The group snapshot half of the snapshotter.
 pub(super) struct GroupSnapshotter {
@@ -62,13 +54,8 @@ impl GroupSnapshotter {
         super::written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
-    fn wrote(&self, c: VolumeGroupSnapshotContent) -> Arc<VolumeGroupSnapshotContent> {
-        super::written::wrote(&self.written, c)
-    }
-
     async fn patch(&self, name: &str, p: serde_json::Value) -> Result<Arc<VolumeGroupSnapshotContent>, ::kube::Error> {
-        let c = self.api().patch(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(p)?)).await?;
-        Ok(self.wrote(c))
+        super::written::patch(&self.api(), &self.written, name, p, false).await
     }
 
     async fn patch_status(
@@ -76,8 +63,7 @@ impl GroupSnapshotter {
         name: &str,
         p: serde_json::Value,
     ) -> Result<Arc<VolumeGroupSnapshotContent>, ::kube::Error> {
-        let c = self.api().patch_status(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(p)?)).await?;
-        Ok(self.wrote(c))
+        super::written::patch(&self.api(), &self.written, name, p, true).await
     }
 
     fn event(&self, c: &VolumeGroupSnapshotContent, reason: &str, message: &str) {
@@ -155,23 +141,11 @@ impl GroupSnapshotter {
     /// again soon (the annotation's removal is our own write, not
     /// announced); else polled with backoff.
     fn ready_or_poll(&self, c: &VolumeGroupSnapshotContent) -> Outcome {
-        match (gd::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
-            (true, false) => Outcome::Done,
-            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
-            (false, _) => Outcome::Retry,
-        }
+        super::ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
     async fn record_error(&self, c: &VolumeGroupSnapshotContent, reason: &str, message: &str) {
-        let Some(patch) = gd::error_patch(c.status.as_ref(), message, Timestamp::now()) else {
-            tracing::debug!("The same error is already recorded");
-            return;
-        };
-        let name = c.metadata.name.clone().unwrap_or_default();
-        if let Err(e) = self.patch_status(&name, patch).await {
-            tracing::warn!(error = %e, "Recording the error in the group content status failed");
-        }
-        self.event(c, reason, message);
+        super::record_error(&self.api(), &self.written, &self.events, c, (reason, message), "group content").await
     }
 
     /// The group secret from the deletion-secret annotations.
@@ -203,7 +177,7 @@ impl GroupSnapshotter {
         let mut content = content;
         let mut fresh = false;
         if !gd::has_annotation(&content, up::ANN_GROUP_BEING_CREATED) {
-            content = match self.patch(&name, gd::being_created_patch(&content)).await {
+            content = match self.patch(&name, gd::being_created_patch(content.as_ref())).await {
                 Ok(c) => c,
                 Err(e) => return Err((content, GroupError::AddAnnotation { content: name, error: e.to_string() })),
             };
@@ -256,7 +230,7 @@ impl GroupSnapshotter {
             content
         } else {
             match self.api().get(name).await {
-                Ok(c) => self.wrote(c),
+                Ok(c) => super::written::wrote(&self.written, c),
                 Err(e) => return Err((content, err(e))),
             }
         };

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
 use super::decide::{self, Naming, SecretKeys, SnapError, go_quote};
+pub use super::decide::{being_created_patch, error_patch, should_enqueue, status_patch};
 use crate::{
     compat::snapshotter as up,
     csi::proto::csi::v1 as csi,
@@ -404,56 +405,25 @@ pub fn status_update(
         });
     };
     let mut s = cur.clone();
-    let mut changed = false;
-    if s.volume_group_snapshot_handle.is_none() {
-        s.volume_group_snapshot_handle = Some(o.handle.clone());
-        changed = true;
-    }
-    if s.ready_to_use != Some(o.ready) {
-        s.ready_to_use = Some(o.ready);
-        changed = true;
-        if o.ready {
-            s.error = None;
-        }
-    }
-    if s.creation_time.is_none() {
-        s.creation_time = Some(Time(o.created));
-        changed = true;
-    }
-    if s.volume_snapshot_info_list.is_empty() && !o.members.is_empty() {
+    let members = s.volume_snapshot_info_list.is_empty() && !o.members.is_empty();
+    if members {
         s.volume_snapshot_info_list = o.members.clone();
-        changed = true;
     }
-    changed.then_some(s)
+    let changed = [
+        decide::fill(&mut s.volume_group_snapshot_handle, Some(o.handle.clone())),
+        decide::set_ready(&mut s.ready_to_use, &mut s.error, o.ready),
+        decide::fill(&mut s.creation_time, Some(Time(o.created))),
+        members,
+    ];
+    changed.contains(&true).then_some(s)
 }
 
-/// JSON patch replacing the whole status (to the `status` subresource).
-pub fn status_patch(status: &VolumeGroupSnapshotContentStatus) -> serde_json::Value {
-    serde_json::json!([{"op": "replace", "path": "/status", "value": status}])
-}
-
-/// The error-status patch (`status.error`, `readyToUse: false`; the whole
-/// status when there was none); `None` when the message is already there.
-pub fn error_patch(
-    current: Option<&VolumeGroupSnapshotContentStatus>,
-    message: &str,
-    now: Timestamp,
-) -> Option<serde_json::Value> {
-    let error = SnapshotError { time: Some(Time(now)), message: Some(message.to_string()) };
-    match current {
-        Some(s) if s.error.as_ref().and_then(|e| e.message.as_deref()) == Some(message) => None,
-        None => {
-            let status = VolumeGroupSnapshotContentStatus {
-                ready_to_use: Some(false),
-                error: Some(error),
-                ..Default::default()
-            };
-            Some(status_patch(&status))
-        }
-        Some(_) => Some(serde_json::json!([
-            {"op": "replace", "path": "/status/error", "value": error},
-            {"op": "replace", "path": "/status/readyToUse", "value": false},
-        ])),
+impl decide::ContentStatus for VolumeGroupSnapshotContentStatus {
+    fn error(&self) -> Option<&SnapshotError> {
+        self.error.as_ref()
+    }
+    fn failed(error: SnapshotError) -> Self {
+        Self { ready_to_use: Some(false), error: Some(error), ..Default::default() }
     }
 }
 
@@ -469,50 +439,23 @@ pub fn cleared_status(current: Option<&VolumeGroupSnapshotContentStatus>) -> Vol
     }
 }
 
-/// The JSON patch setting the group being-created annotation (the whole
-/// map replaced, upstream's form).
-pub fn being_created_patch(c: &VolumeGroupSnapshotContent) -> serde_json::Value {
-    let mut a = c.metadata.annotations.clone().unwrap_or_default();
-    a.insert(up::ANN_GROUP_BEING_CREATED.to_string(), "yes".to_string());
-    serde_json::json!([{"op": "replace", "path": "/metadata/annotations", "value": a}])
+impl decide::Content for VolumeGroupSnapshotContent {
+    type Status = VolumeGroupSnapshotContentStatus;
+    const BEING_CREATED: &'static str = up::ANN_GROUP_BEING_CREATED;
+    fn status(&self) -> Option<&VolumeGroupSnapshotContentStatus> {
+        self.status.as_ref()
+    }
+    fn is_ready(&self) -> bool {
+        is_ready(self)
+    }
+    fn clear_status(&mut self) {
+        self.status = None;
+    }
 }
 
 /// The JSON patch removing the group being-created annotation.
 pub fn remove_being_created_patch() -> serde_json::Value {
-    let path = format!("/metadata/annotations/{}", up::ANN_GROUP_BEING_CREATED.replace('~', "~0").replace('/', "~1"));
-    serde_json::json!([{"op": "remove", "path": path}])
-}
-
-/// Whether an update needs a sync (upstream v8.7's
-/// `ShouldEnqueueGroupContentChange`): resyncs, the readyToUse false →
-/// true transition, and changes other than the status, managedFields,
-/// finalizers and the group being-created annotation.
-pub fn should_enqueue(old: &VolumeGroupSnapshotContent, new: &VolumeGroupSnapshotContent) -> bool {
-    if old.metadata.resource_version == new.metadata.resource_version {
-        return true;
-    }
-    if !is_ready(old) && is_ready(new) {
-        return true;
-    }
-    sanitized(old) != sanitized(new)
-}
-
-fn sanitized(c: &VolumeGroupSnapshotContent) -> VolumeGroupSnapshotContent {
-    let mut s = c.clone();
-    s.metadata.resource_version = None;
-    s.metadata.managed_fields = None;
-    s.metadata.finalizers = None;
-    s.status = None;
-    if let Some(a) = s.metadata.annotations.as_mut() {
-        a.remove(up::ANN_GROUP_BEING_CREATED);
-    }
-    if s.metadata.annotations.as_ref().is_some_and(BTreeMap::is_empty) {
-        s.metadata.annotations = None;
-    }
-    if s.metadata.labels.as_ref().is_some_and(BTreeMap::is_empty) {
-        s.metadata.labels = None;
-    }
-    s
+    decide::remove_annotation_patch(up::ANN_GROUP_BEING_CREATED)
 }
 
 /// Whether a CreateVolumeGroupSnapshot error is final (the same codes as

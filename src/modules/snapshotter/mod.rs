@@ -27,11 +27,7 @@ use std::{
     time::Duration,
 };
 
-use ::kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-    runtime::reflector::ObjectRef,
-};
+use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -46,7 +42,7 @@ use crate::{
         KubeContext,
         cache::Cache,
         events::{EventType, Recorder, reference},
-        informers::Change,
+        informers::{Change, Informer},
         queue::{Backoff, Outcome, WorkQueue},
         snapshot_api::{self, VolumeSnapshotClass, VolumeSnapshotContent},
     },
@@ -79,10 +75,6 @@ struct Snapshotter {
     written: Written,
 }
 
-fn json_patch(v: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
-    serde_json::from_value(v).map_err(::kube::Error::SerdeError)
-}
-
 impl Snapshotter {
     fn api(&self) -> Api<VolumeSnapshotContent> {
         Api::all(self.client.clone())
@@ -94,13 +86,8 @@ impl Snapshotter {
         written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
-    fn wrote(&self, c: VolumeSnapshotContent) -> Arc<VolumeSnapshotContent> {
-        written::wrote(&self.written, c)
-    }
-
     async fn patch(&self, name: &str, patch: serde_json::Value) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
-        let c = self.api().patch(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(patch)?)).await?;
-        Ok(self.wrote(c))
+        written::patch(&self.api(), &self.written, name, patch, false).await
     }
 
     async fn patch_status(
@@ -108,8 +95,7 @@ impl Snapshotter {
         name: &str,
         patch: serde_json::Value,
     ) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
-        let c = self.api().patch_status(name, &PatchParams::default(), &Patch::<()>::Json(json_patch(patch)?)).await?;
-        Ok(self.wrote(c))
+        written::patch(&self.api(), &self.written, name, patch, true).await
     }
 
     fn event(&self, c: &VolumeSnapshotContent, kind: EventType, reason: &str, message: &str) {
@@ -177,32 +163,12 @@ impl Snapshotter {
         }
     }
 
-    /// After a create or check: done when ready, else polled with backoff.
-    /// A ready content that is being deleted is synced again soon: the
-    /// deletion waited for the being-created annotation, whose removal is
-    /// our own change and so not announced to us (upstream waits for the
-    /// resync there).
     fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Outcome {
-        match (decide::is_ready(c), c.metadata.deletion_timestamp.is_some()) {
-            (true, false) => Outcome::Done,
-            (true, true) => Outcome::RetryAfter(self.cfg.retry_interval_start),
-            (false, _) => Outcome::Retry,
-        }
+        ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
-    /// Records a failure in `status.error` and as a Warning event, unless
-    /// the same message is already recorded.
     async fn record_error(&self, c: &VolumeSnapshotContent, reason: &str, message: &str) {
-        let Some(patch) = decide::error_patch(c.status.as_ref(), message, Timestamp::now()) else {
-            tracing::debug!("The same error is already recorded");
-            return;
-        };
-        let name = c.metadata.name.clone().unwrap_or_default();
-        if let Err(e) = self.patch_status(&name, patch).await {
-            tracing::warn!(error = %e, "Recording the error in the content status failed");
-        }
-        // Emitted even when the status write failed, so the user sees it.
-        self.event(c, EventType::Warning, reason, message);
+        record_error(&self.api(), &self.written, &self.events, c, (reason, message), "content").await
     }
 
     async fn secrets(&self, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {
@@ -235,7 +201,7 @@ impl Snapshotter {
         // Whether `content` is the apiserver's latest (our own write's answer).
         let mut fresh = false;
         if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
-            content = match self.patch(&name, decide::being_created_patch(&content)).await {
+            content = match self.patch(&name, decide::being_created_patch(content.as_ref())).await {
                 Ok(c) => c,
                 Err(e) => {
                     let error = crate::kube::error_text(&e);
@@ -296,7 +262,7 @@ impl Snapshotter {
             content
         } else {
             match self.api().get(name).await {
-                Ok(c) => self.wrote(c),
+                Ok(c) => written::wrote(&self.written, c),
                 Err(e) => return Err((content, err(e))),
             }
         };
@@ -486,6 +452,68 @@ async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Dur
     true
 }
 
+/// After a create or check of a content or group content: done when ready,
+/// else polled with backoff. A ready one that is being deleted is synced
+/// again `soon`: the deletion waited for the being-created annotation,
+/// whose removal is our own change and so not announced to us (upstream
+/// waits for the resync there).
+fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Outcome {
+    match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
+        (true, false) => Outcome::Done,
+        (true, true) => Outcome::RetryAfter(soon),
+        (false, _) => Outcome::Retry,
+    }
+}
+
+/// Records a failure (`reason`, `message`) in the `status.error` of `c`
+/// and as a Warning event, unless the same message is already recorded
+/// (`what`: the kind in the log, "content" or "group content").
+async fn record_error<K>(
+    api: &Api<K>,
+    written: &written::Written<K>,
+    events: &Recorder,
+    c: &K,
+    (reason, message): (&str, &str),
+    what: &str,
+) where
+    K: decide::Content<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(patch) = decide::error_patch(c.status(), message, Timestamp::now()) else {
+        tracing::debug!("The same error is already recorded");
+        return;
+    };
+    let name = c.meta().name.clone().unwrap_or_default();
+    if let Err(e) = written::patch(api, written, &name, patch, true).await {
+        tracing::warn!(error = %e, "Recording the error in the {what} status failed");
+    }
+    // Emitted even when the status write failed, so the user sees it.
+    events.publish(reference(c), EventType::Warning, reason, message);
+}
+
+/// Feeds the changes of a content (or group content) view into its queue,
+/// resynced every `period`: a deleted one is forgotten by the queue and the
+/// written store, an update is queued only when [`decide::should_enqueue`]
+/// says so, and anything else is queued.
+fn feed<K: decide::Content + Send + Sync + 'static>(
+    inf: &Informer<K>,
+    period: Duration,
+    shutdown: &CancellationToken,
+    q: WorkQueue<String>,
+    written: written::Written<K>,
+) {
+    inf.on_change_with_resync(period, shutdown, move |c| {
+        let name = c.object().meta().name.clone().unwrap_or_default();
+        match c {
+            Change::Deleted(_) => {
+                q.forget(&name);
+                lock(&written).remove(&name);
+            }
+            Change::Updated { old, new } if !decide::should_enqueue(*old, *new) => {}
+            _ => q.add(name),
+        }
+    });
+}
+
 /// Runs the snapshotter until shutdown (or until its Lease is lost).
 pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
@@ -538,37 +566,13 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
     let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff);
     let written: Written = Arc::default();
-    {
-        let (q, written) = (queue.clone(), written.clone());
-        content_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
-            let name = c.object().metadata.name.clone().unwrap_or_default();
-            match c {
-                Change::Deleted(_) => {
-                    q.forget(&name);
-                    lock(&written).remove(&name);
-                }
-                Change::Updated { old, new } if !decide::should_enqueue(old, new) => {}
-                _ => q.add(name),
-            }
-        });
-    }
+    feed(&content_inf, cfg.resync_period, &ctx.shutdown, queue.clone(), written.clone());
     // Created only with group snapshots: its metrics exist only then, as upstream's.
     let group_queue: Option<WorkQueue<String>> =
         group_infs.as_ref().map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff));
     let group_written: group::Written = Arc::default();
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
-        let (q, written) = (group_queue.clone(), group_written.clone());
-        inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
-            let name = c.object().metadata.name.clone().unwrap_or_default();
-            match c {
-                Change::Deleted(_) => {
-                    q.forget(&name);
-                    lock(&written).remove(&name);
-                }
-                Change::Updated { old, new } if !group_decide::should_enqueue(old, new) => {}
-                _ => q.add(name),
-            }
-        });
+        feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
     }
     informers.start(&ctx.shutdown);
     let events = Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown);

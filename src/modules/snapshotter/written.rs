@@ -1,14 +1,19 @@
 //! The newest version of each object this process wrote, kept against a
 //! lagging cache: the content and group content queues both act on the
 //! cached object unless their own last write is newer (upstream keeps its
-//! own store for the same reason).
+//! own store for the same reason). Their JSON patches are sent here, so
+//! that every answer is remembered.
 
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
 };
 
-use ::kube::Resource;
+use ::kube::{
+    Api, Resource,
+    api::{Patch, PatchParams},
+};
+use serde::de::DeserializeOwned;
 
 use super::{decide::is_older, lock};
 
@@ -42,4 +47,26 @@ pub(super) fn wrote<K: Resource>(written: &Written<K>, c: K) -> Arc<K> {
     let c = Arc::new(c);
     lock(written).insert(c.meta().name.clone().unwrap_or_default(), c.clone());
     c
+}
+
+/// Applies JSON patch `patch` to object `name`, or to its status
+/// subresource when `status`, and remembers the answer.
+pub(super) async fn patch<K>(
+    api: &Api<K>,
+    written: &Written<K>,
+    name: &str,
+    patch: serde_json::Value,
+    status: bool,
+) -> Result<Arc<K>, ::kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let (params, patch) = (PatchParams::default(), json_patch(patch)?);
+    let c =
+        if status { api.patch_status(name, &params, &patch).await? } else { api.patch(name, &params, &patch).await? };
+    Ok(wrote(written, c))
+}
+
+fn json_patch(v: serde_json::Value) -> Result<Patch<()>, ::kube::Error> {
+    Ok(Patch::Json(serde_json::from_value(v).map_err(::kube::Error::SerdeError)?))
 }

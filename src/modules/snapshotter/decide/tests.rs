@@ -378,7 +378,7 @@ fn nonsense_answers_are_refused() {
 #[test]
 fn the_error_status_rule() {
     let now = Timestamp::from_second(1).expect("time");
-    let p = error_patch(None, "boom", now).expect("patch");
+    let p = error_patch::<VolumeSnapshotContentStatus>(None, "boom", now).expect("patch");
     assert_eq!(p[0]["path"], "/status");
     assert_eq!(p[0]["value"]["readyToUse"], false);
     assert_eq!(p[0]["value"]["error"]["message"], "boom");

@@ -254,7 +254,7 @@ fn the_status_after_an_answer() {
 #[test]
 fn the_error_patch_and_the_annotations() {
     let now = Timestamp::from_second(1_800_000_000).expect("ts");
-    let p = error_patch(None, "boom", now).expect("patch");
+    let p = error_patch::<VolumeGroupSnapshotContentStatus>(None, "boom", now).expect("patch");
     assert_eq!(p[0]["path"], "/status");
     assert_eq!(p[0]["value"]["readyToUse"], false);
     assert_eq!(p[0]["value"]["error"]["message"], "boom");
