@@ -578,13 +578,10 @@ impl Provisioner {
             up::REASON_PROVISIONING,
             &format!("External provisioner is provisioning volume for claim \"{key}\""),
         );
+        // As the provisioning library reports what `Provision` returns: the
+        // error as it is, without a StorageClass prefix.
         let failed = |msg: String| {
-            self.event_pvc(
-                pvc,
-                EventType::Warning,
-                up::REASON_PROVISIONING_FAILED,
-                &format!("failed to provision volume with StorageClass \"{class}\": {msg}"),
-            );
+            self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
         };
         // CSI migration: a class of the in-tree plugin is provisioned with its
         // translation, and the PV is saved in the in-tree form.
@@ -614,10 +611,6 @@ impl Provisioner {
                 );
                 return Outcome::Done;
             }
-            Err(e) if e.reported_unprefixed() => {
-                self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &e.to_string());
-                return Outcome::Retry;
-            }
             Err(e) => {
                 failed(e.to_string());
                 return Outcome::Retry;
@@ -627,7 +620,8 @@ impl Provisioner {
         match self.accessibility(pvc, effective) {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
-                failed(format!("error generating accessibility requirements: {e}"));
+                // A missing node: upstream reports the lookup's error as it is.
+                failed(e);
                 unselect_node(&self.client, pvc).await;
                 return Outcome::Done;
             }
@@ -672,14 +666,12 @@ impl Provisioner {
         };
         let pv = match built {
             Ok(pv) => pv,
-            Err(e) => {
+            Err(msg) => {
                 // Unusable volume: delete it, then try again from scratch.
-                let mut msg = e;
                 if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
                     && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
                 {
-                    msg = format!("{msg}. Cleanup of volume {} failed, volume is orphaned: {ce}", plan.pv_name);
-                    self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_CLEANUP_FAILED, &msg);
+                    failed(decide::orphaned_volume_text(&msg, &plan.pv_name, &ce));
                     return Outcome::Retry;
                 }
                 self.forget_in_flight(&uid);
@@ -729,7 +721,7 @@ impl Provisioner {
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
-        failed(status_text(status));
+        failed(decide::create_error_text(status.code(), &status_text(status)));
         if let (Some(c), Some(sc)) = (&self.capacity, pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref())) {
             c.refresh_class(sc);
         }
