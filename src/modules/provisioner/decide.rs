@@ -537,6 +537,34 @@ pub fn volume_handle(pv: &PersistentVolume) -> Result<(String, bool), String> {
     Ok((csi.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default(), true))
 }
 
+/// The provisioner secret DeleteVolume is called with (upstream
+/// `handleSecretsForDeletion` and `getSecretsFromSC`): the PV's
+/// deletion-secret annotations when it has both (none when either is empty),
+/// else the provisioner secret of its StorageClass, resolved for the PV's
+/// claim reference. No class (`class` is `None` when it is gone) or no claim
+/// reference: none, as upstream. A class whose secret parameters are broken
+/// refuses the deletion (the `VolumeFailedDelete` text).
+pub fn deletion_secret_ref(pv: &PersistentVolume, class: Option<&StorageClass>) -> Result<Option<SecretRef>, String> {
+    let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k));
+    if let (Some(name), Some(namespace)) = (ann(up::ANN_DELETION_SECRET_NAME), ann(up::ANN_DELETION_SECRET_NAMESPACE)) {
+        let both = !name.is_empty() && !namespace.is_empty();
+        return Ok(both.then(|| SecretRef { name: name.clone(), namespace: namespace.clone() }));
+    }
+    let (Some(class), Some(claim)) = (class, pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref())) else {
+        return Ok(None);
+    };
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let ctx = TemplateContext {
+        pv_name,
+        pvc_name: claim.name.as_deref(),
+        pvc_namespace: claim.namespace.as_deref(),
+        pvc_annotations: None,
+    };
+    let params = class.parameters.clone().unwrap_or_default();
+    params::secret_ref(SecretKind::Provisioner, &params, &ctx)
+        .map_err(|e| format!("failed to get secretreference for volume {pv_name}: {e}"))
+}
+
 /// Decides for a PV provisioned by `driver` (upstream `shouldDelete` + the
 /// finalizer rules).
 pub fn decide_volume(pv: &PersistentVolume, driver: &str) -> VolumeDecision {

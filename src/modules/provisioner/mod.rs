@@ -849,7 +849,13 @@ impl Provisioner {
         let uid = pv.metadata.uid.clone().unwrap_or_default();
         let already = self.volume_deleted.contains(&uid);
         if !already {
-            let secrets = self.deletion_secrets(pv).await;
+            let secrets = match self.deletion_secrets(pv).await {
+                Ok(s) => s,
+                Err(e) => {
+                    failed(&e);
+                    return Outcome::Retry;
+                }
+            };
             let (handle, migrated) = match decide::volume_handle(pv) {
                 Ok(h) => h,
                 Err(e) => {
@@ -898,38 +904,19 @@ impl Provisioner {
         outcome
     }
 
-    /// The provisioner secret for DeleteVolume: from the PV's annotations,
-    /// else resolved from the StorageClass; a missing secret is logged and
-    /// the deletion goes on without it, as upstream.
-    async fn deletion_secrets(&self, pv: &PersistentVolume) -> HashMap<String, String> {
-        let ann = pv.metadata.annotations.clone().unwrap_or_default();
+    /// The provisioner secret for DeleteVolume ([`decide::deletion_secret_ref`]);
+    /// a secret that cannot be read is logged and the deletion goes on
+    /// without it, as upstream.
+    async fn deletion_secrets(&self, pv: &PersistentVolume) -> Result<HashMap<String, String>, String> {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
-        let r = match (ann.get(up::ANN_DELETION_SECRET_NAME), ann.get(up::ANN_DELETION_SECRET_NAMESPACE)) {
-            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => {
-                Some(SecretRef { name: n.clone(), namespace: ns.clone() })
-            }
-            (Some(_), Some(_)) => None,
-            _ => {
-                let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
-                let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.clone());
-                self.classes.get(&ObjectRef::new(&class)).and_then(|sc| {
-                    let params = sc.parameters.clone().unwrap_or_default();
-                    let ctx = params::TemplateContext {
-                        pv_name: &pv_name,
-                        pvc_name: claim.as_ref().and_then(|c| c.name.as_deref()),
-                        pvc_namespace: claim.as_ref().and_then(|c| c.namespace.as_deref()),
-                        pvc_annotations: None,
-                    };
-                    params::secret_ref(params::SecretKind::Provisioner, &params, &ctx).ok().flatten()
-                })
-            }
-        };
-        match r {
-            None => HashMap::new(),
-            Some(r) => self.secret(&r).await.unwrap_or_else(|e| {
+        let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
+        let sc = (!class.is_empty()).then(|| self.classes.get(&ObjectRef::new(&class))).flatten();
+        match decide::deletion_secret_ref(pv, sc.as_deref())? {
+            None => Ok(HashMap::new()),
+            Some(r) => Ok(self.secret(&r).await.unwrap_or_else(|e| {
                 tracing::error!(pv = %pv_name, error = %e, "Failed to get deletion credentials; deleting without them");
                 HashMap::new()
-            }),
+            })),
         }
     }
 }

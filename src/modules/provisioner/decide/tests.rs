@@ -115,7 +115,7 @@ fn access_modes_follow_csi_lib_utils() {
     for (m, snmw, want) in table {
         assert_eq!(csi_access_mode(m, snmw), Ok(want), "{m} {snmw}");
     }
-    assert!(csi_access_mode("Sometimes", false).is_err());
+    assert_eq!(csi_access_mode("Sometimes", false), Err("unsupported AccessMode combination: [Sometimes]".into()));
 }
 
 #[test]
@@ -585,5 +585,52 @@ fn orphaned_volume_texts() {
     ];
     for (why, want) in rows {
         assert_eq!(orphaned_volume_text(&why, "pvc-1", "rpc error: code = Internal desc = stuck"), want, "{why}");
+    }
+}
+
+/// DeleteVolume's secret: annotations first, else the class's templates for
+/// the claim reference; a broken class refuses with upstream's
+/// `VolumeFailedDelete` text.
+#[test]
+fn deletion_secrets() {
+    let with = |ann: &[(&str, &str)], claim: bool| {
+        let mut v = pv("Delete", "Released", false, false, DRIVER);
+        v.metadata.annotations.get_or_insert_default().extend(ann.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let spec = v.spec.as_mut().unwrap();
+        spec.storage_class_name = Some("fast".into());
+        spec.claim_ref = claim.then(|| ObjectReference {
+            name: Some("data".into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        });
+        v
+    };
+    let secret = |name: &str, namespace: &str| Some(SecretRef { name: name.into(), namespace: namespace.into() });
+    let templated = sc(
+        &[
+            ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.name}-key"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.namespace}"),
+        ],
+        "Immediate",
+    );
+    let half = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s")], "Immediate");
+    let annotated = [(up::ANN_DELETION_SECRET_NAME, "a"), (up::ANN_DELETION_SECRET_NAMESPACE, "ns")];
+    let blank = [(up::ANN_DELETION_SECRET_NAME, ""), (up::ANN_DELETION_SECRET_NAMESPACE, "")];
+    type Want = Result<Option<SecretRef>, String>;
+    let rows: Vec<(&str, PersistentVolume, Option<&StorageClass>, Want)> = vec![
+        ("annotations", with(&annotated, true), Some(&half), Ok(secret("a", "ns"))),
+        ("blank annotations", with(&blank, true), Some(&templated), Ok(None)),
+        ("from the class", with(&[], true), Some(&templated), Ok(secret("data-key", "team-a"))),
+        ("class gone", with(&[], true), None, Ok(None)),
+        ("no claim reference", with(&[], false), Some(&templated), Ok(None)),
+        (
+            "broken class",
+            with(&[], true),
+            Some(&half),
+            Err("failed to get secretreference for volume pv: failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified".into()),
+        ),
+    ];
+    for (what, v, class, want) in rows {
+        assert_eq!(deletion_secret_ref(&v, class), want, "{what}");
     }
 }
