@@ -268,7 +268,7 @@ async fn refused_clones_get_upstreams_events_and_no_create_volume() {
         "missing",
         "ProvisioningFailed",
         &format!(
-            "{}error getting PVC nope (namespace \"{}\") from api server: ",
+            "{}error getting PVC nope (namespace \"{}\") from api server: persistentvolumeclaim \"nope\" not found",
             handle("PersistentVolumeClaim", "nope"),
             ns.name()
         ),

@@ -414,12 +414,9 @@ impl Provisioner {
     ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
-            format!(
-                "error getting PVC {} (namespace {:?}) from api server: {}",
-                src.name,
-                pvc.metadata.namespace.as_deref().unwrap_or_default(),
-                api_error_text(&e)
-            )
+            let not_found = matches!(&e, ::kube::Error::Api(s) if s.code == 404);
+            let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
+            sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e))
         })?;
         let volume = source.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
         let pv = match volume {
