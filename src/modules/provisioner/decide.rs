@@ -533,7 +533,8 @@ pub fn volume_handle(pv: &PersistentVolume) -> Result<(String, bool), String> {
     if let Some(c) = spec.and_then(|s| s.csi.as_ref()) {
         return Ok((c.volume_handle.clone(), false));
     }
-    let csi = migration::in_tree_pv_to_csi(pv).map_err(|e| format!("failed to translate the in-tree volume: {e}"))?;
+    // Upstream `Delete` returns the translation error as it is.
+    let csi = migration::in_tree_pv_to_csi(pv).map_err(|e| e.to_string())?;
     Ok((csi.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default(), true))
 }
 

@@ -656,9 +656,9 @@ impl Provisioner {
             }
             other => other,
         };
+        // A failed translation reads as upstream's `Provision` returns it: as it is.
         let built = match built {
-            Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv)
-                .map_err(|e| format!("failed to translate the CSI PersistentVolume to in-tree: {e}")),
+            Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv).map_err(|e| e.to_string()),
             other => other.map_err(|e| e.to_string()),
         };
         let pv = match built {
