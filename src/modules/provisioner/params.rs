@@ -44,7 +44,7 @@ pub enum ParamError {
         cause: Box<ParamError>,
     },
     /// A template with tokens that cannot be resolved.
-    #[error("error resolving value {template:?}: invalid tokens: {tokens:?}")]
+    #[error("error resolving value {template:?}: invalid tokens: {}", go_quoted_list(.tokens))]
     InvalidTokens {
         /// The template.
         template: String,
@@ -211,6 +211,11 @@ pub struct TemplateContext<'a> {
     pub pvc_namespace: Option<&'a str>,
     /// The PVC annotations (`${pvc.annotations['key']}`, name templates only).
     pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
+}
+
+/// Go's `%q` of a string slice: `["a" "b"]`.
+fn go_quoted_list(items: &[String]) -> String {
+    format!("[{}]", items.iter().map(|i| format!("{i:?}")).collect::<Vec<_>>().join(" "))
 }
 
 fn templates(kind: SecretKind, params: &BTreeMap<String, String>) -> Result<Option<(String, String)>, ParamError> {

@@ -535,6 +535,20 @@ fn refusal_texts() {
             ),
             "error resolving value \"${pvc.uid}\": invalid tokens: [\"pvc.uid\"]",
         ),
+        (
+            "two unknown tokens",
+            plan(
+                &claim,
+                &immediate(&[
+                    ("csi.storage.k8s.io/node-publish-secret-name", "${pvc.uid}-${pv.uid}"),
+                    ("csi.storage.k8s.io/node-publish-secret-namespace", "ns"),
+                ]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "error resolving value \"${pvc.uid}-${pv.uid}\": invalid tokens: [\"pv.uid\" \"pvc.uid\"]",
+        ),
     ];
     for (what, got, want) in rows {
         assert_eq!(got.map(|p| p.pv_name).map_err(|e| e.to_string()), Err(want.to_string()), "{what}");
