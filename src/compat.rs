@@ -268,8 +268,6 @@ pub mod provisioner {
     /// See [`REASON_PROVISIONING`].
     pub const REASON_PROVISIONING_FAILED: &str = "ProvisioningFailed";
     /// See [`REASON_PROVISIONING`].
-    pub const REASON_PROVISIONING_CLEANUP_FAILED: &str = "ProvisioningCleanupFailed";
-    /// See [`REASON_PROVISIONING`].
     pub const REASON_VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
     /// Finalizer on a PVC that is the source of a clone in progress.
     pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";

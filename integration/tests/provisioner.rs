@@ -211,10 +211,14 @@ async fn bad_storage_classes_and_missing_secrets_are_events_not_volumes() {
     )
     .await;
     assert_eq!(e.type_.as_deref(), Some("Warning"));
-    // Upstream reports a refused class as it is, without the library's
-    // `failed to provision volume with StorageClass "<class>": ` prefix.
-    let message = e.message.unwrap_or_default();
-    assert!(!message.contains("failed to provision volume with StorageClass"), "{message}");
+    // Upstream's provisioning library reports what `Provision` returned as
+    // it is, without a `failed to provision volume with StorageClass` prefix.
+    assert_eq!(
+        e.message.as_deref(),
+        Some(
+            "failed to strip CSI Parameters of prefixed keys: found unknown parameter key \"csi.storage.k8s.io/frobnicate\" with reserved namespace csi.storage.k8s.io/"
+        )
+    );
 
     let nosecret = ns.scoped("nosecret");
     let mut sc = storage_class(&nosecret, &s.driver_name);

@@ -224,7 +224,9 @@ async fn invalid_argument_is_retried_only_after_the_maximum_interval() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(driver.creates(), 1, "InvalidArgument must wait --retry-interval-max, not the 100 ms backoff");
     let msgs = env.events("ProvisioningFailed").await;
-    assert!(msgs.iter().any(|m| m.contains("rpc error: code = InvalidArgument desc = bad size")), "{msgs:?}");
+    let infeasible = "Volume provisioning failed with infeasible error. Retries will be delayed. \
+                      rpc error: code = InvalidArgument desc = bad size";
+    assert!(msgs.iter().any(|m| m == infeasible), "{msgs:?}");
     driver.update(|s| s.create_error = None);
     let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     wait_for(&pvcs, "infeasible", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;

@@ -140,22 +140,6 @@ pub enum PlanError {
     ExternalPopulator(String),
 }
 
-impl PlanError {
-    /// Whether upstream reports this failure as it is, without the library's
-    /// `failed to provision volume with StorageClass "<class>": ` prefix:
-    /// the claim or class is refused before provisioning starts (an unknown
-    /// reserved key, a selector, a driver that cannot provision at all).
-    pub fn reported_unprefixed(&self) -> bool {
-        match self {
-            PlanError::Strip(ParamError::UnknownReservedKey(_))
-            | PlanError::Param(ParamError::UnknownReservedKey(_)) => true,
-            PlanError::Selector => true,
-            PlanError::Capability(text) => text.starts_with("CSI driver does not support dynamic provisioning"),
-            _ => false,
-        }
-    }
-}
-
 /// Everything needed to call `CreateVolume` and then build the PV.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -193,7 +177,8 @@ pub fn csi_access_mode(
         ("ReadWriteOnce", false) => Mode::SingleNodeWriter,
         ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
         ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
-        (other, _) => return Err(format!("unknown access mode: {other}")),
+        // csi-lib-utils names the one-mode list it was given.
+        (other, _) => return Err(format!("unsupported AccessMode combination: [{other}]")),
     })
 }
 
@@ -346,6 +331,26 @@ pub fn classify_create_error(code: tonic::Code, may_reschedule: bool) -> CreateF
         Cancelled | DeadlineExceeded | Unavailable | Aborted => CreateFailure::InBackground,
         _ => CreateFailure::Final,
     }
+}
+
+/// The `ProvisioningFailed` text of a failed `CreateVolume` (the provisioning
+/// library's `provisionClaimOperation`): an infeasible request
+/// (`InvalidArgument`, tried again only after `--retry-interval-max`) says
+/// so; any other error is reported as it is.
+pub fn create_error_text(code: tonic::Code, error: &str) -> String {
+    if code == tonic::Code::InvalidArgument {
+        format!("Volume provisioning failed with infeasible error. Retries will be delayed. {error}")
+    } else {
+        error.to_string()
+    }
+}
+
+/// The `ProvisioningFailed` text of an unusable `CreateVolume` answer whose
+/// volume could not be deleted again (upstream `Provision`, which writes
+/// "cleanup" in lower case after a missing content source only).
+pub fn orphaned_volume_text(why: &str, pv_name: &str, cleanup_error: &str) -> String {
+    let cleanup = if why == ResponseError::NoContentSource.to_string() { "cleanup" } else { "Cleanup" };
+    format!("{why}. {cleanup} of volume {pv_name} failed, volume is orphaned: {cleanup_error}")
 }
 
 /// The driver answered something that cannot become a PV.
@@ -528,8 +533,37 @@ pub fn volume_handle(pv: &PersistentVolume) -> Result<(String, bool), String> {
     if let Some(c) = spec.and_then(|s| s.csi.as_ref()) {
         return Ok((c.volume_handle.clone(), false));
     }
-    let csi = migration::in_tree_pv_to_csi(pv).map_err(|e| format!("failed to translate the in-tree volume: {e}"))?;
+    // Upstream `Delete` returns the translation error as it is.
+    let csi = migration::in_tree_pv_to_csi(pv).map_err(|e| e.to_string())?;
     Ok((csi.spec.and_then(|s| s.csi).map(|c| c.volume_handle).unwrap_or_default(), true))
+}
+
+/// The provisioner secret DeleteVolume is called with (upstream
+/// `handleSecretsForDeletion` and `getSecretsFromSC`): the PV's
+/// deletion-secret annotations when it has both (none when either is empty),
+/// else the provisioner secret of its StorageClass, resolved for the PV's
+/// claim reference. No class (`class` is `None` when it is gone) or no claim
+/// reference: none, as upstream. A class whose secret parameters are broken
+/// refuses the deletion (the `VolumeFailedDelete` text).
+pub fn deletion_secret_ref(pv: &PersistentVolume, class: Option<&StorageClass>) -> Result<Option<SecretRef>, String> {
+    let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k));
+    if let (Some(name), Some(namespace)) = (ann(up::ANN_DELETION_SECRET_NAME), ann(up::ANN_DELETION_SECRET_NAMESPACE)) {
+        let both = !name.is_empty() && !namespace.is_empty();
+        return Ok(both.then(|| SecretRef { name: name.clone(), namespace: namespace.clone() }));
+    }
+    let (Some(class), Some(claim)) = (class, pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref())) else {
+        return Ok(None);
+    };
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let ctx = TemplateContext {
+        pv_name,
+        pvc_name: claim.name.as_deref(),
+        pvc_namespace: claim.namespace.as_deref(),
+        pvc_annotations: None,
+    };
+    let params = class.parameters.clone().unwrap_or_default();
+    params::secret_ref(SecretKind::Provisioner, &params, &ctx)
+        .map_err(|e| format!("failed to get secretreference for volume {pv_name}: {e}"))
 }
 
 /// Decides for a PV provisioned by `driver` (upstream `shouldDelete` + the

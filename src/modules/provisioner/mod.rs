@@ -414,12 +414,9 @@ impl Provisioner {
     ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
-            format!(
-                "error getting PVC {} (namespace {:?}) from api server: {}",
-                src.name,
-                pvc.metadata.namespace.as_deref().unwrap_or_default(),
-                api_error_text(&e)
-            )
+            let not_found = matches!(&e, ::kube::Error::Api(s) if s.code == 404);
+            let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
+            sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e))
         })?;
         let volume = source.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
         let pv = match volume {
@@ -578,13 +575,10 @@ impl Provisioner {
             up::REASON_PROVISIONING,
             &format!("External provisioner is provisioning volume for claim \"{key}\""),
         );
+        // As the provisioning library reports what `Provision` returns: the
+        // error as it is, without a StorageClass prefix.
         let failed = |msg: String| {
-            self.event_pvc(
-                pvc,
-                EventType::Warning,
-                up::REASON_PROVISIONING_FAILED,
-                &format!("failed to provision volume with StorageClass \"{class}\": {msg}"),
-            );
+            self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
         };
         // CSI migration: a class of the in-tree plugin is provisioned with its
         // translation, and the PV is saved in the in-tree form.
@@ -614,10 +608,6 @@ impl Provisioner {
                 );
                 return Outcome::Done;
             }
-            Err(e) if e.reported_unprefixed() => {
-                self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &e.to_string());
-                return Outcome::Retry;
-            }
             Err(e) => {
                 failed(e.to_string());
                 return Outcome::Retry;
@@ -627,7 +617,8 @@ impl Provisioner {
         match self.accessibility(pvc, effective) {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
-                failed(format!("error generating accessibility requirements: {e}"));
+                // A missing node: upstream reports the lookup's error as it is.
+                failed(e);
                 unselect_node(&self.client, pvc).await;
                 return Outcome::Done;
             }
@@ -665,21 +656,19 @@ impl Provisioner {
             }
             other => other,
         };
+        // A failed translation reads as upstream's `Provision` returns it: as it is.
         let built = match built {
-            Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv)
-                .map_err(|e| format!("failed to translate the CSI PersistentVolume to in-tree: {e}")),
+            Ok(pv) if migrated => crate::migration::csi_pv_to_in_tree(&pv).map_err(|e| e.to_string()),
             other => other.map_err(|e| e.to_string()),
         };
         let pv = match built {
             Ok(pv) => pv,
-            Err(e) => {
+            Err(msg) => {
                 // Unusable volume: delete it, then try again from scratch.
-                let mut msg = e;
                 if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
                     && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
                 {
-                    msg = format!("{msg}. Cleanup of volume {} failed, volume is orphaned: {ce}", plan.pv_name);
-                    self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_CLEANUP_FAILED, &msg);
+                    failed(decide::orphaned_volume_text(&msg, &plan.pv_name, &ce));
                     return Outcome::Retry;
                 }
                 self.forget_in_flight(&uid);
@@ -729,7 +718,7 @@ impl Provisioner {
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
-        failed(status_text(status));
+        failed(decide::create_error_text(status.code(), &status_text(status)));
         if let (Some(c), Some(sc)) = (&self.capacity, pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref())) {
             c.refresh_class(sc);
         }
@@ -857,7 +846,13 @@ impl Provisioner {
         let uid = pv.metadata.uid.clone().unwrap_or_default();
         let already = self.volume_deleted.contains(&uid);
         if !already {
-            let secrets = self.deletion_secrets(pv).await;
+            let secrets = match self.deletion_secrets(pv).await {
+                Ok(s) => s,
+                Err(e) => {
+                    failed(&e);
+                    return Outcome::Retry;
+                }
+            };
             let (handle, migrated) = match decide::volume_handle(pv) {
                 Ok(h) => h,
                 Err(e) => {
@@ -906,38 +901,19 @@ impl Provisioner {
         outcome
     }
 
-    /// The provisioner secret for DeleteVolume: from the PV's annotations,
-    /// else resolved from the StorageClass; a missing secret is logged and
-    /// the deletion goes on without it, as upstream.
-    async fn deletion_secrets(&self, pv: &PersistentVolume) -> HashMap<String, String> {
-        let ann = pv.metadata.annotations.clone().unwrap_or_default();
+    /// The provisioner secret for DeleteVolume ([`decide::deletion_secret_ref`]);
+    /// a secret that cannot be read is logged and the deletion goes on
+    /// without it, as upstream.
+    async fn deletion_secrets(&self, pv: &PersistentVolume) -> Result<HashMap<String, String>, String> {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
-        let r = match (ann.get(up::ANN_DELETION_SECRET_NAME), ann.get(up::ANN_DELETION_SECRET_NAMESPACE)) {
-            (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => {
-                Some(SecretRef { name: n.clone(), namespace: ns.clone() })
-            }
-            (Some(_), Some(_)) => None,
-            _ => {
-                let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
-                let claim = pv.spec.as_ref().and_then(|s| s.claim_ref.clone());
-                self.classes.get(&ObjectRef::new(&class)).and_then(|sc| {
-                    let params = sc.parameters.clone().unwrap_or_default();
-                    let ctx = params::TemplateContext {
-                        pv_name: &pv_name,
-                        pvc_name: claim.as_ref().and_then(|c| c.name.as_deref()),
-                        pvc_namespace: claim.as_ref().and_then(|c| c.namespace.as_deref()),
-                        pvc_annotations: None,
-                    };
-                    params::secret_ref(params::SecretKind::Provisioner, &params, &ctx).ok().flatten()
-                })
-            }
-        };
-        match r {
-            None => HashMap::new(),
-            Some(r) => self.secret(&r).await.unwrap_or_else(|e| {
+        let class = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
+        let sc = (!class.is_empty()).then(|| self.classes.get(&ObjectRef::new(&class))).flatten();
+        match decide::deletion_secret_ref(pv, sc.as_deref())? {
+            None => Ok(HashMap::new()),
+            Some(r) => Ok(self.secret(&r).await.unwrap_or_else(|e| {
                 tracing::error!(pv = %pv_name, error = %e, "Failed to get deletion credentials; deleting without them");
                 HashMap::new()
-            }),
+            })),
         }
     }
 }

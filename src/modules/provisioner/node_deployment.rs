@@ -52,6 +52,13 @@ pub fn node_name(enabled: bool, env: Option<&str>) -> Result<Option<String>, Str
     }
 }
 
+/// The `ProvisioningFailed` text of a failed owner write: upstream
+/// `Provision`'s "node check failed" around `checkNode`'s and `becomeOwner`'s
+/// wrapping of the update error.
+pub fn owner_write_failed_text(claim_key: &str, node: &str, error: &str) -> String {
+    format!("node check failed: PVC {claim_key}: selecting node \"{node}\" for PVC failed: {error}")
+}
+
 impl NodeDeployment {
     /// From the flags, the node name and the driver's `NodeGetInfo` answer.
     pub fn new(node: String, info: &NodeGetInfoResponse, flags: &super::config::ProvisionerFlags) -> NodeDeployment {
@@ -288,12 +295,7 @@ impl super::Provisioner {
             }
             Err(e) => {
                 let wait = self.races.lost(key, nd, Instant::now());
-                let msg = format!(
-                    "failed to provision volume with StorageClass \"{}\": node check failed: PVC {key}: selecting node \"{}\" for PVC failed: {}",
-                    sc.metadata.name.as_deref().unwrap_or_default(),
-                    nd.node,
-                    super::api_error_text(&e)
-                );
+                let msg = owner_write_failed_text(key, &nd.node, &super::api_error_text(&e));
                 self.event_pvc(pvc, crate::kube::events::EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
                 Outcome::RetryAfter(wait)
             }
@@ -364,6 +366,19 @@ mod tests {
                 node_name(true, env),
                 Err("The NODE_NAME environment variable must be set when using --enable-node-deployment.".into())
             );
+        }
+    }
+
+    #[test]
+    fn owner_write_failure_text() {
+        let rows = [(
+            "ns/c",
+            "n1",
+            "Internal error occurred: boom",
+            "node check failed: PVC ns/c: selecting node \"n1\" for PVC failed: Internal error occurred: boom",
+        )];
+        for (key, node, error, want) in rows {
+            assert_eq!(owner_write_failed_text(key, node, error), want);
         }
     }
 

@@ -28,15 +28,23 @@ pub enum ParamError {
     #[error("{0} secrets specified in parameters with both \"csi\" and \"csi.storage.k8s.io/\" keys")]
     SecretTwice(&'static str),
     /// Only one of name and namespace.
-    #[error(
-        "failed to get name and namespace template from params: either name and namespace for {0} secrets specified, Both must be specified"
-    )]
+    #[error("either name and namespace for {0} secrets specified, Both must be specified")]
     SecretHalf(&'static str),
     /// Name or namespace empty.
     #[error("{0} secrets specified in parameters but value of either namespace or name is empty")]
     SecretEmpty(&'static str),
+    /// The name and namespace templates of a secret kind cannot be read
+    /// (upstream `getSecretReference`'s wrapping; `which` is `"default "`
+    /// for the `csi.storage.k8s.io/secret-*` fallback, else empty).
+    #[error("failed to get {which}name and namespace template from params: {cause}")]
+    Templates {
+        /// `""` or `"default "`.
+        which: &'static str,
+        /// [`ParamError::SecretTwice`], [`ParamError::SecretHalf`] or [`ParamError::SecretEmpty`].
+        cause: Box<ParamError>,
+    },
     /// A template with tokens that cannot be resolved.
-    #[error("error resolving value {template:?}: invalid tokens: {tokens:?}")]
+    #[error("error resolving value {template:?}: invalid tokens: {}", go_quoted_list(.tokens))]
     InvalidTokens {
         /// The template.
         template: String,
@@ -205,6 +213,11 @@ pub struct TemplateContext<'a> {
     pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
 }
 
+/// Go's `%q` of a string slice: `["a" "b"]`.
+fn go_quoted_list(items: &[String]) -> String {
+    format!("[{}]", items.iter().map(|i| format!("{i:?}")).collect::<Vec<_>>().join(" "))
+}
+
 fn templates(kind: SecretKind, params: &BTreeMap<String, String>) -> Result<Option<(String, String)>, ParamError> {
     let keys = kind.keys();
     let mut names = Vec::new();
@@ -282,8 +295,12 @@ pub fn secret_ref(
     params: &BTreeMap<String, String>,
     ctx: &TemplateContext<'_>,
 ) -> Result<Option<SecretRef>, ParamError> {
-    let Some((name_t, ns_t)) = templates(kind, params)?.map(Some).unwrap_or(templates(SecretKind::Default, params)?)
-    else {
+    let wrap = |which| move |e| ParamError::Templates { which, cause: Box::new(e) };
+    let found = match templates(kind, params).map_err(wrap(""))? {
+        Some(t) => Some(t),
+        None => templates(SecretKind::Default, params).map_err(wrap("default "))?,
+    };
+    let Some((name_t, ns_t)) = found else {
         return Ok(None);
     };
     let ns_lookup = |k: &str| match k {
@@ -418,12 +435,12 @@ mod tests {
                     ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
                 ],
                 Provisioner,
-                Err(ParamError::SecretTwice("Provisioner")),
+                Err(ParamError::Templates { which: "", cause: Box::new(ParamError::SecretTwice("Provisioner")) }),
             ),
             (
                 vec![("csi.storage.k8s.io/provisioner-secret-name", "only")],
                 Provisioner,
-                Err(ParamError::SecretHalf("Provisioner")),
+                Err(ParamError::Templates { which: "", cause: Box::new(ParamError::SecretHalf("Provisioner")) }),
             ),
             (
                 vec![
@@ -431,7 +448,7 @@ mod tests {
                     ("csi.storage.k8s.io/provisioner-secret-namespace", "n"),
                 ],
                 Provisioner,
-                Err(ParamError::SecretEmpty("Provisioner")),
+                Err(ParamError::Templates { which: "", cause: Box::new(ParamError::SecretEmpty("Provisioner")) }),
             ),
             (
                 vec![

@@ -179,6 +179,14 @@ pub fn handle_error(kind: &str, name: &str, why: &str) -> String {
     format!("error getting handle for DataSource Type {kind} by Name {name}: {why}")
 }
 
+/// Why the clone source claim could not be read (upstream `getPVCSource`,
+/// which reads it from its lister: a missing claim is the lister's
+/// `persistentvolumeclaim "<name>" not found`, not the apiserver's plural).
+pub fn source_claim_error(name: &str, claim_namespace: &str, not_found: bool, api_error: &str) -> String {
+    let why = if not_found { format!("persistentvolumeclaim \"{name}\" not found") } else { api_error.to_string() };
+    format!("error getting PVC {name} (namespace {claim_namespace:?}) from api server: {why}")
+}
+
 fn requested_bytes(pvc: &PersistentVolumeClaim) -> Option<i64> {
     let q = pvc.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage")?;
     Some(quantity::to_bytes(&q.0).unwrap_or(0))

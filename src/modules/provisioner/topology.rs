@@ -80,18 +80,31 @@ fn node_segment(view: &ClusterView<'_>, node: &str, keys: &[String]) -> Option<S
     keys.iter().map(|k| labels.get(k).map(|v| (k.clone(), v.clone()))).collect()
 }
 
+/// Go's `%v` of a string slice: `[a b]`.
+fn go_list(items: &[String]) -> String {
+    format!("[{}]", items.join(" "))
+}
+
+/// Go's `%v` of upstream's `topologyTerm` (segments sorted by key): `[{k v} {k2 v2}]`.
+fn go_term(segment: &Segment) -> String {
+    go_list(&segment.iter().map(|(k, v)| format!("{{{k} {v}}}")).collect::<Vec<_>>())
+}
+
 fn selected_segment(view: &ClusterView<'_>, node: &str) -> Result<(Vec<String>, Segment), TopologyError> {
+    // The listers' NotFound texts.
     if (view.node_labels)(node).is_none() {
         return Err(TopologyError::Reschedule(format!("node \"{node}\" not found")));
     }
-    let keys =
-        (view.node_keys)(node).ok_or_else(|| TopologyError::Reschedule(format!("csinode \"{node}\" not found")))?;
+    let keys = (view.node_keys)(node)
+        .ok_or_else(|| TopologyError::Reschedule(format!("csinode.storage.k8s.io \"{node}\" not found")))?;
     if keys.is_empty() {
         return Err(TopologyError::Retry(format!("no topology key found for node {node}")));
     }
+    // Upstream prints the labels it dropped on the missing key: always `map[]`.
     let segment = node_segment(view, node, &keys).ok_or_else(|| {
         TopologyError::Retry(format!(
-            "topology labels from selected node {node} do not match the driver's keys {keys:?}"
+            "topology labels from selected node map[] does not match topology keys from CSINode {}",
+            go_list(&keys)
         ))
     })?;
     Ok((keys, segment))
@@ -142,9 +155,11 @@ pub fn requirements(req: &Request<'_>, view: &ClusterView<'_>) -> Result<Option<
             let (keys, selected) = selected_segment(view, node)?;
             if req.strict {
                 if !req.allowed.is_empty() && !req.allowed.contains(&selected) {
+                    let allowed = req.allowed.iter().map(go_term).collect::<Vec<_>>();
                     return Err(TopologyError::Retry(format!(
-                        "selected node '{node}' topology '{selected:?}' is not in allowed topologies: {:?}",
-                        req.allowed
+                        "selected node '{node:?}' topology '{}' is not in allowed topologies: {}",
+                        go_term(&selected),
+                        go_list(&allowed)
                     )));
                 }
                 (vec![selected.clone()], vec![selected])
@@ -165,7 +180,10 @@ pub fn requirements(req: &Request<'_>, view: &ClusterView<'_>) -> Result<Option<
                 };
                 let all = aggregate(view, &keys);
                 if all.is_empty() {
-                    return Err(TopologyError::Retry("no available topology found".into()));
+                    return Err(TopologyError::Retry(format!(
+                        "topologyKeys {} were not found on any nodes",
+                        go_list(&keys)
+                    )));
                 }
                 all
             } else {
@@ -247,6 +265,82 @@ mod tests {
             run(&req(false, None, false, true, &[]), &[]),
             Err(TopologyError::Retry("no available topology found".into()))
         );
+    }
+
+    /// Every refusal with its whole text (upstream `GenerateAccessibilityRequirements`,
+    /// `%v` and `%q` as Go prints them; a missing Node or CSINode as the listers say it).
+    #[test]
+    fn refusal_texts() {
+        let labels = |n: &str| match n {
+            "gone" => None,
+            "bare" => Some(BTreeMap::new()),
+            _ => Some([(K.to_string(), "a".to_string())].into()),
+        };
+        let keys = |n: &str| match n {
+            "no-csinode" => None,
+            "keyless" => Some(vec![]),
+            _ => Some(vec![K.to_string(), "rack".to_string()]),
+        };
+        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: vec!["bare".into()] };
+        let allowed = [seg("b"), seg("c")];
+        let one_key = |n: &str| (n == "n1").then(|| vec![K.to_string()]);
+        let only_bare = |_: &str| Some(BTreeMap::new());
+        let immediate = ClusterView { node_labels: &only_bare, node_keys: &one_key, driver_nodes: vec!["n1".into()] };
+        let zone_a = |_: &str| Some([(K.to_string(), "a".to_string())].into());
+        let strict = ClusterView { node_labels: &zone_a, node_keys: &one_key, driver_nodes: vec![] };
+        let no_keys = |_: &str| None;
+        let keyless = ClusterView { node_labels: &only_bare, node_keys: &no_keys, driver_nodes: vec![] };
+        let rows: Vec<(&str, Request<'_>, &ClusterView<'_>, TopologyError)> = vec![
+            (
+                "no Node",
+                req(true, Some("gone"), false, false, &[]),
+                &v,
+                TopologyError::Reschedule("node \"gone\" not found".into()),
+            ),
+            (
+                "no CSINode",
+                req(true, Some("no-csinode"), false, false, &[]),
+                &v,
+                TopologyError::Reschedule("csinode.storage.k8s.io \"no-csinode\" not found".into()),
+            ),
+            (
+                "no keys",
+                req(true, Some("keyless"), false, false, &[]),
+                &v,
+                TopologyError::Retry("no topology key found for node keyless".into()),
+            ),
+            (
+                "a key the node has no label for",
+                req(true, Some("bare"), false, false, &[]),
+                &v,
+                TopologyError::Retry(format!(
+                    "topology labels from selected node map[] does not match topology keys from CSINode [{K} rack]"
+                )),
+            ),
+            (
+                "strict, not allowed",
+                req(true, Some("n1"), true, false, &allowed),
+                &strict,
+                TopologyError::Retry(format!(
+                    "selected node '\"n1\"' topology '[{{{K} a}}]' is not in allowed topologies: [[{{{K} b}}] [{{{K} c}}]]"
+                )),
+            ),
+            (
+                "immediate, keys without labels",
+                req(false, None, false, true, &[]),
+                &immediate,
+                TopologyError::Retry(format!("topologyKeys [{K}] were not found on any nodes")),
+            ),
+            (
+                "immediate, no keys anywhere",
+                req(false, None, false, true, &[]),
+                &keyless,
+                TopologyError::Retry("no available topology found".into()),
+            ),
+        ];
+        for (what, r, view, want) in rows {
+            assert_eq!(requirements(&r, view).map(|_| ()), Err(want), "{what}");
+        }
     }
 
     #[test]

@@ -115,7 +115,7 @@ fn access_modes_follow_csi_lib_utils() {
     for (m, snmw, want) in table {
         assert_eq!(csi_access_mode(m, snmw), Ok(want), "{m} {snmw}");
     }
-    assert!(csi_access_mode("Sometimes", false).is_err());
+    assert_eq!(csi_access_mode("Sometimes", false), Err("unsupported AccessMode combination: [Sometimes]".into()));
 }
 
 #[test]
@@ -409,44 +409,242 @@ fn in_tree_classes_are_translated_for_their_target_only() {
     );
 }
 
-/// Which refusals upstream reports without the library's StorageClass
-/// prefix, pinned with their whole texts.
+/// Every refusal of [`plan`], pinned with its whole `ProvisioningFailed`
+/// text: upstream's (`prepareProvision`, `checkDriverCapabilities`,
+/// `makeVolumeName`, csi-lib-utils `accessmodes`, `getSecretReference`,
+/// `removePrefixedParameters`), reported as it is: the provisioning library
+/// adds no StorageClass prefix.
 #[test]
-fn refusal_texts_and_which_are_prefixed() {
+fn refusal_texts() {
     let claim = pvc(&[OURS], &["ReadWriteOnce"], "1Gi");
-    let ok_driver = driver(&[Rpc::CreateDeleteVolume]);
+    let ok = driver(&[Rpc::CreateDeleteVolume]);
     let mut sel = claim.clone();
     sel.spec.as_mut().unwrap().selector = Some(Default::default());
-    let half = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s")], "Immediate");
-    let cases: Vec<(&str, PlanError, bool, &str)> = vec![
+    let mut no_uid = claim.clone();
+    no_uid.metadata.uid = None;
+    let mut odd_mode = claim.clone();
+    odd_mode.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteSometimes".into()]);
+    let no_prefix = Settings { volume_name_prefix: String::new(), ..settings() };
+    let src = |kind: &str| SourceRef {
+        kind: kind.into(),
+        api_group: if kind == "VolumeSnapshot" { "snapshot.storage.k8s.io".into() } else { String::new() },
+        name: "src".into(),
+        namespace: "team-a".into(),
+    };
+    let immediate = |params: &[(&str, &str)]| sc(params, "Immediate");
+    let no_service = DriverInfo::with_capabilities(DRIVER, &[], &[Rpc::CreateDeleteVolume]);
+    let rows: Vec<(&str, Result<Plan, PlanError>, &str)> = vec![
+        (
+            "no CONTROLLER_SERVICE",
+            plan(&claim, &immediate(&[]), &no_service, &settings(), None),
+            "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported",
+        ),
         (
             "no CREATE_DELETE_VOLUME",
-            plan(&claim, &sc(&[], "Immediate"), &driver(&[]), &settings(), None).unwrap_err(),
-            true,
+            plan(&claim, &immediate(&[]), &driver(&[]), &settings(), None),
             "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
         ),
         (
-            "unknown reserved key",
-            plan(&claim, &sc(&[("csi.storage.k8s.io/bogus", "1")], "Immediate"), &ok_driver, &settings(), None)
-                .unwrap_err(),
-            true,
-            "found unknown parameter key \"csi.storage.k8s.io/bogus\" with reserved namespace csi.storage.k8s.io/",
+            "restore without CREATE_DELETE_SNAPSHOT",
+            plan(&claim, &immediate(&[]), &ok, &settings(), Some(&src("VolumeSnapshot"))),
+            "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported",
         ),
         (
-            "selector",
-            plan(&sel, &sc(&[], "Immediate"), &ok_driver, &settings(), None).unwrap_err(),
-            true,
-            "claim Selector is not supported",
+            "clone without CLONE_VOLUME",
+            plan(&claim, &immediate(&[]), &ok, &settings(), Some(&src("PersistentVolumeClaim"))),
+            "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported",
+        ),
+        ("selector", plan(&sel, &immediate(&[]), &ok, &settings(), None), "claim Selector is not supported"),
+        (
+            "empty volume name prefix",
+            plan(&claim, &immediate(&[]), &ok, &no_prefix, None),
+            "volume name prefix cannot be of length 0",
+        ),
+        ("no UID", plan(&no_uid, &immediate(&[]), &ok, &settings(), None), "corrupted PVC object, it is missing UID"),
+        (
+            "two fstypes",
+            plan(
+                &claim,
+                &immediate(&[("fsType", "ext4"), ("csi.storage.k8s.io/fstype", "xfs")]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "fstype specified in parameters with both \"fstype\" and \"csi.storage.k8s.io/fstype\" keys",
+        ),
+        (
+            "unknown access mode",
+            plan(&odd_mode, &immediate(&[]), &ok, &settings(), None),
+            "unsupported AccessMode combination: [ReadWriteSometimes]",
+        ),
+        (
+            "unknown reserved key",
+            plan(&claim, &immediate(&[("csi.storage.k8s.io/bogus", "1")]), &ok, &settings(), None),
+            "failed to strip CSI Parameters of prefixed keys: found unknown parameter key \"csi.storage.k8s.io/bogus\" with reserved namespace csi.storage.k8s.io/",
         ),
         (
             "half a secret reference",
-            plan(&claim, &half, &ok_driver, &settings(), None).unwrap_err(),
-            false,
+            plan(&claim, &immediate(&[("csi.storage.k8s.io/provisioner-secret-name", "s")]), &ok, &settings(), None),
             "failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified",
         ),
+        (
+            "half a default secret reference",
+            plan(&claim, &immediate(&[("csi.storage.k8s.io/secret-namespace", "ns")]), &ok, &settings(), None),
+            "failed to get default name and namespace template from params: either name and namespace for Default secrets specified, Both must be specified",
+        ),
+        (
+            "a secret given twice",
+            plan(
+                &claim,
+                &immediate(&[
+                    ("csiProvisionerSecretName", "a"),
+                    ("csi.storage.k8s.io/provisioner-secret-name", "b"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
+                ]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "failed to get name and namespace template from params: Provisioner secrets specified in parameters with both \"csi\" and \"csi.storage.k8s.io/\" keys",
+        ),
+        (
+            "an empty secret name",
+            plan(
+                &claim,
+                &immediate(&[
+                    ("csi.storage.k8s.io/node-stage-secret-name", ""),
+                    ("csi.storage.k8s.io/node-stage-secret-namespace", "ns"),
+                ]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "failed to get name and namespace template from params: NodeStage secrets specified in parameters but value of either namespace or name is empty",
+        ),
+        (
+            "an unknown token",
+            plan(
+                &claim,
+                &immediate(&[
+                    ("csi.storage.k8s.io/node-publish-secret-name", "${pvc.uid}"),
+                    ("csi.storage.k8s.io/node-publish-secret-namespace", "ns"),
+                ]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "error resolving value \"${pvc.uid}\": invalid tokens: [\"pvc.uid\"]",
+        ),
+        (
+            "two unknown tokens",
+            plan(
+                &claim,
+                &immediate(&[
+                    ("csi.storage.k8s.io/node-publish-secret-name", "${pvc.uid}-${pv.uid}"),
+                    ("csi.storage.k8s.io/node-publish-secret-namespace", "ns"),
+                ]),
+                &ok,
+                &settings(),
+                None,
+            ),
+            "error resolving value \"${pvc.uid}-${pv.uid}\": invalid tokens: [\"pv.uid\" \"pvc.uid\"]",
+        ),
     ];
-    for (what, err, unprefixed, text) in cases {
-        assert_eq!(err.reported_unprefixed(), unprefixed, "{what}: {err}");
-        assert!(err.to_string().ends_with(text), "{what}: {err}");
+    for (what, got, want) in rows {
+        assert_eq!(got.map(|p| p.pv_name).map_err(|e| e.to_string()), Err(want.to_string()), "{what}");
+    }
+}
+
+/// The `ProvisioningFailed` texts of a failed `CreateVolume`: the provisioning
+/// library's infeasible wording for `InvalidArgument`, else the gRPC error.
+#[test]
+fn create_error_texts() {
+    use tonic::Code;
+    let rows = [
+        (
+            Code::InvalidArgument,
+            "rpc error: code = InvalidArgument desc = bad size",
+            "Volume provisioning failed with infeasible error. Retries will be delayed. rpc error: code = InvalidArgument desc = bad size",
+        ),
+        (
+            Code::ResourceExhausted,
+            "rpc error: code = ResourceExhausted desc = full",
+            "rpc error: code = ResourceExhausted desc = full",
+        ),
+        (
+            Code::DeadlineExceeded,
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+            "rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+        ),
+        (Code::Internal, "rpc error: code = Internal desc = boom", "rpc error: code = Internal desc = boom"),
+    ];
+    for (code, error, want) in rows {
+        assert_eq!(create_error_text(code, error), want, "{code:?}");
+    }
+}
+
+/// An unusable answer whose volume could not be deleted: upstream's two
+/// spellings of "cleanup".
+#[test]
+fn orphaned_volume_texts() {
+    let rows = [
+        (
+            ResponseError::TooSmall { got: 1024, want: 2048 }.to_string(),
+            "created volume capacity 1024 less than requested capacity 2048. Cleanup of volume pvc-1 failed, volume is orphaned: rpc error: code = Internal desc = stuck",
+        ),
+        (
+            ResponseError::NoContentSource.to_string(),
+            "volume content source missing. cleanup of volume pvc-1 failed, volume is orphaned: rpc error: code = Internal desc = stuck",
+        ),
+    ];
+    for (why, want) in rows {
+        assert_eq!(orphaned_volume_text(&why, "pvc-1", "rpc error: code = Internal desc = stuck"), want, "{why}");
+    }
+}
+
+/// DeleteVolume's secret: annotations first, else the class's templates for
+/// the claim reference; a broken class refuses with upstream's
+/// `VolumeFailedDelete` text.
+#[test]
+fn deletion_secrets() {
+    let with = |ann: &[(&str, &str)], claim: bool| {
+        let mut v = pv("Delete", "Released", false, false, DRIVER);
+        v.metadata.annotations.get_or_insert_default().extend(ann.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let spec = v.spec.as_mut().unwrap();
+        spec.storage_class_name = Some("fast".into());
+        spec.claim_ref = claim.then(|| ObjectReference {
+            name: Some("data".into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        });
+        v
+    };
+    let secret = |name: &str, namespace: &str| Some(SecretRef { name: name.into(), namespace: namespace.into() });
+    let templated = sc(
+        &[
+            ("csi.storage.k8s.io/provisioner-secret-name", "${pvc.name}-key"),
+            ("csi.storage.k8s.io/provisioner-secret-namespace", "${pvc.namespace}"),
+        ],
+        "Immediate",
+    );
+    let half = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s")], "Immediate");
+    let annotated = [(up::ANN_DELETION_SECRET_NAME, "a"), (up::ANN_DELETION_SECRET_NAMESPACE, "ns")];
+    let blank = [(up::ANN_DELETION_SECRET_NAME, ""), (up::ANN_DELETION_SECRET_NAMESPACE, "")];
+    type Want = Result<Option<SecretRef>, String>;
+    let rows: Vec<(&str, PersistentVolume, Option<&StorageClass>, Want)> = vec![
+        ("annotations", with(&annotated, true), Some(&half), Ok(secret("a", "ns"))),
+        ("blank annotations", with(&blank, true), Some(&templated), Ok(None)),
+        ("from the class", with(&[], true), Some(&templated), Ok(secret("data-key", "team-a"))),
+        ("class gone", with(&[], true), None, Ok(None)),
+        ("no claim reference", with(&[], false), Some(&templated), Ok(None)),
+        (
+            "broken class",
+            with(&[], true),
+            Some(&half),
+            Err("failed to get secretreference for volume pv: failed to get name and namespace template from params: either name and namespace for Provisioner secrets specified, Both must be specified".into()),
+        ),
+    ];
+    for (what, v, class, want) in rows {
+        assert_eq!(deletion_secret_ref(&v, class), want, "{what}");
     }
 }

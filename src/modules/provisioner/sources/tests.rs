@@ -186,6 +186,21 @@ fn classification() {
 }
 
 #[test]
+fn unreadable_clone_sources() {
+    let rows = [
+        (true, "", "error getting PVC src (namespace \"ns\") from api server: persistentvolumeclaim \"src\" not found"),
+        (
+            false,
+            "Internal error occurred: etcd timeout",
+            "error getting PVC src (namespace \"ns\") from api server: Internal error occurred: etcd timeout",
+        ),
+    ];
+    for (not_found, api_error, want) in rows {
+        assert_eq!(source_claim_error("src", "ns", not_found, api_error), want);
+    }
+}
+
+#[test]
 fn clone_checks() {
     let vol = |r: Result<VolumeContentSource, String>| match r.map(|c| c.r#type) {
         Ok(Some(volume_content_source::Type::Volume(v))) => Ok(v.volume_id),
