@@ -151,8 +151,10 @@ struct Args {
     /// --sidecar-command)
     #[argh(option)]
     ready_log: Option<String>,
-    /// the source (or reporting) component of the provisioner's events (default "external-provisioner")
-    #[argh(option, default = "String::from(\"external-provisioner\")")]
+    /// the source (or reporting) component of the provisioner's events; a
+    /// value ending in "_" is a prefix (default "bench.csi.example.com_": the
+    /// provisioner's identity `<driver>_<host>_<uuid>`, as upstream's)
+    #[argh(option, default = "format!(\"{DRIVER}_\")")]
     event_component: String,
     /// how long to wait for deferred events after provisioning, in seconds (default 60)
     #[argh(option, default = "60")]
@@ -885,7 +887,11 @@ fn count_events(events: &[Event], component: &str) -> EventCounts {
         let count = e.count.unwrap_or(1).max(1);
         let reason = e.reason.as_deref().unwrap_or_default();
         let from = event_component(e);
-        if from == component {
+        let ours = match component.strip_suffix('_') {
+            Some(_) => from.starts_with(component),
+            None => from == component,
+        };
+        if ours {
             match reason {
                 "Provisioning" => c.provisioning += count,
                 "ProvisioningSucceeded" => c.succeeded += count,
@@ -1559,6 +1565,15 @@ mod tests {
         let c = count_events(&events, "external-provisioner");
         assert_eq!((c.provisioning, c.succeeded), (4, 2));
         assert_eq!(c.by_reason.get("Normal ExternalProvisioning (persistentvolume-controller)"), Some(&7));
+        // A component ending in "_" is the prefix of the provisioner's identity.
+        let events = [
+            event("Provisioning", Some("bench.csi.example.com_vm_42623e95"), None, Some(2)),
+            event("ProvisioningSucceeded", Some("bench.csi.example.com_vm_42623e95"), None, None),
+            event("Provisioning", Some("other.example.com_vm_1"), None, None),
+            event("Provisioning", Some("bench.csi.example.com"), None, None),
+        ];
+        let c = count_events(&events, "bench.csi.example.com_");
+        assert_eq!((c.provisioning, c.succeeded), (2, 1));
     }
 
     #[test]
