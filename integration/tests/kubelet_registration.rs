@@ -110,7 +110,9 @@ async fn the_real_kubelet_registers_deregisters_and_registers_again() {
 
     let mut reg = registrar("registrar-1");
     wait_for(&csinodes, &node.name, Duration::from_secs(30), has_driver).await;
-    assert!(reg.logs().contains("Plugin registered with the kubelet"), "{}", reg.logs());
+    // The kubelet writes the CSINode before it tells the registrar
+    // (NotifyRegistrationStatus): the log line may come a moment later.
+    wait_registered(&reg).await;
 
     // SIGTERM removes the socket: the kubelet deregisters the driver.
     assert_eq!(reg.terminate().await.code(), Some(0));
@@ -119,7 +121,15 @@ async fn the_real_kubelet_registers_deregisters_and_registers_again() {
     // A new registrar recreates the socket: registered again.
     let reg2 = registrar("registrar-2");
     wait_for(&csinodes, &node.name, Duration::from_secs(30), has_driver).await;
-    assert!(reg2.logs().contains("Plugin registered with the kubelet"), "{}", reg2.logs());
+    wait_registered(&reg2).await;
+}
+
+/// Waits until the registrar logged the kubelet's accepted registration.
+async fn wait_registered(reg: &Proc) {
+    wait_until("the registrar told of its registration", Duration::from_secs(30), async || {
+        (reg.logs().contains("Plugin registered with the kubelet"), reg.logs())
+    })
+    .await;
 }
 
 #[tokio::test]
