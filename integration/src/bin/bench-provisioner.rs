@@ -887,10 +887,7 @@ fn count_events(events: &[Event], component: &str) -> EventCounts {
         let count = e.count.unwrap_or(1).max(1);
         let reason = e.reason.as_deref().unwrap_or_default();
         let from = event_component(e);
-        let ours = match component.strip_suffix('_') {
-            Some(_) => from.starts_with(component),
-            None => from == component,
-        };
+        let ours = if component.ends_with('_') { from.starts_with(component) } else { from == component };
         if ours {
             match reason {
                 "Provisioning" => c.provisioning += count,
