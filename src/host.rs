@@ -70,9 +70,7 @@ fn module_context(ctx: &ModuleContext, name: &str) -> Result<ModuleContext, crat
     let mut ctx = ctx.clone();
     let program = crate::modules::lookup(name).and_then(|d| d.binary_names.first().copied()).unwrap_or(name);
     if let Some(kube) = ctx.kube.as_mut() {
-        let agent = crate::kube::client::user_agent(program);
-        kube.client = crate::kube::client::with_user_agent(&kube.client, &agent)?;
-        kube.leader_client = crate::kube::client::with_user_agent(&kube.leader_client, &agent)?;
+        *kube = kube.for_module(name, program)?;
     }
     Ok(ctx)
 }
@@ -144,7 +142,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let kube = if inv.modules.iter().any(ModuleConfig::needs_kube) {
         let master = inv.modules.iter().find_map(ModuleConfig::master);
         let provisioner = inv.modules.iter().any(|m| matches!(m, ModuleConfig::Provisioner(_)));
-        match KubeContext::connect_with(&inv.shared, master, provisioner).await {
+        match KubeContext::connect_with(&inv.shared, master, provisioner, &inv.budgets).await {
             Ok(k) => Some(k),
             Err(e) => return fail(e),
         }

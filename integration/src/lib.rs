@@ -5,6 +5,7 @@
 //!
 //! Everything listens on 127.0.0.1 or on unix sockets in temporary dirs.
 
+pub mod audit;
 pub mod bench;
 pub mod cluster;
 pub mod failover;

@@ -144,3 +144,188 @@ async fn the_total_rate_never_exceeds_the_budget_and_every_event_is_written() {
     let (t_end, _) = samples.last().copied().unwrap_or_default();
     assert!(total >= 0.7 * QPS * t_end, "{total} requests in {t_end:.1} s: the budget was not the limit");
 }
+
+/// The combined process: `provisioner attacher resizer` at the default
+/// budgets (5/10 each, 15/30 pooled) on a control plane of its own whose
+/// apiserver logs the sidecar user's requests with their `User-Agent`, so
+/// every module's requests are counted apart by the apiserver (APF counts
+/// the total).
+///
+/// Phase A: 60 claims, the provisioner busy alone: it borrows the idle
+/// modules' share (well above its own bucket), never above the pool.
+/// Phase B: 30 new claims, 30 attachments and 30 expansions at once: every
+/// module busy, each at its own rate (within 10 %), nobody above the pool.
+#[tokio::test]
+async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() {
+    use csi_sidecar_integration::{
+        audit::{AuditLog, worst_excess},
+        cluster::launcher_bin,
+        fault_driver::{FaultDriver, Script, Transport},
+        kube_support::{create, csi_node, csi_pv, volume_attachment},
+        wait_until,
+    };
+    use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
+    use kube::api::{Patch, PatchParams};
+
+    const PHASE_A: usize = 60;
+    const PHASE_B: usize = 30;
+    const POOL_QPS: f64 = 3.0 * QPS;
+    const POOL_BURST: f64 = 3.0 * BURST;
+    const T: Duration = Duration::from_secs(240);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let audit = AuditLog::for_user(dir.path(), SIDECAR_USER).expect("audit policy");
+    let args: Vec<&str> = audit.launcher_args.iter().map(String::as_str).collect();
+    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &args).expect("control plane with an audit log");
+    let admin = cp.client().await;
+    setup_identity(&admin).await.expect("the sidecar's user and FlowSchema");
+    let identity = Identity::user(SIDECAR_USER, &[]);
+    check_accounting(&admin, &cp.client_as(&identity).await).await.expect("APF accounting");
+
+    let driver_name = format!("{}.fault.example.com", unique_name("pool"));
+    let socket = dir.path().join("csi.sock");
+    let script =
+        Script { name: driver_name.clone(), controller: true, publish: true, expand: true, ..Script::default() };
+    let _driver = FaultDriver::start(&socket, Transport::Grpc, script);
+    let class = unique_name("pool");
+    let mut sc = storage_class(&class, &driver_name);
+    sc.allow_volume_expansion = Some(true);
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &sc).await.expect("StorageClass");
+    let node = unique_name("pool-node");
+    create(&Api::<CSINode>::all(admin.clone()), &csi_node(&node, &driver_name, &node, &[])).await;
+    let ns = TestNamespace::new(&admin, "pool").await;
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let vas: Api<VolumeAttachment> = Api::all(admin.clone());
+    let events: Api<Event> = ns.api();
+
+    let sidecar = Proc::spawn(
+        "sidecar",
+        &csi_sidecar_integration::sidecar_bin(),
+        &[
+            format!("--csi-address={}", socket.display()),
+            format!("--kubeconfig={}", cp.mint(&identity).display()),
+            "provisioner".into(),
+            "attacher".into(),
+            "resizer".into(),
+        ],
+        dir.path(),
+    );
+    let provisioned = async |n: usize| {
+        let list = claims.list(&ListParams::default()).await.expect("claims");
+        let bound =
+            list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count();
+        let done = events
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ProvisioningSucceeded"))
+            .map(|e| e.count.unwrap_or(1).max(1) as usize)
+            .sum::<usize>();
+        (bound >= n && done >= n, (bound, done))
+    };
+    // Caches synced before the clock starts: the provisioner's first claim.
+    create(&claims, &pvc("warm-up", Some(&class), "1Mi")).await;
+    wait_until("the warm-up claim", T, async || provisioned(1).await).await;
+
+    // Phase A: the provisioner alone.
+    let a_start = now_secs();
+    let mut apf_a = vec![(0.0, dispatched(&admin).await)];
+    for i in 0..PHASE_A {
+        create(&claims, &pvc(&format!("a{i}"), Some(&class), "1Mi")).await;
+    }
+    wait_until("phase A: every claim provisioned", T, async || {
+        apf_a.push((now_secs() - a_start, dispatched(&admin).await));
+        provisioned(PHASE_A + 1).await
+    })
+    .await;
+    let a_end = now_secs();
+
+    // Phase B: every module at once.
+    let b_start = now_secs();
+    let mut apf_b = vec![(0.0, dispatched(&admin).await)];
+    for i in 0..PHASE_B {
+        create(&pvs, &csi_pv(&format!("{}-pv{i}", ns.name()), &driver_name, &format!("h{i}"), "1Mi")).await;
+    }
+    let grow = Patch::Merge(serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Mi"}}}}));
+    for i in 0..PHASE_B {
+        let pv = format!("{}-pv{i}", ns.name());
+        create(&vas, &volume_attachment(&pv, &driver_name, &node, &pv)).await;
+        claims.patch(&format!("a{i}"), &PatchParams::default(), &grow).await.expect("expand");
+        create(&claims, &pvc(&format!("b{i}"), Some(&class), "1Mi")).await;
+    }
+    wait_until("phase B: provisioned, attached and expanded", T, async || {
+        apf_b.push((now_secs() - b_start, dispatched(&admin).await));
+        let (provisioned, counts) = provisioned(PHASE_A + PHASE_B + 1).await;
+        let list = vas.list(&ListParams::default()).await.expect("VAs").items;
+        let attached = list.iter().filter(|v| v.status.as_ref().is_some_and(|s| s.attached)).count();
+        let list = claims.list(&ListParams::default()).await.expect("claims").items;
+        let expanded = list
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.as_str())
+                    == Some("2Mi")
+            })
+            .count();
+        (provisioned && attached >= PHASE_B && expanded >= PHASE_B, (counts, attached, expanded))
+    })
+    .await;
+
+    let requests = audit.requests().expect("the audit log");
+    let of = |program: &str, from: f64, to: f64| -> Vec<f64> {
+        requests.iter().filter(|(t, p)| p == program && *t >= from && *t <= to).map(|(t, _)| *t).collect()
+    };
+    let modules = ["csi-provisioner", "csi-attacher", "csi-resizer"];
+    let log = || sidecar.logs();
+
+    // The pool is never exceeded, per module or in total (APF).
+    for m in modules {
+        let excess = worst_excess(&of(m, a_start, now_secs()), POOL_QPS, POOL_BURST, 0.05);
+        assert!(excess <= 0.0, "{m} exceeded the pooled budget by {excess:.1}; log:\n{}", log());
+    }
+    for (phase, samples) in [("A", &apf_a), ("B", &apf_b)] {
+        let times: Vec<(f64, f64)> = samples.iter().map(|(t, n)| (*t, *n - samples[0].1)).collect();
+        let excess = times
+            .iter()
+            .enumerate()
+            .flat_map(|(i, a)| {
+                times[i + 1..].iter().map(move |b| (b.1 - a.1) - (POOL_BURST + POOL_QPS * (b.0 - a.0 + 2.0 * 0.2)))
+            })
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(excess <= 0.0, "phase {phase}: the process exceeded the pool by {excess:.1} (APF): {times:?}");
+    }
+
+    // Phase A: the provisioner alone borrowed far beyond its own bucket.
+    let alone = of("csi-provisioner", a_start, a_end);
+    assert!(alone.len() >= 3 * PHASE_A, "a PV and two events per claim: {}", alone.len());
+    let own_excess = worst_excess(&alone, QPS, BURST, 0.0);
+    assert!(own_excess >= 2.0 * BURST, "the provisioner alone borrowed only {own_excess:.1} tokens; log:\n{}", log());
+    for m in ["csi-attacher", "csi-resizer"] {
+        assert!(of(m, a_start, a_end).len() <= 2, "{m} was idle in phase A");
+    }
+
+    // Phase B: while all three are busy, each gets its own rate.
+    let ends: Vec<f64> =
+        modules.iter().map(|m| of(m, b_start, now_secs()).into_iter().fold(b_start, f64::max)).collect();
+    let (from, to) = (b_start + 2.0, ends.iter().copied().fold(f64::INFINITY, f64::min) - 1.0);
+    assert!(to - from >= 5.0, "all three were busy for {:.1} s only (ends {ends:?}); log:\n{}", to - from, log());
+    for m in modules {
+        let rate = of(m, from, to).len() as f64 / (to - from);
+        assert!(
+            (rate - QPS).abs() <= 0.1 * QPS,
+            "{m}: {rate:.2} requests/s while every module was busy, its own budget is {QPS}/s; log:\n{}",
+            log()
+        );
+    }
+}
+
+/// The sidecar user's requests so far, as APF counted them.
+async fn dispatched(admin: &kube::Client) -> f64 {
+    snapshot(admin, None).await.expect("metrics").sidecar_dispatched
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}

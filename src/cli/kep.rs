@@ -344,6 +344,27 @@ mod tests {
     }
 
     #[test]
+    fn a_prefixed_budget_is_that_controllers_own_and_the_rest_keep_the_common_one() {
+        let budgets = |line: &str| match crate::cli::parse(&argv(line)) {
+            Command::Run(inv) => inv.budgets.iter().map(|b| (b.module, b.qps, b.burst)).collect::<Vec<_>>(),
+            Command::Exit { text, .. } => panic!("{line}: {text}"),
+        };
+        assert_eq!(
+            budgets(
+                "csi-sidecars --controllers=attacher,provisioner,livenessprobe --kube-api-qps=8 \
+                 --attacher-kube-api-qps=20 --provisioner-kube-api-burst=40"
+            ),
+            [("attacher", 20.0, 10), ("provisioner", 8.0, 40)],
+            "the prober has no API budget"
+        );
+        assert_eq!(
+            budgets("csi-sidecars --controllers=resizer,snapshotter"),
+            [("resizer", 5.0, 10), ("snapshotter", 5.0, 10)],
+            "upstream's defaults, each"
+        );
+    }
+
+    #[test]
     fn the_node_form_and_every_controller_name_select_their_module() {
         let (_, modules) = modules_of(
             "csi-sidecars --csi-address=unix:/csi/csi.sock --controllers=node-driver-registrar,livenessprobe \
@@ -384,7 +405,12 @@ mod tests {
                 "unrecognized feature gate \"Topology\"",
             ),
             ("csi-sidecars --controllers=attacher provisioner", "unexpected argument \"provisioner\""),
-            ("csi-sidecars --controllers=attacher --kube-api-qps=5 --attacher-kube-api-qps=7", "conflicting values"),
+            ("csi-sidecars --controllers=attacher --csi-address=/a --attacher-csi-address=/b", "conflicting values"),
+            (
+                "csi-sidecars --controllers=attacher --kube-api-qps=5 --provisioner-kube-api-qps=7",
+                "--provisioner-kube-api-qps is for provisioner",
+            ),
+            ("csi-sidecars --controllers=attacher --attacher-kube-api-burst=lots", "attacher"),
         ];
         for (line, want) in cases {
             let (code, text) = exit(line);

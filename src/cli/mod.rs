@@ -18,6 +18,7 @@ use crate::{
         goflags::{self, FlagError, FlagKind, GivenFlag},
         shared,
     },
+    kube::ModuleBudget,
     modules::{self, ModuleConfig, ModuleDesc},
 };
 
@@ -52,6 +53,8 @@ pub struct Invocation {
     pub modules: Vec<ModuleConfig>,
     /// Warnings to log once logging is up (deprecated flags and the like).
     pub warnings: Vec<String>,
+    /// Each Kubernetes module's own API budget, pooled by the host.
+    pub budgets: Vec<ModuleBudget>,
 }
 
 /// A flag name → kind table built from argh's description of a struct.
@@ -207,6 +210,7 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
         top_flags.into_iter().map(|flag| SharedGiven { flag, origin: "top level" }).collect();
     let mut configs = Vec::new();
     let mut warnings = Vec::new();
+    let mut budgets: Vec<(&'static str, Vec<GivenFlag>)> = Vec::new();
     let single = segments.len() == 1;
 
     for seg in &segments {
@@ -251,6 +255,12 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
                 warnings.push(format!("{}: flag --{} is deprecated: {note}", desc.name, f.name));
             }
         }
+        // The API budget is the module's own: its values need not agree.
+        let (own_budget, shared_flags): (Vec<_>, Vec<_>) =
+            shared_flags.into_iter().partition(|f| BUDGET_FLAGS.contains(&f.name.as_str()));
+        if module_accepts_shared(spec, BUDGET_FLAGS[0]) {
+            budgets.push((desc.name, own_budget));
+        }
         shared_given.extend(shared_flags.into_iter().map(|flag| SharedGiven { flag, origin: desc.name }));
     }
 
@@ -276,7 +286,24 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
         Ok(s) => s,
         Err(e) => return usage_error(None, e),
     };
-    Command::Run(Box::new(Invocation { program, shared, modules: configs, warnings }))
+    let budgets = budgets.into_iter().map(|(module, own)| module_budget(module, &shared, &own)).collect();
+    Command::Run(Box::new(Invocation { program, shared, modules: configs, warnings, budgets }))
+}
+
+/// The flags of a module's own API budget: in a module's segment (or as a
+/// KEP-4958 `--<controller>-kube-api-qps`) they set that module's budget
+/// only; before the first module, every module's.
+const BUDGET_FLAGS: [&str; 2] = ["kube-api-qps", "kube-api-burst"];
+
+/// A module's budget (pure): its own values, else the process-wide ones.
+fn module_budget(module: &'static str, shared: &SharedFlags, own: &[GivenFlag]) -> ModuleBudget {
+    // The segment's values were validated with the segment (parse_shared).
+    let own = parse_shared(own).unwrap_or_default();
+    ModuleBudget {
+        module,
+        qps: own.kube_api_qps.unwrap_or(shared.kube_api_qps()),
+        burst: own.kube_api_burst.unwrap_or(shared.kube_api_burst()),
+    }
 }
 
 fn parse_shared(flags: &[GivenFlag]) -> Result<SharedFlags, String> {
@@ -312,8 +339,17 @@ fn top_help() -> String {
     out.push_str(&list());
     out.push_str("\nShared flags (before the first module or inside any module, values must agree):\n");
     shared_table(|_| true).render(&mut out);
+    out.push_str(BUDGET_HELP);
     out
 }
+
+/// How the modules of one process share the API budget (`--help`).
+pub const BUDGET_HELP: &str = "\nAPI budget: every module has its own --kube-api-qps/--kube-api-burst, as the upstream sidecar\n\
+     it replaces had in its own process. Given before the first module they apply to every module;\n\
+     inside a module's segment (or as KEP-4958's --<controller>-kube-api-qps) to that module only.\n\
+     The modules' buckets are pooled: a busy module borrows what idle ones leave, every module\n\
+     always gets at least its own rate, Event writes wait while any other request waits, and the\n\
+     process never sends more than the sum of the modules' budgets.\n";
 
 fn module_help(title: &str, desc: &ModuleDesc) -> String {
     let Some(spec) = &desc.flags else {

@@ -106,6 +106,20 @@ fn shared_flags_repeated_in_segments_must_agree() {
 }
 
 #[test]
+fn each_module_has_its_own_api_budget_in_its_segment_else_the_top_levels() {
+    let inv = run(
+        "csi-sidecar --kube-api-qps=8 provisioner --kube-api-qps=20 resizer attacher --kube-api-burst=30 --kube-api-qps=-1",
+    );
+    let got: Vec<_> = inv.budgets.iter().map(|b| (b.module, b.qps, b.burst)).collect();
+    assert_eq!(got, [("provisioner", 20.0, 10), ("resizer", 8.0, 10), ("attacher", -1.0, 30)]);
+    // Node modules have no API budget; a bad value still names its module.
+    assert!(run("csi-sidecar registrar --kubelet-registration-path=/k prober").budgets.is_empty());
+    let (code, text) = exit("csi-sidecar provisioner resizer --kube-api-qps=fast");
+    assert_eq!(code, 2);
+    assert!(text.contains("resizer") && text.contains("kube-api-qps"), "{text}");
+}
+
+#[test]
 fn unknown_flag_exits_2_naming_flag_and_module() {
     let (code, text) = exit("csi-sidecar prober --nope=1");
     assert_eq!(code, 2);
@@ -260,8 +274,11 @@ fn provisioner_flags_and_defaults() {
     assert_eq!(p.worker_threads, 100);
     assert_eq!(p.retry_interval_max, Duration::from_secs(300));
     assert!(inv.shared.leader_election);
-    assert_eq!(inv.shared.kube_api_qps(), 20.0);
-    assert_eq!(inv.shared.kube_api_burst(), 10);
+    assert_eq!(
+        inv.budgets,
+        [crate::kube::ModuleBudget { module: "provisioner", qps: 20.0, burst: 10 }],
+        "the sidecar's own budget"
+    );
     let inv = run("csi-provisioner --immediate-topology");
     let ModuleConfig::Provisioner(p) = &inv.modules[0] else { panic!() };
     assert!(p.immediate_topology, "a bare default-true boolean stays true");

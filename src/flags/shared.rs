@@ -1,7 +1,8 @@
 //! Flags that configure the shared services of the process (CSI connection,
 //! HTTP server, logging, Kubernetes client, leader election). They may be
 //! given before the first module or inside any module's segment (that is how
-//! upstream manifests pass them), as long as every place agrees.
+//! upstream manifests pass them), as long as every place agrees; only the API
+//! budget (`--kube-api-qps`, `--kube-api-burst`) is each module's own.
 
 use std::time::Duration;
 
@@ -57,10 +58,10 @@ pub struct SharedFlags {
     /// path to a kubeconfig; empty means in-cluster configuration
     #[argh(option)]
     pub kubeconfig: Option<String>,
-    /// client-side budget of API requests per second; negative: unlimited, 0: the default (default 5)
+    /// each module's client-side budget of API requests per second (a combined process pools the modules' budgets, see --help); negative: unlimited, 0: the default (default 5)
     #[argh(option)]
     pub kube_api_qps: Option<f64>,
-    /// burst of the API request budget; 0: the default (default 10)
+    /// burst of each module's API request budget; 0: the default (default 10)
     #[argh(option)]
     pub kube_api_burst: Option<u32>,
     /// enable leader election (one Lease per module, upstream names)

@@ -2,6 +2,7 @@
 //! request budget), one informer cache, work queues, events, leader election.
 //! Controller modules use these; none of them opens its own watch.
 
+pub mod budget;
 pub mod cache;
 pub mod cached;
 pub mod client;
@@ -53,10 +54,25 @@ pub struct LeaderSettings {
     pub shared_lease: Option<String>,
 }
 
+/// One module's `--kube-api-qps`/`--kube-api-burst` (its prefixed or
+/// in-segment value, else the shared one; client-go's reading of 0 and
+/// negative values applies).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModuleBudget {
+    /// The module.
+    pub module: &'static str,
+    /// Requests per second.
+    pub qps: f64,
+    /// Burst.
+    pub burst: u32,
+}
+
 /// The Kubernetes side of the host, built once when a module needs it.
 #[derive(Clone)]
 pub struct KubeContext {
-    /// Client with the `--kube-api-qps`/`--kube-api-burst` budget.
+    /// The client of this context's user: a module's own share of the
+    /// process budget (see [`KubeContext::for_module`]); in the host's
+    /// context, the shared services' (the informers').
     pub client: ::kube::Client,
     /// Client for leader election, with its own budget.
     pub leader_client: ::kube::Client,
@@ -71,6 +87,10 @@ pub struct KubeContext {
     shared_lease: std::sync::Arc<tokio::sync::OnceCell<shared_lease::SharedLease>>,
     /// The client configuration, for a module's client with its own budget.
     config: ::kube::Config,
+    /// The client without a budget, under the modules' budgeted clients.
+    unbudgeted: ::kube::Client,
+    /// The pooled budget and each limited module's account in it.
+    budget: Option<(std::sync::Arc<budget::Budget>, Vec<&'static str>)>,
 }
 
 /// All modules' Lease health checks as one: healthy only if each is.
@@ -108,9 +128,14 @@ pub enum KubeContextError {
 }
 
 impl KubeContext {
-    /// Builds the clients from the shared flags (`master` overrides the server URL).
-    pub async fn connect(shared: &SharedFlags, master: Option<&str>) -> Result<Self, KubeContextError> {
-        Self::connect_with(shared, master, false).await
+    /// Builds the clients from the shared flags (`master` overrides the
+    /// server URL); every module its own share of the budget.
+    pub async fn connect(
+        shared: &SharedFlags,
+        master: Option<&str>,
+        budgets: &[ModuleBudget],
+    ) -> Result<Self, KubeContextError> {
+        Self::connect_with(shared, master, false, budgets).await
     }
 
     /// [`connect`](Self::connect); `kubeconfig_env`: `$KUBECONFIG` counts
@@ -119,6 +144,7 @@ impl KubeContext {
         shared: &SharedFlags,
         master: Option<&str>,
         kubeconfig_env: bool,
+        budgets: &[ModuleBudget],
     ) -> Result<Self, KubeContextError> {
         let mut config = client::load_config(shared.kubeconfig.as_deref(), kubeconfig_env).await?;
         if let Some(m) = master.filter(|m| !m.is_empty()) {
@@ -126,9 +152,27 @@ impl KubeContext {
                 m.parse().map_err(|e| KubeContextError::Flag(format!("invalid --master {m:?}: {e}")))?;
         }
         let agent = client::user_agent(crate::compat::PROGRAM);
-        let client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
-        let client = client::with_user_agent(&client, &agent)?;
-        let leader_client = client::build(config.clone(), shared.kube_api_qps(), shared.kube_api_burst())?;
+        let unbudgeted = client::with_user_agent(&client::build_unlimited(config.clone())?, &agent)?;
+        let limited: Vec<(&'static str, (f64, u32))> =
+            budgets.iter().filter_map(|b| Some((b.module, client::effective_budget(b.qps, b.burst)?))).collect();
+        let budget = (!limited.is_empty()).then(|| {
+            let specs: Vec<(f64, u32)> = limited.iter().map(|(_, b)| *b).collect();
+            (budget::Budget::new(&specs), limited.iter().map(|(m, _)| *m).collect::<Vec<_>>())
+        });
+        // The informers, shared by every module, draw on the whole budget.
+        let client = match &budget {
+            Some((b, _)) => budget::client(&unbudgeted, b.clone(), budget::Taker::Shared),
+            None => unbudgeted.clone(),
+        };
+        // Leader election: a client of its own with the sum of the modules'
+        // budgets (unlimited when none is limited), so renewals never wait
+        // behind module work.
+        let (leader_qps, leader_burst) = if limited.is_empty() {
+            (-1.0, 0)
+        } else {
+            limited.iter().fold((0.0, 0u32), |(q, b), (_, (qps, burst))| (q + qps, b.saturating_add(*burst)))
+        };
+        let leader_client = client::build(config.clone(), leader_qps, leader_burst)?;
         let leader_client = client::with_user_agent(&leader_client, &agent)?;
         let labels = match shared.leader_election_labels.as_deref() {
             Some(l) => crate::flags::shared::parse_labels(l).map_err(KubeContextError::Flag)?,
@@ -151,7 +195,26 @@ impl KubeContext {
             leader_health: LeaderHealth::default(),
             shared_lease: std::sync::Arc::default(),
             config,
+            unbudgeted,
+            budget,
         })
+    }
+
+    /// This context as `module` (upstream program name `program`) sees it:
+    /// its client takes tokens from its own account of the process budget
+    /// (borrowing idle modules' tokens), and both clients send the module's
+    /// `User-Agent` (its field manager).
+    pub fn for_module(&self, module: &str, program: &str) -> Result<Self, client::ClientError> {
+        let mut ctx = self.clone();
+        let agent = client::user_agent(program);
+        let account = self.budget.as_ref().and_then(|(b, names)| Some((b, names.iter().position(|n| *n == module)?)));
+        let budgeted = match account {
+            Some((b, i)) => budget::client(&self.unbudgeted, b.clone(), budget::Taker::Account(i)),
+            None => self.unbudgeted.clone(),
+        };
+        ctx.client = client::with_user_agent(&budgeted, &agent)?;
+        ctx.leader_client = client::with_user_agent(&self.leader_client, &agent)?;
+        Ok(ctx)
     }
 
     /// Another client with its own request budget (the provisioner's

@@ -1,0 +1,304 @@
+//! The pure state of the process's request budget, with explicit time.
+//!
+//! Every module has a token bucket of its own (`qps` per second, `burst`
+//! saved up), as the upstream sidecar it replaces had in its own process.
+//! The buckets are pooled into one work-conserving budget:
+//!
+//! - A module's request takes a token from its own bucket first; if that is
+//!   empty, it borrows one from an idle module's bucket (one with no request
+//!   waiting). So when every module is busy each is limited to its own
+//!   bucket, and when one is busy alone it may use the idle ones' tokens.
+//! - Within a module, critical requests go first: an Event write (deferrable)
+//!   waits while a critical request of its module waits, and borrows only
+//!   while no critical request of any module waits. Events are only
+//!   deferred, never dropped.
+//! - A request of the shared services (the informers' lists and watches,
+//!   one per kind for all modules) takes a token from whichever bucket has
+//!   the most, waiters or not: it is rare, and the modules all need it.
+//!
+//! Tokens only come from the buckets' refills, so in any window of `t`
+//! seconds the process sends at most `Σ burst + Σ qps · t` requests: no more
+//! than the processes it replaces could.
+
+use std::time::Duration;
+
+/// Float noise below which a bucket counts as holding a whole token (the
+/// refills add fractions; a token due "now" must not wait a nanosecond).
+const EPSILON: f64 = 1e-9;
+
+/// How urgent a request is for the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Urgency {
+    /// Work a user waits for: everything but events.
+    Critical,
+    /// Event writes: sent when nothing critical is waiting.
+    Deferrable,
+}
+
+/// Who asks for a token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taker {
+    /// The module with this account index.
+    Account(usize),
+    /// The shared services (informers): any bucket, the fullest first.
+    Shared,
+}
+
+/// Why a taker must wait.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Wait {
+    /// A token it may take is due after this long (sooner if the budget
+    /// changes: a lender may become free).
+    For(Duration),
+    /// Until its module's critical requests are served (a deferrable
+    /// request behind them).
+    CriticalDone,
+}
+
+/// One module's bucket.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Account {
+    /// Tokens per second.
+    pub qps: f64,
+    /// Most tokens saved up.
+    pub burst: f64,
+    /// Tokens now.
+    pub tokens: f64,
+    /// Critical requests of this module waiting for a token.
+    pub critical_waiting: usize,
+    /// Deferrable requests of this module waiting for a token.
+    pub deferred_waiting: usize,
+}
+
+impl Account {
+    /// Whether a request of the module waits: then it lends nothing.
+    pub fn busy(&self) -> bool {
+        self.critical_waiting + self.deferred_waiting > 0
+    }
+}
+
+/// The budget's state. Time is the caller's (`now` since any fixed origin).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BudgetState {
+    accounts: Vec<Account>,
+    last: Duration,
+}
+
+impl BudgetState {
+    /// Full buckets of `(qps, burst)` each (`qps > 0`; a burst of 0 counts as 1).
+    pub fn new(specs: &[(f64, u32)], now: Duration) -> Self {
+        let accounts = specs
+            .iter()
+            .map(|&(qps, burst)| {
+                let burst = f64::from(burst.max(1));
+                Account { qps, burst, tokens: burst, critical_waiting: 0, deferred_waiting: 0 }
+            })
+            .collect();
+        BudgetState { accounts, last: now }
+    }
+
+    /// The accounts, in index order.
+    pub fn accounts(&self) -> &[Account] {
+        &self.accounts
+    }
+
+    /// Whether any critical request waits, in any account.
+    pub fn critical_waiting(&self) -> bool {
+        self.accounts.iter().any(|a| a.critical_waiting > 0)
+    }
+
+    /// Counts a request of `account` as waiting.
+    pub fn start_waiting(&mut self, account: usize, urgency: Urgency) {
+        if let Some(a) = self.accounts.get_mut(account) {
+            match urgency {
+                Urgency::Critical => a.critical_waiting += 1,
+                Urgency::Deferrable => a.deferred_waiting += 1,
+            }
+        }
+    }
+
+    /// Un-counts a waiting request of `account`; says whether that may let
+    /// another request go (the account's last critical waiter left, or its
+    /// last waiter: it lends again).
+    pub fn stop_waiting(&mut self, account: usize, urgency: Urgency) -> bool {
+        let Some(a) = self.accounts.get_mut(account) else { return false };
+        let count = match urgency {
+            Urgency::Critical => &mut a.critical_waiting,
+            Urgency::Deferrable => &mut a.deferred_waiting,
+        };
+        if *count == 0 {
+            return false;
+        }
+        *count -= 1;
+        *count == 0
+    }
+
+    fn refill(&mut self, now: Duration) {
+        let elapsed = now.saturating_sub(self.last).as_secs_f64();
+        if now > self.last {
+            self.last = now;
+        }
+        for a in &mut self.accounts {
+            a.tokens = (a.tokens + elapsed * a.qps).min(a.burst);
+        }
+    }
+
+    /// The buckets `taker` may take from with `urgency`, own first (pure
+    /// rule; `None`: deferred behind its module's critical requests).
+    fn sources(&self, taker: Taker, urgency: Urgency) -> Option<Vec<usize>> {
+        let all = 0..self.accounts.len();
+        let Taker::Account(own) = taker else { return Some(all.collect()) };
+        let mine = self.accounts.get(own)?;
+        if urgency == Urgency::Deferrable && mine.critical_waiting > 0 {
+            return None;
+        }
+        // An event borrows only what no critical request could use.
+        let may_borrow = urgency == Urgency::Critical || !self.critical_waiting();
+        Some(std::iter::once(own).chain(all.filter(|&i| may_borrow && i != own && !self.accounts[i].busy())).collect())
+    }
+
+    /// Takes a token now for `taker`, and says from which account; or how
+    /// to wait. A module's own bucket goes first, then the fullest lender.
+    pub fn try_take(&mut self, taker: Taker, urgency: Urgency, now: Duration) -> Result<usize, Wait> {
+        self.refill(now);
+        let Some(sources) = self.sources(taker, urgency) else {
+            return Err(Wait::CriticalDone);
+        };
+        let own = match taker {
+            Taker::Account(i) => sources.first().copied().filter(|&s| s == i),
+            Taker::Shared => None,
+        };
+        let pick = own.filter(|&i| self.accounts[i].tokens + EPSILON >= 1.0).or_else(|| {
+            sources
+                .iter()
+                .copied()
+                .filter(|&i| self.accounts[i].tokens + EPSILON >= 1.0)
+                .max_by(|&a, &b| self.accounts[a].tokens.total_cmp(&self.accounts[b].tokens))
+        });
+        if let Some(i) = pick {
+            self.accounts[i].tokens -= 1.0;
+            return Ok(i);
+        }
+        let soonest = sources
+            .iter()
+            .map(|&i| {
+                let a = &self.accounts[i];
+                Duration::from_secs_f64(((1.0 - a.tokens) / a.qps).max(0.0))
+            })
+            .min();
+        // No source at all (no accounts): nothing will ever refill.
+        Err(Wait::For(soonest.unwrap_or(Duration::from_secs(1))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn three() -> BudgetState {
+        BudgetState::new(&[(5.0, 10), (5.0, 10), (5.0, 10)], Duration::ZERO)
+    }
+
+    fn drain(s: &mut BudgetState, taker: Taker, now: Duration) -> Vec<usize> {
+        let mut got = Vec::new();
+        while let Ok(i) = s.try_take(taker, Urgency::Critical, now) {
+            got.push(i);
+        }
+        got
+    }
+
+    #[test]
+    fn a_module_alone_uses_its_own_bucket_first_then_the_idle_ones() {
+        let mut s = three();
+        let got = drain(&mut s, Taker::Account(1), Duration::ZERO);
+        assert_eq!(got.len(), 30, "its 10 and the two idle modules' 10 each");
+        assert!(got[..10].iter().all(|&i| i == 1), "own bucket first: {got:?}");
+        // After that: the refills of all three, 15 per second.
+        assert_eq!(drain(&mut s, Taker::Account(1), Duration::from_secs(1)).len(), 15);
+    }
+
+    #[test]
+    fn a_module_with_critical_waiters_lends_nothing() {
+        let mut s = three();
+        s.start_waiting(0, Urgency::Critical);
+        let got = drain(&mut s, Taker::Account(1), Duration::ZERO);
+        assert_eq!(got.len(), 20, "its own and module 2's, not module 0's: {got:?}");
+        assert!(!got.contains(&0));
+        // Module 0 still has its whole bucket for itself.
+        assert_eq!(drain(&mut s, Taker::Account(0), Duration::ZERO).len(), 10);
+    }
+
+    #[test]
+    fn when_every_module_is_busy_each_gets_its_own_rate() {
+        let mut s = BudgetState::new(&[(5.0, 10), (2.0, 4)], Duration::ZERO);
+        s.start_waiting(0, Urgency::Critical);
+        s.start_waiting(1, Urgency::Critical);
+        assert_eq!(drain(&mut s, Taker::Account(0), Duration::ZERO), vec![0; 10]);
+        assert_eq!(drain(&mut s, Taker::Account(1), Duration::ZERO), vec![1; 4]);
+        assert_eq!(drain(&mut s, Taker::Account(0), Duration::from_secs(2)), vec![0; 10]);
+        assert_eq!(drain(&mut s, Taker::Account(1), Duration::from_secs(2)), vec![1; 4]);
+        // The wait is until its own next token.
+        assert_eq!(s.try_take(Taker::Account(1), Urgency::Critical, Duration::from_secs(2)), Err(Wait::For(MS(500))));
+    }
+
+    #[test]
+    fn events_wait_behind_their_own_modules_critical_requests_only() {
+        let mut s = three();
+        s.start_waiting(2, Urgency::Critical);
+        assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0), "another module's");
+        assert!(s.stop_waiting(2, Urgency::Critical), "its last critical waiter left");
+        assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Ok(2));
+    }
+
+    #[test]
+    fn events_borrow_only_what_no_critical_request_could_use() {
+        let mut s = BudgetState::new(&[(5.0, 1), (5.0, 10), (5.0, 10)], Duration::ZERO);
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
+        s.start_waiting(2, Urgency::Critical);
+        assert_eq!(
+            s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO),
+            Err(Wait::For(MS(200))),
+            "module 1's tokens stay for module 2's critical request"
+        );
+        assert!(s.stop_waiting(2, Urgency::Critical));
+        let lent = s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO);
+        assert!(matches!(lent, Ok(1 | 2)), "{lent:?}");
+    }
+
+    #[test]
+    fn a_module_with_deferred_events_waiting_lends_nothing() {
+        let mut s = three();
+        s.start_waiting(1, Urgency::Deferrable);
+        let got = drain(&mut s, Taker::Account(0), Duration::ZERO);
+        assert!(!got.contains(&1) && got.len() == 20, "{got:?}");
+    }
+
+    #[test]
+    fn the_shared_services_take_from_the_fullest_bucket_even_a_busy_one() {
+        let mut s = three();
+        s.start_waiting(0, Urgency::Critical);
+        s.start_waiting(1, Urgency::Critical);
+        s.start_waiting(2, Urgency::Critical);
+        drain(&mut s, Taker::Account(0), Duration::ZERO);
+        drain(&mut s, Taker::Account(2), Duration::ZERO);
+        assert_eq!(s.try_take(Taker::Shared, Urgency::Critical, Duration::ZERO), Ok(1));
+    }
+
+    #[test]
+    fn an_empty_budget_says_when_the_next_token_is_due() {
+        let mut s = BudgetState::new(&[(4.0, 1)], Duration::ZERO);
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, MS(100)), Err(Wait::For(MS(150))));
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, MS(250)), Ok(0));
+    }
+
+    #[test]
+    fn a_bucket_never_holds_more_than_its_burst() {
+        let mut s = three();
+        drain(&mut s, Taker::Account(0), Duration::ZERO);
+        assert_eq!(drain(&mut s, Taker::Account(0), Duration::from_secs(3600)).len(), 30);
+    }
+}
