@@ -230,6 +230,9 @@ mod tests {
 
 /// external-provisioner and sig-storage-lib-external-provisioner.
 pub mod provisioner {
+    /// StorageClass parameter: the volume's filesystem (also written by CSI
+    /// migration's class translation).
+    pub const PARAM_FSTYPE: &str = "csi.storage.k8s.io/fstype";
     /// PVC: the provisioner the PV binder chose (the driver name).
     pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
     /// PVC: the same, beta spelling.

@@ -13,3 +13,5 @@ pub mod logging;
 pub mod metrics;
 pub mod migration;
 pub mod modules;
+#[cfg(test)]
+mod tidy;

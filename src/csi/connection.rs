@@ -27,10 +27,7 @@ use tracing::Instrument;
 use super::{
     address::{AddressError, CsiAddress},
     driver::{DriverInfo, validate_plugin_info},
-    proto::csi::v1::{
-        self as csi, controller_client::ControllerClient, group_controller_client::GroupControllerClient,
-        identity_client::IdentityClient, plugin_capability,
-    },
+    proto::csi::v1::{self as csi, plugin_capability},
     redact::{Redact, redacted_debug},
 };
 use crate::compat::{self, metrics as m};
@@ -39,32 +36,6 @@ use crate::compat::{self, metrics as m};
 pub const STILL_CONNECTING_EVERY: Duration = Duration::from_secs(10);
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// Full gRPC method names, as upstream labels them.
-pub mod method {
-    /// Identity/Probe.
-    pub const PROBE: &str = "/csi.v1.Identity/Probe";
-    /// Identity/GetPluginInfo.
-    pub const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
-    /// Identity/GetPluginCapabilities.
-    pub const GET_PLUGIN_CAPABILITIES: &str = "/csi.v1.Identity/GetPluginCapabilities";
-    /// Controller/ControllerGetCapabilities.
-    pub const CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.Controller/ControllerGetCapabilities";
-    /// Controller/CreateSnapshot.
-    pub const CREATE_SNAPSHOT: &str = "/csi.v1.Controller/CreateSnapshot";
-    /// Controller/DeleteSnapshot.
-    pub const DELETE_SNAPSHOT: &str = "/csi.v1.Controller/DeleteSnapshot";
-    /// Controller/ListSnapshots.
-    pub const LIST_SNAPSHOTS: &str = "/csi.v1.Controller/ListSnapshots";
-    /// GroupController/GroupControllerGetCapabilities.
-    pub const GROUP_CONTROLLER_GET_CAPABILITIES: &str = "/csi.v1.GroupController/GroupControllerGetCapabilities";
-    /// GroupController/CreateVolumeGroupSnapshot.
-    pub const CREATE_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/CreateVolumeGroupSnapshot";
-    /// GroupController/DeleteVolumeGroupSnapshot.
-    pub const DELETE_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/DeleteVolumeGroupSnapshot";
-    /// GroupController/GetVolumeGroupSnapshot.
-    pub const GET_VOLUME_GROUP_SNAPSHOT: &str = "/csi.v1.GroupController/GetVolumeGroupSnapshot";
-}
 
 /// `text` cut to `max` characters (none when `max` < 0), saying how much was cut.
 pub fn truncated(text: String, max: i64) -> String {
@@ -176,8 +147,9 @@ impl Connection {
         *self.inner.connects.borrow()
     }
 
-    /// Runs one unary call with a deadline, metrics and redacted logging.
-    pub async fn call<Req, Resp, F, Fut>(
+    /// Runs one unary call with a deadline, metrics and redacted logging
+    /// (the typed methods of `calls.rs` are the only callers).
+    pub(super) async fn call<Req, Resp, F, Fut>(
         &self,
         method: &'static str,
         timeout: Duration,
@@ -253,133 +225,6 @@ impl Connection {
             m::LABEL_GRPC_STATUS_CODE => compat::grpc_code_name(code),
         )
         .record(elapsed.as_secs_f64());
-    }
-
-    /// `Identity/Probe`.
-    pub async fn probe(&self, timeout: Duration) -> Result<csi::ProbeResponse, Status> {
-        self.call(method::PROBE, timeout, csi::ProbeRequest {}, |ch, r| async move {
-            IdentityClient::new(ch).probe(r).await
-        })
-        .await
-    }
-
-    /// `Identity/GetPluginInfo`.
-    pub async fn get_plugin_info(&self, timeout: Duration) -> Result<csi::GetPluginInfoResponse, Status> {
-        self.call(method::GET_PLUGIN_INFO, timeout, csi::GetPluginInfoRequest {}, |ch, r| async move {
-            IdentityClient::new(ch).get_plugin_info(r).await
-        })
-        .await
-    }
-
-    /// `Identity/GetPluginCapabilities`.
-    pub async fn get_plugin_capabilities(
-        &self,
-        timeout: Duration,
-    ) -> Result<csi::GetPluginCapabilitiesResponse, Status> {
-        self.call(method::GET_PLUGIN_CAPABILITIES, timeout, csi::GetPluginCapabilitiesRequest {}, |ch, r| async move {
-            IdentityClient::new(ch).get_plugin_capabilities(r).await
-        })
-        .await
-    }
-
-    /// `Controller/ControllerGetCapabilities`.
-    pub async fn controller_get_capabilities(
-        &self,
-        timeout: Duration,
-    ) -> Result<csi::ControllerGetCapabilitiesResponse, Status> {
-        self.call(
-            method::CONTROLLER_GET_CAPABILITIES,
-            timeout,
-            csi::ControllerGetCapabilitiesRequest {},
-            |ch, r| async move { ControllerClient::new(ch).controller_get_capabilities(r).await },
-        )
-        .await
-    }
-
-    /// `Controller/CreateSnapshot`.
-    pub async fn create_snapshot(
-        &self,
-        timeout: Duration,
-        req: csi::CreateSnapshotRequest,
-    ) -> Result<csi::CreateSnapshotResponse, Status> {
-        self.call(method::CREATE_SNAPSHOT, timeout, req, |ch, r| async move {
-            ControllerClient::new(ch).create_snapshot(r).await
-        })
-        .await
-    }
-
-    /// `Controller/DeleteSnapshot`.
-    pub async fn delete_snapshot(
-        &self,
-        timeout: Duration,
-        req: csi::DeleteSnapshotRequest,
-    ) -> Result<csi::DeleteSnapshotResponse, Status> {
-        self.call(method::DELETE_SNAPSHOT, timeout, req, |ch, r| async move {
-            ControllerClient::new(ch).delete_snapshot(r).await
-        })
-        .await
-    }
-
-    /// `Controller/ListSnapshots`.
-    pub async fn list_snapshots(
-        &self,
-        timeout: Duration,
-        req: csi::ListSnapshotsRequest,
-    ) -> Result<csi::ListSnapshotsResponse, Status> {
-        self.call(method::LIST_SNAPSHOTS, timeout, req, |ch, r| async move {
-            ControllerClient::new(ch).list_snapshots(r).await
-        })
-        .await
-    }
-
-    /// `GroupController/GroupControllerGetCapabilities`.
-    pub async fn group_controller_get_capabilities(
-        &self,
-        timeout: Duration,
-    ) -> Result<csi::GroupControllerGetCapabilitiesResponse, Status> {
-        self.call(
-            method::GROUP_CONTROLLER_GET_CAPABILITIES,
-            timeout,
-            csi::GroupControllerGetCapabilitiesRequest {},
-            |ch, r| async move { GroupControllerClient::new(ch).group_controller_get_capabilities(r).await },
-        )
-        .await
-    }
-
-    /// `GroupController/CreateVolumeGroupSnapshot`.
-    pub async fn create_volume_group_snapshot(
-        &self,
-        timeout: Duration,
-        req: csi::CreateVolumeGroupSnapshotRequest,
-    ) -> Result<csi::CreateVolumeGroupSnapshotResponse, Status> {
-        self.call(method::CREATE_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
-            GroupControllerClient::new(ch).create_volume_group_snapshot(r).await
-        })
-        .await
-    }
-
-    /// `GroupController/DeleteVolumeGroupSnapshot`.
-    pub async fn delete_volume_group_snapshot(
-        &self,
-        timeout: Duration,
-        req: csi::DeleteVolumeGroupSnapshotRequest,
-    ) -> Result<csi::DeleteVolumeGroupSnapshotResponse, Status> {
-        self.call(method::DELETE_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
-            GroupControllerClient::new(ch).delete_volume_group_snapshot(r).await
-        })
-        .await
-    }
-
-    /// `GroupController/GetVolumeGroupSnapshot`.
-    pub async fn get_volume_group_snapshot(
-        &self,
-        timeout: Duration,
-        req: csi::GetVolumeGroupSnapshotRequest,
-    ) -> Result<csi::GetVolumeGroupSnapshotResponse, Status> {
-        self.call(method::GET_VOLUME_GROUP_SNAPSHOT, timeout, req, |ch, r| async move {
-            GroupControllerClient::new(ch).get_volume_group_snapshot(r).await
-        })
-        .await
     }
 
     /// One discovery attempt: (with `probe`) `Probe` until ready, then the

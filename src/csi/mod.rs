@@ -1,6 +1,7 @@
 //! Everything that speaks gRPC to the CSI driver (invariant: nothing else
 //! does). Modules use [`Connection`]'s typed, metered, redacting calls.
 pub mod address;
+pub mod calls;
 pub mod connection;
 pub mod driver;
 pub mod proto;

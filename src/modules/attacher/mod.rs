@@ -34,9 +34,7 @@ use crate::{
     compat::{self, attacher as up},
     csi::{
         Connection, DriverInfo,
-        proto::csi::v1::{
-            self as csi, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
-        },
+        proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
     kube::{
         KubeContext,
@@ -231,12 +229,7 @@ impl Attacher {
             Ok(s) => req.secrets = s,
             Err(e) => return fail(e, None).await,
         }
-        let resp = self
-            .csi
-            .call("/csi.v1.Controller/ControllerPublishVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).controller_publish_volume(r).await
-            })
-            .await;
+        let resp = self.csi.controller_publish_volume(self.cfg.timeout, req).await;
         match resp {
             Ok(r) => {
                 let status =
@@ -284,12 +277,7 @@ impl Attacher {
             None => HashMap::new(),
         };
         let req = csi::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets };
-        let resp = self
-            .csi
-            .call("/csi.v1.Controller/ControllerUnpublishVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).controller_unpublish_volume(r).await
-            })
-            .await;
+        let resp = self.csi.controller_unpublish_volume(self.cfg.timeout, req).await;
         if let Err(s) = resp {
             return fail(compat::grpc_error_text(&s)).await;
         }
@@ -343,9 +331,7 @@ impl Attacher {
                 return None;
             }
             let req = csi::ListVolumesRequest { max_entries: self.cfg.max_entries, starting_token: token.clone() };
-            let call = self.csi.call("/csi.v1.Controller/ListVolumes", left, req, |ch, r| async move {
-                ControllerClient::new(ch).list_volumes(r).await
-            });
+            let call = self.csi.list_volumes(left, req);
             let resp = tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 r = call => r,

@@ -43,8 +43,7 @@ use crate::{
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{
-            self as csi, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
-            plugin_capability::service::Type as Svc,
+            self as csi, controller_service_capability::rpc::Type as Rpc, plugin_capability::service::Type as Svc,
         },
     },
     kube::{
@@ -270,21 +269,12 @@ impl Provisioner {
     }
 
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, tonic::Status> {
-        self.csi
-            .call("/csi.v1.Controller/CreateVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).create_volume(r).await
-            })
-            .await
+        self.csi.create_volume(self.cfg.timeout, req).await
     }
 
     async fn delete_volume(&self, volume_id: &str, secrets: HashMap<String, String>) -> Result<(), tonic::Status> {
         let req = csi::DeleteVolumeRequest { volume_id: volume_id.to_string(), secrets };
-        self.csi
-            .call("/csi.v1.Controller/DeleteVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).delete_volume(r).await
-            })
-            .await
-            .map(|_| ())
+        self.csi.delete_volume(self.cfg.timeout, req).await.map(|_| ())
     }
 
     /// Handles one PVC key.
@@ -1005,9 +995,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         Some(name) => {
             let info = ctx
                 .csi
-                .call("/csi.v1.Node/NodeGetInfo", cfg.timeout, csi::NodeGetInfoRequest {}, |ch, r| async move {
-                    csi::node_client::NodeClient::new(ch).node_get_info(r).await
-                })
+                .node_get_info(cfg.timeout)
                 .await
                 .map_err(|s| fatal(format!("Failed to get node info from CSI driver: {}", status_text(&s))))?;
             let nd = node_deployment::NodeDeployment::new(name, &info, &cfg);
@@ -1039,7 +1027,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         .map(|(_, on)| on);
     let vac_served = match vac_explicit {
         Some(_) => true,
-        None => crate::modules::resizer::vac_served(&kube.client).await,
+        None => crate::kube::discovery::vac_served(&kube.client).await,
     };
     let vac_gate = vac::gate(vac_explicit, vac_served);
     if !vac_gate && vac_explicit.is_none() {

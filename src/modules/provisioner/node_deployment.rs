@@ -330,12 +330,7 @@ impl super::Provisioner {
                 parameters: plan.request.parameters.clone(),
                 accessible_topology,
             };
-            let resp = self
-                .csi
-                .call("/csi.v1.Controller/GetCapacity", self.cfg.timeout, req, |ch, r| async move {
-                    csi::controller_client::ControllerClient::new(ch).get_capacity(r).await
-                })
-                .await;
+            let resp = self.csi.get_capacity(self.cfg.timeout, req).await;
             match resp {
                 Ok(r) if plan.requested_bytes <= r.available_capacity => return true,
                 Ok(_) => {}

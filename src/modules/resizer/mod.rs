@@ -37,10 +37,7 @@ use crate::{
     compat::{self, modifier as mo, resizer as up},
     csi::{
         Connection, DriverInfo,
-        proto::csi::v1::{
-            self as csi, controller_client::ControllerClient, controller_service_capability::rpc::Type as Rpc,
-            node_client::NodeClient, node_service_capability, plugin_capability,
-        },
+        proto::csi::v1::{controller_service_capability::rpc::Type as Rpc, node_service_capability, plugin_capability},
     },
     kube::{
         KubeContext,
@@ -284,10 +281,7 @@ impl Resizer {
             let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
             req.secrets = crate::kube::secrets::secret_data(&self.client, &name, &ns).await.map_err(|e| (None, e))?;
         }
-        let call =
-            self.csi.call("/csi.v1.Controller/ControllerExpandVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).controller_expand_volume(r).await
-            });
+        let call = self.csi.controller_expand_volume(self.cfg.timeout, req);
         let resp = crate::csi::connection::migrated_scope(migrated, call)
             .await
             .map_err(|s| (Some(s.code()), compat::grpc_error_text(&s)))?;
@@ -468,12 +462,7 @@ impl Resizer {
                 }
             }
         }
-        let resp = self
-            .csi
-            .call("/csi.v1.Controller/ControllerModifyVolume", self.cfg.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).controller_modify_volume(r).await
-            })
-            .await;
+        let resp = self.csi.controller_modify_volume(self.cfg.timeout, req).await;
         match resp {
             Ok(_) => {
                 set_of(&m.uncertain).remove(&key);
@@ -515,17 +504,6 @@ impl Resizer {
     }
 }
 
-/// Whether the apiserver serves `storage.k8s.io/v1` VolumeAttributesClass.
-pub(crate) async fn vac_served(client: &Client) -> bool {
-    match client.list_api_group_resources("storage.k8s.io/v1").await {
-        Ok(list) => list.resources.iter().any(|r| r.kind == "VolumeAttributesClass"),
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot discover storage.k8s.io/v1; assuming no VolumeAttributesClass");
-            false
-        }
-    }
-}
-
 fn annotated_for(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
     let a = pvc.metadata.annotations.as_ref();
     [
@@ -546,12 +524,7 @@ async fn expander(ctx: &ModuleContext, driver: &DriverInfo, timeout: Duration) -
     if driver.has_controller_capability(Rpc::ExpandVolume) {
         return Ok(Some(Expander::Csi));
     }
-    let node = ctx
-        .csi
-        .call("/csi.v1.Node/NodeGetCapabilities", timeout, csi::NodeGetCapabilitiesRequest {}, |ch, r| async move {
-            NodeClient::new(ch).node_get_capabilities(r).await
-        })
-        .await;
+    let node = ctx.csi.node_get_capabilities(timeout).await;
     let node_expands = node.is_ok_and(|r| {
         r.capabilities.iter().any(|c| {
             matches!(&c.r#type, Some(node_service_capability::Type::Rpc(r))
@@ -583,7 +556,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     let expander = expander(&ctx, &driver, cfg.timeout).await.map_err(fatal)?;
     let mut gates = gates;
-    if !gates.volume_attributes_class_explicit && !vac_served(&kube.client).await {
+    if !gates.volume_attributes_class_explicit && !crate::kube::discovery::vac_served(&kube.client).await {
         tracing::info!(
             "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
         );

@@ -14,8 +14,10 @@ use serde::Serialize;
 use crate::{
     compat::snapshotter as up,
     csi::proto::csi::v1 as csi,
-    kube::snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
-    modules::provisioner::params::{expand, is_dns1123_label, is_dns1123_subdomain},
+    kube::{
+        names::{expand, is_dns1123_label, is_dns1123_subdomain},
+        snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
+    },
 };
 
 /// Go's `%q` of a string (`strconv.Quote`), as upstream wraps errors.

@@ -41,7 +41,7 @@ use crate::{
     compat::capacity as up,
     csi::{
         Connection,
-        proto::csi::v1::{self as csi, controller_client::ControllerClient},
+        proto::csi::v1::{self as csi},
     },
     kube::{
         informers::{Change, Informer, Informers},
@@ -341,11 +341,7 @@ impl Controller {
             parameters: sc.parameters.clone().unwrap_or_default().into_iter().collect(),
             accessible_topology: Some(csi::Topology { segments: item.segment.clone().into_iter().collect() }),
         };
-        self.csi
-            .call("/csi.v1.Controller/GetCapacity", self.settings.timeout, req, |ch, r| async move {
-                ControllerClient::new(ch).get_capacity(r).await
-            })
-            .await
+        self.csi.get_capacity(self.settings.timeout, req).await
     }
 
     fn api(&self) -> Api<CSIStorageCapacity> {

@@ -1,4 +1,4 @@
-//! The layout of `src/`: the file-level import graph has no cycle.
+//! The file-level import graph of `src/`.
 //!
 //! Every `crate::` and `super::` path (and `csi_sidecar::` in `main.rs`),
 //! `use` groups included, is an edge from the file that writes it to the
@@ -11,13 +11,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use csi_sidecar_integration::workspace_root;
-
 /// A source file of `src/`, as its path relative to `src/`.
-type File = String;
+pub type File = String;
 
 /// The module path of a file: `lib.rs` → `[]`, `a/mod.rs` → `[a]`, `a/b.rs` → `[a, b]`.
-fn module_path(file: &str) -> Vec<String> {
+pub fn module_path(file: &str) -> Vec<String> {
     let stem = file.strip_suffix(".rs").unwrap_or(file);
     let mut parts: Vec<String> = stem.split('/').map(String::from).collect();
     if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
@@ -28,7 +26,7 @@ fn module_path(file: &str) -> Vec<String> {
 
 /// Replaces comments and the contents of string and char literals with
 /// spaces, so braces and paths can be found by plain scanning.
-fn strip_literals(src: &str) -> String {
+pub fn strip_literals(src: &str) -> String {
     let b: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
     let mut i = 0;
@@ -186,7 +184,7 @@ impl Cursor<'_> {
         (self.i > start).then(|| self.text[start..self.i].iter().collect())
     }
 
-    /// A use tree after `prefix::`: `a::b`, `a::{b, c::d}`, `*`; every leaf
+    /// A use tree after `prefix::`: `a::b`, `a::{b as x, c::d}`, `*`; every leaf
     /// path is pushed to `out`.
     fn tree(&mut self, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
         if self.eat("{") {
@@ -220,6 +218,10 @@ impl Cursor<'_> {
             if self.text.get(self.i) == Some(&'{') || self.text.get(self.i) == Some(&'*') {
                 return self.tree(path, out);
             }
+        }
+        // `a::b as c`: the rename is not a path.
+        if self.eat("as ") {
+            self.ident();
         }
         out.push(path);
     }
@@ -338,7 +340,7 @@ fn resolve(files: &BTreeSet<File>, path: &[String]) -> Option<File> {
     })
 }
 
-fn rust_files(dir: &Path, root: &Path, out: &mut BTreeSet<File>) {
+pub fn rust_files(dir: &Path, root: &Path, out: &mut BTreeSet<File>) {
     for entry in std::fs::read_dir(dir).expect("read src dir") {
         let path = entry.expect("dir entry").path();
         if path.is_dir() {
@@ -351,7 +353,7 @@ fn rust_files(dir: &Path, root: &Path, out: &mut BTreeSet<File>) {
 }
 
 /// The file graph of `src/` without test code.
-fn import_graph(src: &Path) -> BTreeMap<File, BTreeSet<File>> {
+pub fn import_graph(src: &Path) -> BTreeMap<File, BTreeSet<File>> {
     let mut files = BTreeSet::new();
     rust_files(src, src, &mut files);
     let scans: BTreeMap<File, Scan> = files
@@ -487,8 +489,9 @@ fn describe(graph: &BTreeMap<File, BTreeSet<File>>, tangles: &[BTreeSet<File>]) 
         .join("\n")
 }
 
-fn src_dir() -> PathBuf {
-    workspace_root().join("src")
+/// `src/` of this crate.
+pub fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
 #[test]
@@ -506,7 +509,7 @@ fn the_scanner_resolves_groups_super_and_skips_tests() {
     let files: BTreeSet<File> =
         ["lib.rs", "a/mod.rs", "a/b.rs", "a/c.rs", "d.rs", "a/b/t.rs"].into_iter().map(String::from).collect();
     let text = r#"
-        use crate::{d::Thing, a::{c, b::deep::Item}};
+        use crate::{d::Thing, a::{c as renamed, b::deep::Item}};
         use super::c::X; // crate::d::Commented
         const S: &str = "crate::d::InAString";
         mod inner { use super::super::d; }
