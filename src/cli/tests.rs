@@ -228,11 +228,12 @@ fn unknown_module_and_duplicates() {
 
 #[test]
 fn readme_flag_reference_matches_the_code() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/command-line.md"))
+        .expect("docs/command-line.md");
     let reference = flag_reference_markdown();
     assert!(
         readme.contains(&reference),
-        "README.md's flag reference is out of date; replace it with:\n\n{reference}\nEND"
+        "docs/command-line.md's flag reference is out of date; replace it with:\n\n{reference}\nEND"
     );
 }
 

@@ -212,7 +212,12 @@ fn named_paths(markdown: &str) -> BTreeSet<String> {
 #[test]
 fn every_path_architecture_names_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for doc in ["ARCHITECTURE.md", "README.md"] {
+    let mut docs = vec!["ARCHITECTURE.md".to_string(), "README.md".to_string()];
+    for entry in std::fs::read_dir(root.join("docs")).into_iter().flatten().flatten() {
+        docs.push(format!("docs/{}", entry.file_name().to_string_lossy()));
+    }
+    assert!(docs.len() > 4, "the docs folder: {docs:?}");
+    for doc in &docs {
         let text = std::fs::read_to_string(root.join(doc)).unwrap_or_default();
         let paths = named_paths(&text);
         assert!(doc != "ARCHITECTURE.md" || paths.len() > 10, "{doc} names {paths:?}");
