@@ -318,12 +318,9 @@ async fn main() -> anyhow::Result<()> {
     for l in metrics.lines().filter(|l| l.starts_with("csi_sidecar_operations_seconds_count") && l.contains(DRIVER)) {
         println!("{l}");
     }
-    for (who, a) in [("controller", &addr), ("node", &node_addr)] {
-        let m = http::get(a, "/metrics").await.map_err(anyhow::Error::msg)?.body;
-        if let Some(rss) = m.lines().find(|l| l.starts_with("process_resident_memory_bytes ")) {
-            println!("{who} csi-sidecar: {rss}");
-        }
-    }
+    // The processes' memory is not printed: the demo runs debug builds, whose
+    // footprint says nothing about csi-sidecar's (docs/benchmarks.md has the
+    // release figures).
     for (who, p) in [("controller", &mut sidecar), ("node", &mut node_sidecar)] {
         if p.try_exit().is_some() {
             bail!("the {who} csi-sidecar exited:\n{}", p.logs());
