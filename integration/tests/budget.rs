@@ -311,8 +311,14 @@ async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() 
         modules.iter().map(|m| of(m, b_start, now_secs()).into_iter().fold(b_start, f64::max)).collect();
     let (from, to) = (b_start + 2.0, ends.iter().copied().fold(f64::INFINITY, f64::min) - 1.0);
     assert!(to - from >= 5.0, "all three were busy for {:.1} s only (ends {ends:?}); log:\n{}", to - from, log());
+    eprintln!(
+        "phase A: the provisioner alone sent {} requests in {:.1} s, {own_excess:.0} beyond its own bucket",
+        alone.len(),
+        a_end - a_start
+    );
     for m in modules {
         let rate = of(m, from, to).len() as f64 / (to - from);
+        eprintln!("phase B: {m} {rate:.2} requests/s over the {:.1} s all three were busy", to - from);
         assert!(
             (rate - QPS).abs() <= 0.1 * QPS,
             "{m}: {rate:.2} requests/s while every module was busy, its own budget is {QPS}/s; log:\n{}",
