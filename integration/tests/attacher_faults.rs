@@ -535,3 +535,59 @@ async fn detach_fails_while_the_publish_secret_cannot_be_read() {
     wait_deleted(&vas, &name, T).await;
     assert_eq!(unpublishes(&driver), 1);
 }
+
+/// A PV deleted while attached (a Retain or static PV with a running pod)
+/// loses the attacher's finalizer with its last VolumeAttachment, even with
+/// `--resync=0` and when the watch delivers the attachment's deletion only
+/// after the PV was synced. The order is forced: a finalizer of the test
+/// holds the detached attachment until the attacher has synced the PV's
+/// final version with the attachment still there; then the attachment
+/// goes, and only its deletion can tell the attacher. Before, the handler
+/// ignored deletions and the PV stayed until the next resync (here: never).
+#[tokio::test]
+async fn a_pv_deleted_while_attached_loses_the_finalizer_with_its_last_attachment() {
+    const HOLD: &str = "example.com/hold";
+    let env = Env::new("attpvfin").await;
+    let _driver = env.driver(|_| ());
+    let node = env.node("n", "pvfin-node").await;
+    let attacher = env.attacher("attacher", &["--resync=0"]);
+    let name = format!("{}-va", env.ns.name());
+    let (pvs, vas) = (env.pvs(), env.vas());
+    create(&pvs, &csi_pv(&name, &env.driver_name, "vol-pvfin", "1Mi")).await;
+    let mut va = volume_attachment(&name, &env.driver_name, &node, &name);
+    va.metadata.finalizers = Some(vec![HOLD.into()]);
+    create(&vas, &va).await;
+    let fin = format!("external-attacher/{}", env.driver_name.replace('.', "-"));
+    let has = |f: &Option<Vec<String>>, which: &str| f.iter().flatten().any(|x| x == which);
+    wait_for(&vas, &name, T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    wait_for(&pvs, &name, T, |p| has(&p.metadata.finalizers, &fin)).await;
+
+    // Deleted while attached: the PV stays, held by the attacher.
+    pvs.delete(&name, &DeleteParams::default()).await.expect("delete pv");
+    // The attachment is deleted: detached, the attacher's finalizer goes,
+    // the test's keeps the object.
+    vas.delete(&name, &DeleteParams::default()).await.expect("delete va");
+    wait_for(&vas, &name, T, |v| !has(&v.metadata.finalizers, &fin) && v.status.as_ref().is_some_and(|s| !s.attached))
+        .await;
+    // The PV's final version (only the attacher's finalizer left) was
+    // synced by the attacher, which kept the finalizer: the attachment
+    // still referenced it.
+    let pv = wait_for(&pvs, &name, T, |p| {
+        p.metadata.deletion_timestamp.is_some() && p.metadata.finalizers.as_deref() == Some(std::slice::from_ref(&fin))
+    })
+    .await;
+    let kept = format!("resource_version={}", pv.metadata.resource_version.expect("resourceVersion"));
+    wait_until("the attacher's sync of the PV's final version", T, async || {
+        let logs = attacher.logs();
+        let seen = logs
+            .lines()
+            .any(|l| l.contains("PersistentVolume finalizer kept") && l.split_whitespace().any(|w| w == kept));
+        (seen, kept.clone())
+    })
+    .await;
+
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    vas.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&release)).await.expect("release");
+    wait_deleted(&vas, &name, T).await;
+    wait_deleted(&pvs, &name, Duration::from_secs(30)).await;
+}

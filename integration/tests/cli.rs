@@ -148,3 +148,15 @@ async fn the_kep_4958_command_line_runs_the_same_modules() {
     .await;
     assert_eq!(reply.map(|r| r.status), Ok(200));
 }
+
+/// `--reconcile-sync=0` is refused at parse time, naming the flag; before,
+/// the reconciler's ticker panicked once the driver was up (an abort in a
+/// release build).
+#[test]
+fn a_zero_reconcile_period_exits_2_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let attacher = symlinked_bin(dir.path(), "csi-attacher");
+    let (code, _, err) = run_to_end(&attacher, &["--csi-address=/csi/csi.sock", "--reconcile-sync=0"], T);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--reconcile-sync") && !err.contains("panicked"), "{err}");
+}

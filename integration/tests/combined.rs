@@ -41,6 +41,26 @@ fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str)
     after.get(r).copied().unwrap_or(0) - before.get(r).copied().unwrap_or(0)
 }
 
+/// One watch more on each of [`RESOURCES`].
+fn each_resource() -> Vec<(&'static str, i64)> {
+    RESOURCES.iter().map(|r| (*r, 1)).collect()
+}
+
+/// Open watches, once at least `want` more than `base` are open on each of
+/// the given resources.
+async fn opened(
+    client: &Client,
+    what: &str,
+    base: &BTreeMap<String, i64>,
+    want: &[(&str, i64)],
+) -> BTreeMap<String, i64> {
+    wait_until(what, Duration::from_secs(60), async || {
+        let now = watches(client).await;
+        (want.iter().all(|(r, n)| delta(&now, base, r) >= *n), now)
+    })
+    .await
+}
+
 fn spawn(dir: &Path, name: &str, cp: &ControlPlane, csi: &Path, modules: &[&str]) -> Proc {
     let mut args = vec![
         format!("--csi-address={}", csi.display()),
@@ -71,13 +91,16 @@ async fn one_process_watches_each_resource_once() {
         &[format!("--endpoint=unix://{}", csi.display()), "--name=watch.csi.example.com".into()],
         dir.path(),
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let base = watches(&client).await;
+    // The base: the control plane's own watches (kube-controller-manager's
+    // informers), once each resource has one.
+    let base = opened(&client, "the control plane's watches", &BTreeMap::new(), &each_resource()).await;
 
     let mut combined = spawn(dir.path(), "combined", &cp, &csi, &["provisioner", "attacher"]);
     synced(&combined, 2).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let with_combined = watches(&client).await;
+    // Every informer of both modules has synced, so every watch they start
+    // with was requested; once each resource shows one more, duplicates
+    // would show too.
+    let with_combined = opened(&client, "the combined process's watches", &base, &each_resource()).await;
     for r in RESOURCES {
         assert_eq!(
             delta(&with_combined, &base, r),
@@ -96,8 +119,19 @@ async fn one_process_watches_each_resource_once() {
     let att = spawn(dir.path(), "attacher", &cp, &csi, &["attacher"]);
     synced(&prov, 1).await;
     synced(&att, 1).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let separate = watches(&client).await;
+    let separate = opened(
+        &client,
+        "the separate processes' watches",
+        &base,
+        &[
+            ("persistentvolumes", 2),
+            ("volumeattachments", 2),
+            ("persistentvolumeclaims", 1),
+            ("storageclasses", 1),
+            ("csinodes", 1),
+        ],
+    )
+    .await;
     let total = |m: &BTreeMap<String, i64>| RESOURCES.iter().map(|r| delta(m, &base, r)).sum::<i64>();
     assert_eq!(delta(&separate, &base, "persistentvolumes"), 2, "two processes watch PVs twice");
     assert_eq!(delta(&separate, &base, "volumeattachments"), 2);

@@ -305,6 +305,48 @@ fn resizer_cluster_role_is_exactly_what_the_code_calls() {
     assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
 }
 
+/// The kinds a piece of source touches: typed `Api<K>`, informers of a
+/// kind, and the kinds of the shared cache's views (the type of the filter's
+/// argument in `informers.view(..)` and `informers.scoped(..)`).
+fn kinds_in(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for marker in ["Api<", "Api::<", "informers.get::<", "informers.metadata::<"] {
+        for (i, _) in code.match_indices(marker) {
+            let before = code[..i].chars().next_back().unwrap_or(' ');
+            if before.is_alphanumeric() || before == '_' {
+                continue; // FakeApi<, MyApi::<
+            }
+            let rest = &code[i + marker.len()..];
+            let kind: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            found.insert(kind);
+        }
+    }
+    for marker in ["informers.view(", "informers.scoped("] {
+        for (i, _) in code.match_indices(marker) {
+            // The filter's argument, `|name: &Kind|` or `|name: &path::Kind|`.
+            let Some(arg) = code[i + marker.len()..].split('|').nth(1) else { continue };
+            let Some((_, ty)) = arg.split_once(':') else { continue };
+            let ty = ty.trim().trim_start_matches('&').trim();
+            let last = ty.rsplit("::").next().unwrap_or(ty);
+            let kind: String = last.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            found.insert(cached_kind(&kind).to_string());
+        }
+    }
+    found
+}
+
+/// The API kind of one of the compact cached types (`kube::cached`); any
+/// other name as it is (a new cached type then shows as itself).
+fn cached_kind(name: &str) -> &str {
+    match name {
+        "CachedPv" => "PersistentVolume",
+        "CachedPvc" => "PersistentVolumeClaim",
+        "CachedVa" => "VolumeAttachment",
+        "CachedPod" => "Pod",
+        other => other,
+    }
+}
+
 /// A tripwire for new API calls: the kinds the controller modules and the
 /// shared Kubernetes runtime touch (typed `Api<K>` and informers). A new kind
 /// here needs a new RBAC rule (and a new entry in the lists above).
@@ -313,6 +355,7 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
     let root = workspace_root().join("src");
     let mut found = BTreeSet::new();
     for dir in [
+        "modules",
         "modules/provisioner",
         "modules/provisioner/capacity",
         "modules/attacher",
@@ -327,18 +370,7 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
             }
             let text = std::fs::read_to_string(&path).expect("source");
             // Test modules use fakes; only the code before them counts.
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            for marker in ["Api<", "Api::<", "informers.get::<", "informers.metadata::<"] {
-                for (i, _) in code.match_indices(marker) {
-                    let before = code[..i].chars().next_back().unwrap_or(' ');
-                    if before.is_alphanumeric() || before == '_' {
-                        continue; // FakeApi<, MyApi::<
-                    }
-                    let rest = &code[i + marker.len()..];
-                    let kind: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                    found.insert(kind);
-                }
-            }
+            found.extend(kinds_in(text.split("#[cfg(test)]").next().unwrap_or_default()));
         }
     }
     let covered: BTreeSet<String> = [
@@ -376,6 +408,26 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
          code uses in manifests/rbac/<module>.yaml and manifests/helm/csi-sidecar/templates/rbac.yaml, list them \
          in PROVISIONER_CALLS / ATTACHER_CALLS above, and add the kind here"
     );
+}
+
+/// The tripwire's scanner sees a kind however the code asks for it: a kind
+/// only ever watched through a view of the shared cache (`modules/views.rs`)
+/// or a scoped watch needs RBAC as much as a typed `Api`.
+#[test]
+fn the_tripwire_sees_kinds_declared_through_views() {
+    let sample = r#"
+        let a: Api<Secret> = Api::all(client);
+        let n = informers.metadata::<Node>();
+        pub fn new_view(informers: &Informers) -> Informer<NewKind> {
+            informers.view("all", |n: &NewKind| n.ok())
+        }
+        let v = informers.view(&format!("driver={d}"), move |c: &CachedPvc| keep(c));
+        let s = informers.scoped(scope, "x", move |c: &k8s_openapi::api::storage::v1::ScopedKind| true);
+        let f: FakeApi<Ignored> = FakeApi::default();
+    "#;
+    let want: BTreeSet<String> =
+        ["Secret", "Node", "NewKind", "PersistentVolumeClaim", "ScopedKind"].into_iter().map(String::from).collect();
+    assert_eq!(kinds_in(sample), want);
 }
 
 #[test]

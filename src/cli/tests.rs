@@ -139,6 +139,19 @@ fn bad_value_exits_2_naming_flag_value_and_module() {
     assert!(text.contains("registrar") && text.contains("--v") && text.contains("loud"), "{text}");
 }
 
+/// `--reconcile-sync=0` would make the ListVolumes reconciler's ticker
+/// panic (upstream spins the reconciler without pause): a usage error.
+#[test]
+fn a_zero_reconcile_period_exits_2_naming_the_flag() {
+    for argv in ["csi-attacher --reconcile-sync=0", "csi-sidecar attacher --reconcile-sync=0s"] {
+        let (code, text) = exit(argv);
+        assert_eq!(code, 2, "{argv}: {text}");
+        assert!(text.contains("attacher") && text.contains("--reconcile-sync"), "{argv}: {text}");
+    }
+    let inv = run("csi-attacher --reconcile-sync=1ms");
+    assert!(matches!(&inv.modules[0], ModuleConfig::Attacher(a) if a.reconcile_sync == Duration::from_millis(1)));
+}
+
 #[test]
 fn deprecated_flags_are_accepted_with_a_warning() {
     let inv =

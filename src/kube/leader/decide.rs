@@ -1,13 +1,12 @@
 //! The pure part of leader election: what a round does with the Lease it
 //! read, the released spec, the health answer and the retry jitter.
 
-use std::{
-    collections::hash_map::RandomState,
-    hash::BuildHasher,
-    time::{Duration, Instant},
-};
+use std::{collections::hash_map::RandomState, hash::BuildHasher, time::Duration};
 
 use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
+
+// tokio's clock: std's monotonic clock, except in tests that pause it.
+use tokio::time::Instant;
 
 use super::config::LeaderElectionConfig;
 use crate::{compat::leader_election as up, http::HealthReport};

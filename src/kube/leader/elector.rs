@@ -7,7 +7,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use ::kube::{
@@ -19,6 +19,7 @@ use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     jiff::Timestamp,
 };
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -214,10 +215,10 @@ impl LeaderElector {
         let lease = self.inner.lease_ref.as_str();
         loop {
             tokio::time::sleep(cfg.retry_period).await;
-            let deadline = tokio::time::Instant::now() + cfg.renew_deadline;
+            let deadline = Instant::now() + cfg.renew_deadline;
             let mut last_error = None;
             loop {
-                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let remaining = deadline.saturating_duration_since(Instant::now());
                 if remaining.is_zero() {
                     return LostReason::RenewDeadline { last_error };
                 }
@@ -231,7 +232,7 @@ impl LeaderElector {
                     }
                     Err(_) => return LostReason::RenewDeadline { last_error },
                 }
-                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + cfg.retry_period)).await;
+                tokio::time::sleep_until(deadline.min(Instant::now() + cfg.retry_period)).await;
             }
         }
     }

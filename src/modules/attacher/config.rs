@@ -9,6 +9,14 @@ use crate::flags::goflags::parse_go_duration;
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
 }
+/// A period of a ticker: zero is refused (a ticker of zero cannot tick).
+fn period(s: &str) -> Result<Duration, String> {
+    let d = parse_go_duration(s)?;
+    if d.is_zero() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(d)
+}
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
@@ -37,8 +45,8 @@ pub struct AttacherFlags {
     /// fsType when the PV sets none (default "")
     #[argh(option, default = "String::new()")]
     pub default_fstype: String,
-    /// period of the ListVolumes reconciler (default 1m)
-    #[argh(option, default = "secs(60)", from_str_fn(duration))]
+    /// period of the ListVolumes reconciler; must be greater than 0 (default 1m)
+    #[argh(option, default = "secs(60)", from_str_fn(period))]
     pub reconcile_sync: Duration,
     /// cap on the logged gRPC response length (-v=5); -1 means no cap (default -1); one connection per process: it caps every module's responses
     #[argh(option, default = "-1")]

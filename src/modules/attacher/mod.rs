@@ -61,8 +61,42 @@ struct Attacher {
     pvs: Cache<CachedPv>,
     csinodes: Cache<CSINode>,
     /// VAs the reconciler found out of sync with the driver.
-    forced: Mutex<HashSet<String>>,
+    forced: Forced,
     pv_queue: WorkQueue<String>,
+}
+
+/// Names of the VolumeAttachments the reconciler found out of sync with the
+/// driver; shared by the workers and the VolumeAttachment handler (which
+/// forgets a deleted one).
+type Forced = Arc<Mutex<HashSet<String>>>;
+
+/// The attacher's work queues, as the VolumeAttachment handler feeds them.
+struct Queues {
+    attach: WorkQueue<String>,
+    detach: WorkQueue<String>,
+    pv: WorkQueue<String>,
+}
+
+impl Queues {
+    /// Queues what a change of a VolumeAttachment calls for
+    /// ([`decide::va_work`]).
+    fn va_changed(&self, change: &Change<'_, CachedVa>, finalizer: &str, forced: &Forced) {
+        let work = decide::va_work(change, finalizer);
+        if work == decide::VaWork::default() {
+            tracing::trace!(
+                va = change.object().metadata.name.as_deref().unwrap_or_default(),
+                "Nothing to do for this change (our own status or metadata write)"
+            );
+        }
+        if let Some(name) = work.gone {
+            forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+        }
+        for (queue, key) in [(&self.attach, work.attach), (&self.detach, work.detach), (&self.pv, work.pv)] {
+            if let Some(key) = key {
+                queue.add(key);
+            }
+        }
+    }
 }
 
 fn is_status(e: &::kube::Error, code: u16) -> bool {
@@ -172,7 +206,11 @@ impl Attacher {
     }
 
     async fn sync(&self, name: String) -> Outcome {
-        let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else { return Outcome::Done };
+        let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else {
+            // Gone (a reconcile pass may have marked it after the deletion).
+            self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            return Outcome::Done;
+        };
         let forced = self.forced.lock().unwrap_or_else(|e| e.into_inner()).contains(&name);
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
             VaAction::Ignore => Outcome::Done,
@@ -303,6 +341,8 @@ impl Attacher {
         let Some(pv) = self.pv(&name) else { return Outcome::Done };
         let referenced = !self.vas.by_index(crate::modules::views::VA_BY_PV, &name).is_empty();
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer, &self.driver.name) {
+            let version = pv.metadata.resource_version.as_deref().unwrap_or_default();
+            tracing::debug!(pv = %name, resource_version = %version, referenced, "PersistentVolume finalizer kept");
             return Outcome::Done;
         }
         match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
@@ -434,22 +474,12 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     // but never at the same time as an attach of the same attachment.
     let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH);
     let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff);
+    let forced = Forced::default();
     {
-        let (attach_q, detach_q, finalizer) = (attach_q.clone(), detach_q.clone(), up::finalizer(&driver.name));
+        let queues = Queues { attach: attach_q.clone(), detach: detach_q.clone(), pv: pv_q.clone() };
+        let (finalizer, forced) = (up::finalizer(&driver.name), forced.clone());
         va_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
-            let va = match c {
-                Change::Deleted(_) => return,
-                Change::Updated { old, new } if !decide::va_change_needs_sync(old, new, &finalizer) => {
-                    tracing::trace!(
-                        va = new.metadata.name.as_deref().unwrap_or_default(),
-                        "Ignoring our own status or metadata write"
-                    );
-                    return;
-                }
-                c => c.object(),
-            };
-            let key = va.metadata.name.clone().unwrap_or_default();
-            if va.metadata.deletion_timestamp.is_some() { detach_q.add(key) } else { attach_q.add(key) }
+            queues.va_changed(c, &finalizer, &forced);
         });
     }
     {
@@ -470,7 +500,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         vas: va_inf.store(),
         pvs: pv_inf.store(),
         csinodes: csinode_inf.store(),
-        forced: Mutex::default(),
+        forced,
         pv_queue: pv_q.clone(),
         driver: driver.clone(),
         cfg,
@@ -536,3 +566,6 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     // Lease name: upstream's for this module.
     crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }
+
+#[cfg(test)]
+mod tests;

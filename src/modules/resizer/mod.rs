@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod decide;
+mod feed;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -107,7 +108,7 @@ struct Resizer {
     /// Claims (by key) whose size was infeasible.
     slow: SlowSet,
     /// Claims (by UID) whose expansion failed with FailedPrecondition.
-    in_use_errors: Mutex<HashSet<String>>,
+    in_use_errors: feed::InUseErrors,
     /// The modify controller's state, when it runs.
     modify: Option<ModifyState>,
 }
@@ -582,6 +583,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     // a claim while the resize queue does (sibling queues).
     let modify_name: &'static str = Box::leak(up::queue_modify(&driver.name).into_boxed_str());
     let modify_queue: WorkQueue<String> = queue.sibling(modify_name);
+    let in_use_errors = feed::InUseErrors::default();
     if modifies {
         let q = modify_queue.clone();
         claim_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
@@ -594,14 +596,9 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         });
     }
     if expander.is_some() {
-        let (q, recover) = (queue.clone(), gates.recover);
+        let (q, recover, in_use) = (queue.clone(), gates.recover, in_use_errors.clone());
         claim_inf.on_change_with_resync(cfg.resync_period, &ctx.shutdown, move |c| {
-            let key = decide::claim_key(&c.object().metadata);
-            match c {
-                Change::Deleted(_) => q.forget(&key),
-                Change::Updated { old, new } if !decide::update_needs_sync(old, new, recover) => {}
-                _ => q.add(key),
-            }
+            feed::resize_claim_changed(c, &q, recover, &in_use);
         });
     }
     if let Some(pods) = &pod_inf {
@@ -643,7 +640,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         pods: pod_inf.as_ref().map(|p| p.store()),
         final_errors: Mutex::default(),
         slow: SlowSet::default(),
-        in_use_errors: Mutex::default(),
+        in_use_errors,
         modify: vac_inf.as_ref().map(|v| ModifyState {
             vacs: v.store(),
             uncertain: Mutex::default(),

@@ -8,7 +8,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use ::kube::{Client, api::ObjectMeta};
@@ -139,10 +139,11 @@ pub(super) fn elector_with(api: &Arc<FakeApi>, config: LeaderElectionConfig) -> 
     LeaderElector::new(client(api.clone()), config)
 }
 
-/// Polls `cond` every 20 ms until it holds (panics after `limit`); returns how long it took.
+/// Polls `cond` every 20 ms until it holds (panics after `limit`); returns how long it took,
+/// on tokio's clock (the tests run it paused: no bound depends on the machine's speed).
 /// (src/ cannot use the integration crate's `wait_until`.)
 pub(super) async fn wait_for(what: &str, limit: Duration, cond: impl Fn() -> bool) -> Duration {
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     while !cond() {
         assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
