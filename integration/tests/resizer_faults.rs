@@ -245,6 +245,9 @@ async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
     );
     env.bound_claim("data").await;
     let fast = env.create_vac("fast", &env.driver_name, &[("iops", "999999")]).await;
+    // Created long before it is used: a class the resizer has not seen yet
+    // is a missing one, Pending until the user changes the class again.
+    let other = env.create_vac("other", "other.example.com", &[("tier", "x")]).await;
     env.set_vac("data", Some(&fast)).await.expect("set class");
     let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Infeasible")).await;
     let err = condition(&c, "ModifyVolumeError").expect("ModifyVolumeError");
@@ -263,7 +266,6 @@ async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
     let calls = driver.modify_parameters().len();
     assert!(calls >= 1);
     // A class of another driver: an event, no call.
-    let other = env.create_vac("other", "other.example.com", &[("tier", "x")]).await;
     env.set_vac("data", Some(&other)).await.expect("set another driver's class");
     env.wait_event("VolumeModifyFailed", &format!("VAC \"{other}\" is for driver other.example.com")).await;
     let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Pending")).await;
