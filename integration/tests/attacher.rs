@@ -136,7 +136,13 @@ async fn attach_and_detach_through_the_attach_detach_controller() {
     assert!(va.status.as_ref().and_then(|st| st.attach_error.as_ref()).is_none());
     let pvs: Api<PersistentVolume> = Api::all(s.ns.client().clone());
     let pv_obj = pvs.get(&pv).await.expect("pv");
-    assert!(pv_obj.metadata.finalizers.iter().flatten().any(|f| *f == finalizer), "PV carries the attacher finalizer");
+    // Appended after the provisioner's and the protection controller's, as
+    // upstream's attacher does.
+    assert_eq!(
+        pv_obj.metadata.finalizers.unwrap_or_default(),
+        ["external-provisioner.volume.kubernetes.io/finalizer", "kubernetes.io/pv-protection", finalizer.as_str()],
+        "the PV's finalizers"
+    );
     assert!(s.driver.logs().contains("ControllerPublishVolume -> OK"), "{}", s.driver.logs());
 
     // Pod gone → the attach-detach controller deletes the VolumeAttachment →

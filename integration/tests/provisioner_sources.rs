@@ -169,9 +169,10 @@ async fn clone_carries_the_source_volume_and_protects_the_source_until_no_clone_
     assert_eq!(creates[0]["volumeContentSource"]["volume"]["volumeId"], handle, "{}", creates[0]);
     wait_event(T, &ns, "copy", "ProvisioningSucceeded", "Successfully provisioned volume").await;
 
-    // The finalizer stays on the source after the clone is provisioned.
+    // The finalizer stays on the source after the clone is provisioned,
+    // appended after the admission plugin's, as upstream's provisioner does.
     let src = pvcs.get("src").await.expect("source");
-    assert!(finalizers(&src).iter().any(|f| f == CLONE_FINALIZER), "{:?}", finalizers(&src));
+    assert_eq!(finalizers(&src), ["kubernetes.io/pvc-protection", CLONE_FINALIZER]);
 
     // A second clone that waits for a consumer stays Pending: while it
     // does, the source being deleted keeps the finalizer.

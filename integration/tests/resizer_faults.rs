@@ -8,12 +8,12 @@ use std::time::Duration;
 use csi_sidecar_integration::{
     deref_fault_env,
     fault_driver::{CallOutcome, FaultDriver, FaultEnv, Script, Transport},
-    kube_support::{create, event_messages, pvc, wait_for},
+    kube_support::{create, event_messages, events_for, pvc, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
 };
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    core::v1::{ModifyVolumeStatus, PersistentVolume, PersistentVolumeClaim},
     storage::v1::VolumeAttributesClass,
 };
 use kube::{
@@ -245,6 +245,9 @@ async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
     );
     env.bound_claim("data").await;
     let fast = env.create_vac("fast", &env.driver_name, &[("iops", "999999")]).await;
+    // Created long before it is used: a class the resizer has not seen yet
+    // is a missing one, Pending until the user changes the class again.
+    let other = env.create_vac("other", "other.example.com", &[("tier", "x")]).await;
     env.set_vac("data", Some(&fast)).await.expect("set class");
     let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Infeasible")).await;
     let err = condition(&c, "ModifyVolumeError").expect("ModifyVolumeError");
@@ -263,12 +266,115 @@ async fn invalid_argument_is_infeasible_and_the_user_can_roll_back() {
     let calls = driver.modify_parameters().len();
     assert!(calls >= 1);
     // A class of another driver: an event, no call.
-    let other = env.create_vac("other", "other.example.com", &[("tier", "x")]).await;
     env.set_vac("data", Some(&other)).await.expect("set another driver's class");
     env.wait_event("VolumeModifyFailed", &format!("VAC \"{other}\" is for driver other.example.com")).await;
     let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Pending")).await;
-    assert_eq!(modify_state(&c).map(|s| s.1), Some(other));
+    // Pending names no target: the one of the last attempt stays.
+    assert_eq!(modify_state(&c).map(|s| s.1), Some(fast));
     assert_eq!(driver.modify_parameters().len(), calls, "no call for another driver's class");
+}
+
+fn modify_status(c: &PersistentVolumeClaim) -> Option<ModifyVolumeStatus> {
+    c.status.as_ref()?.modify_volume_status.clone()
+}
+
+impl Env {
+    /// Like [`Env::start`] with modify, but infeasible classes are held back
+    /// for a minute (`--retry-interval-max=1m`): longer than any step here.
+    fn start_modify(&self) -> (FaultDriver, Proc) {
+        let script = Script { expand: true, modify: true, ..self.script() };
+        let driver = FaultDriver::start(&self.socket(), Transport::Grpc, script);
+        let args = ["-v=5", "provisioner", "resizer", "--retry-interval-start=200ms", "--retry-interval-max=1m"];
+        (driver, self.sidecar("csi-sidecar", &sidecar_bin(), &args))
+    }
+
+    /// Sets the class and waits until the claim has it applied.
+    async fn apply_vac(&self, claim: &str, vac: &str) -> PersistentVolumeClaim {
+        self.set_vac(claim, Some(vac)).await.expect("set class");
+        wait_for(&self.pvcs(), claim, T, |c| current_vac(c).as_deref() == Some(vac)).await
+    }
+
+    /// How many times the events of `claim` said `message` (an aggregated
+    /// event counts each time).
+    async fn times_said(&self, claim: &str, message: &str) -> i32 {
+        let events = events_for(&self.ns, claim).await;
+        events.iter().filter(|e| e.message.as_deref() == Some(message)).map(|e| e.count.unwrap_or(1)).sum()
+    }
+}
+
+/// Upstream's numbers: a class that does not exist is `{status: Pending}`
+/// (no target, no condition, one event, no retry) and no call; the user's
+/// correction is one call, at once.
+#[tokio::test]
+async fn a_missing_class_is_pending_without_a_target_and_costs_no_call() {
+    let env = Env::new("rszf-vacmiss").await;
+    let (driver, _sidecar) = env.start_modify();
+    env.bound_claim("data").await;
+    let gold = env.create_vac("gold", &env.driver_name, &[("iops", "3000")]).await;
+    let silver = env.create_vac("silver", &env.driver_name, &[("iops", "1000")]).await;
+    env.apply_vac("data", &gold).await;
+    assert_eq!(driver.modify_parameters().len(), 1);
+
+    let bogus = env.ns.scoped("bogus");
+    env.set_vac("data", Some(&bogus)).await.expect("set a missing class");
+    let c = wait_for(&env.pvcs(), "data", T, |c| modify_status(c).is_some()).await;
+    assert_eq!(
+        modify_status(&c),
+        Some(ModifyVolumeStatus { status: "Pending".into(), target_volume_attributes_class_name: None })
+    );
+    assert!(condition(&c, "ModifyingVolume").is_none() && condition(&c, "ModifyVolumeError").is_none());
+    assert_eq!(current_vac(&c).as_deref(), Some(gold.as_str()));
+    let missing = format!("VAC \"{bogus}\" does not exist.");
+    env.wait_event("VolumeModifyFailed", &missing).await;
+
+    let c = env.apply_vac("data", &silver).await;
+    assert_eq!(modify_status(&c), None);
+    let params = driver.modify_parameters();
+    assert_eq!(params.len(), 2, "gold, then silver: {params:?}");
+    assert_eq!(params[1]["iops"], "1000");
+    // The Pending write ended the sync: no retry said it again.
+    assert_eq!(env.times_said("data", &missing).await, 1);
+}
+
+/// Upstream's numbers: an infeasible class is one call, then held back (the
+/// retry that follows makes none) until the user picks another class, which
+/// is one call at once.
+#[tokio::test]
+async fn an_infeasible_class_is_called_once_and_held_back_until_the_user_picks_another() {
+    let env = Env::new("rszf-vacheld").await;
+    let (driver, sidecar) = env.start_modify();
+    env.bound_claim("data").await;
+    let gold = env.create_vac("gold", &env.driver_name, &[("iops", "3000")]).await;
+    let fast = env.create_vac("fast", &env.driver_name, &[("iops", "999999")]).await;
+    let silver = env.create_vac("silver", &env.driver_name, &[("iops", "1000")]).await;
+    env.apply_vac("data", &gold).await;
+    assert_eq!(driver.modify_parameters().len(), 1);
+
+    driver.update(|s| s.modify_error = Some((Code::InvalidArgument, "iops out of range".into())));
+    env.set_vac("data", Some(&fast)).await.expect("set an infeasible class");
+    let c = wait_for(&env.pvcs(), "data", T, |c| modify_state(c).is_some_and(|s| s.0 == "Infeasible")).await;
+    assert_eq!(
+        modify_status(&c),
+        Some(ModifyVolumeStatus {
+            status: "Infeasible".into(),
+            target_volume_attributes_class_name: Some(fast.clone())
+        })
+    );
+    // The retry after the failure ran and was held back.
+    let key = format!("{}/data", env.ns.name());
+    let skipped = format!(
+        "skipping volume modification for pvc {key}, because modification previously failed with infeasible error"
+    );
+    wait_until("the retry is held back", T, async || (sidecar.logs().contains(&skipped), ())).await;
+    assert_eq!(driver.modify_parameters().len(), 2, "gold, then fast once");
+
+    driver.update(|s| s.modify_error = None);
+    let c = env.apply_vac("data", &silver).await;
+    assert_eq!(modify_status(&c), None);
+    assert!(condition(&c, "ModifyingVolume").is_none() && condition(&c, "ModifyVolumeError").is_none());
+    let params = driver.modify_parameters();
+    assert_eq!(params.len(), 3, "gold, fast, silver: {params:?}");
+    assert_eq!(params[2]["iops"], "1000");
 }
 
 /// Two resizer replicas; the leader is killed with SIGKILL while 30 claims

@@ -1,17 +1,19 @@
 //! The shared runtime's API writes against the real apiserver: adding a
-//! finalizer from a stale cached copy never drops a finalizer another
-//! controller wrote since, for built-in kinds and for custom resources.
+//! finalizer appends it to the list, as upstream's sidecars do, and adding
+//! from a stale cached copy never drops a finalizer another controller wrote
+//! since, nor brings back one it removed since, for built-in kinds and for
+//! custom resources.
 
 use std::{borrow::Cow, time::Duration};
 
 use csi_sidecar::kube::finalizers::{self, AddForm};
 use csi_sidecar_integration::{
     cluster::ControlPlane,
-    kube_support::{create, csi_pv, unique_name, wait_for},
+    kube_support::{TestNamespace, create, csi_pv, pvc, unique_name, wait_for},
 };
 use k8s_openapi::{
     ClusterResourceScope,
-    api::core::v1::PersistentVolume,
+    api::core::v1::{PersistentVolume, PersistentVolumeClaim},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::{
         CustomResourceDefinition, CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
         CustomResourceDefinitionVersion, CustomResourceValidation, JSONSchemaProps,
@@ -27,6 +29,11 @@ use serde::{Deserialize, Serialize};
 const T: Duration = Duration::from_secs(30);
 const OURS: &str = "example.com/ours";
 const OTHER: &str = "example.com/other";
+/// The finalizers upstream's sidecars and the protection controllers write.
+const PROVISIONER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+const CLONE_PROTECTION: &str = "provisioner.storage.kubernetes.io/cloning-protection";
 
 fn finalizers_of(obj: &impl Resource) -> Vec<String> {
     obj.meta().finalizers.clone().unwrap_or_default()
@@ -61,6 +68,63 @@ async fn fresh_pv(client: &Client, prefix: &str) -> (Api<PersistentVolume>, Pers
     let name = unique_name(prefix);
     let pv = create(&pvs, &csi_pv(&name, "finalizers.csi.example.com", &name, "1Mi")).await;
     (pvs, pv)
+}
+
+/// A provisioned PV carries the provisioner's finalizer and the protection
+/// controller's; upstream's attacher appends its own after them.
+#[tokio::test]
+async fn adding_to_a_pv_appends_after_the_provisioner_and_pv_protection() {
+    let client = ControlPlane::shared().client().await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let name = unique_name("fin-order");
+    let mut pv = csi_pv(&name, "finalizers.csi.example.com", &name, "1Mi");
+    pv.metadata.finalizers = Some(vec![PROVISIONER.into(), PV_PROTECTION.into()]);
+    let created = create(&pvs, &pv).await;
+    assert_eq!(finalizers_of(&created), [PROVISIONER, PV_PROTECTION], "as created");
+    let attacher = "external-attacher/finalizers-csi-example-com";
+
+    finalizers::add(&pvs, &created, attacher).await.expect("add");
+
+    let list = finalizers_of(&pvs.get(&name).await.expect("get"));
+    release(&pvs, &name).await;
+    assert_eq!(list, [PROVISIONER, PV_PROTECTION, attacher]);
+}
+
+/// A claim gets `kubernetes.io/pvc-protection` at creation; upstream's
+/// provisioner appends the cloning protection of a clone's source after it.
+#[tokio::test]
+async fn adding_to_a_claim_appends_after_pvc_protection() {
+    let client = ControlPlane::shared().client().await;
+    let ns = TestNamespace::new(&client, "fin-claim").await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let created = create(&pvcs, &pvc("src", None, "1Mi")).await;
+    assert_eq!(finalizers_of(&created), [PVC_PROTECTION], "the admission plugin's");
+
+    finalizers::add(&pvcs, &created, CLONE_PROTECTION).await.expect("add");
+
+    let list = finalizers_of(&pvcs.get("src").await.expect("get"));
+    release(&pvcs, "src").await;
+    assert_eq!(list, [PVC_PROTECTION, CLONE_PROTECTION]);
+}
+
+/// Another controller took its finalizer out after our copy was read: the
+/// add must not bring it back (the order we send names it).
+#[tokio::test]
+async fn adding_from_a_copy_listing_a_finalizer_removed_since_does_not_restore_it() {
+    let client = ControlPlane::shared().client().await;
+    let (pvs, created) = fresh_pv(&client, "fin-gone").await;
+    let name = created.metadata.name.clone().expect("name");
+    let stale = other_controller_adds(&pvs, &name, OTHER).await;
+    let without = serde_json::json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [OTHER]}});
+    pvs.patch(&name, &PatchParams::default(), &Patch::Strategic(without)).await.expect("remove OTHER");
+
+    finalizers::add(&pvs, &stale, OURS).await.expect("add");
+
+    let list = finalizers_of(&pvs.get(&name).await.expect("get"));
+    release(&pvs, &name).await;
+    let mut want: Vec<String> = finalizers_of(&stale).into_iter().filter(|f| f != OTHER).collect();
+    want.push(OURS.into());
+    assert_eq!(list, want, "OTHER stays gone, ours appended");
 }
 
 #[tokio::test]
@@ -297,8 +361,17 @@ async fn adding_to_a_custom_resource_keeps_a_finalizer_written_since() {
     finalizers::add(&api, &bare, OURS).await.expect("add to a widget without finalizers");
     let bare_list = finalizers_of(&api.get(&bare_name).await.expect("get"));
 
+    // From a fresh copy: appended, as for built-in kinds.
+    let fresh = api.get(&name).await.expect("get");
+    let third = "example.com/third";
+    finalizers::add(&api, &fresh, third).await.expect("add from the fresh copy");
+    let appended = finalizers_of(&api.get(&name).await.expect("get"));
+
     release(&api, &name).await;
     release(&api, &bare_name).await;
+    let mut want = finalizers_of(&fresh);
+    want.push(third.into());
+    assert_eq!(appended, want);
     assert_eq!(bare_list, [OURS]);
     assert!(list.iter().any(|f| f == OURS) && list.iter().any(|f| f == OTHER), "{list:?}");
     for f in [OURS, OTHER, second] {

@@ -4,8 +4,13 @@
 //! another controller wrote after our (possibly stale) cached read.
 //!
 //! - Adding to a built-in kind is a strategic merge patch of
-//!   `metadata.finalizers`, whose patch strategy is merge: the apiserver
-//!   appends the name to the list it holds, whatever our copy said.
+//!   `metadata.finalizers`, whose patch strategy is merge, with
+//!   `$setElementOrder/finalizers`: the list we read plus the new name, as
+//!   upstream's sidecars send it. The apiserver merges the name into the
+//!   list it holds, so a finalizer written after our read is kept, and the
+//!   order only arranges the names the merged list has, so one removed
+//!   after our read is not brought back; the new name goes after the ones
+//!   we read (without the order it would go first).
 //! - Custom resources do not accept strategic merge patches, so adding to
 //!   one is a JSON patch that first `test`s the list we read (`null` when we
 //!   read none: a missing list passes that test, any list fails it). When the
@@ -47,6 +52,18 @@ pub fn add_form(group: &str) -> AddForm {
 
 fn patch(ops: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
     serde_json::from_value(ops).map_err(::kube::Error::SerdeError)
+}
+
+/// The strategic merge patch that appends `finalizer` to the list
+/// `current` (`None`: no list) and keeps whatever else the object's list
+/// holds by then.
+pub fn strategic_add(current: Option<&[String]>, finalizer: &str) -> serde_json::Value {
+    let mut order: Vec<&str> = current.unwrap_or_default().iter().map(String::as_str).collect();
+    order.push(finalizer);
+    serde_json::json!({"metadata": {
+        "$setElementOrder/finalizers": order,
+        "finalizers": [finalizer],
+    }})
 }
 
 /// The JSON patch that appends `finalizer` to the list `current` (`None`:
@@ -91,7 +108,7 @@ where
     let name = obj.meta().name.clone().unwrap_or_default();
     match form {
         AddForm::StrategicMerge => {
-            let body = serde_json::json!({"metadata": {"finalizers": [finalizer]}});
+            let body = strategic_add(obj.meta().finalizers.as_deref(), finalizer);
             api.patch(&name, &PatchParams::default(), &Patch::Strategic(body)).await.map(|_| ())
         }
         AddForm::TestedJsonPatch => add_tested(api, obj, &name, finalizer).await,
@@ -185,6 +202,20 @@ mod tests {
             ("example.com", AddForm::TestedJsonPatch),
         ] {
             assert_eq!(add_form(group), form, "{group:?}");
+        }
+    }
+
+    #[test]
+    fn a_strategic_add_orders_the_new_name_after_the_list_it_read() {
+        let read = ["a".to_string(), "b".to_string()];
+        for (current, order) in
+            [(None, serde_json::json!(["x/y"])), (Some(&read[..]), serde_json::json!(["a", "b", "x/y"]))]
+        {
+            assert_eq!(
+                strategic_add(current, "x/y"),
+                serde_json::json!({"metadata": {"$setElementOrder/finalizers": order, "finalizers": ["x/y"]}}),
+                "{current:?}"
+            );
         }
     }
 

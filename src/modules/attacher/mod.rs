@@ -189,7 +189,8 @@ impl Attacher {
 
     /// The finalizer and node-id annotation, unless present: one strategic
     /// merge patch without a resourceVersion (the finalizer list merges, so
-    /// another controller's finalizer is kept and nothing conflicts).
+    /// another controller's finalizer is kept and nothing conflicts; the
+    /// finalizer is appended, see `kube::finalizers::strategic_add`).
     async fn mark_attaching(&self, va: &VolumeAttachment, node_id: &str) -> Result<(), ::kube::Error> {
         let has_finalizer = va.metadata.finalizers.iter().flatten().any(|f| *f == self.finalizer);
         let annotated =
@@ -198,10 +199,12 @@ impl Attacher {
             return Ok(());
         }
         let name = va.metadata.name.as_deref().unwrap_or_default();
-        let patch = serde_json::json!({"metadata": {
-            "finalizers": [self.finalizer],
-            "annotations": {up::ANN_NODE_ID: node_id},
-        }});
+        let mut patch = if has_finalizer {
+            serde_json::json!({"metadata": {}})
+        } else {
+            crate::kube::finalizers::strategic_add(va.metadata.finalizers.as_deref(), &self.finalizer)
+        };
+        patch["metadata"]["annotations"] = serde_json::json!({up::ANN_NODE_ID: node_id});
         self.va_api().patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
     }
 

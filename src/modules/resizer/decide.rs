@@ -603,9 +603,42 @@ fn modify_status(status: &str, target: &str) -> Value {
     json!({ "status": status, "targetVolumeAttributesClassName": target })
 }
 
-/// The class is not there: `Pending`, no condition.
-pub fn modify_pending_patch(target: &str) -> Value {
-    json!({ "status": { "modifyVolumeStatus": modify_status(mo::PENDING, target) } })
+/// The class is not there (or not the driver's): `Pending`, no condition,
+/// and no target: the merge patch names only the state, so a claim without
+/// a modify status gets `{status: Pending}` and one with a status keeps the
+/// target of its last attempt, as upstream's patch from its copy does.
+pub fn modify_pending_patch() -> Value {
+    json!({ "status": { "modifyVolumeStatus": { "status": mo::PENDING } } })
+}
+
+/// What a failed `ControllerModifyVolume` leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyFailed {
+    /// The `modifyVolumeStatus.status` written.
+    pub state: &'static str,
+    /// The class may still be applying on the backend (a non-final code):
+    /// the next sync keeps going to it.
+    pub uncertain: bool,
+    /// The class is infeasible: the claim goes into the slow set at once,
+    /// so the retry that follows is held back (no second call) until the
+    /// user picks another class or the window ends.
+    pub hold_back: bool,
+}
+
+/// Upstream's handling of a failed `ControllerModifyVolume` with `code`:
+/// non-final codes stay `InProgress` and uncertain; a final
+/// `InvalidArgument` is `Infeasible` and held back; other final codes stay
+/// `InProgress` and are retried with backoff.
+pub fn modify_failed(code: tonic::Code) -> ModifyFailed {
+    if classify(Some(code)) == Failure::Uncertain {
+        return ModifyFailed { state: mo::IN_PROGRESS, uncertain: true, hold_back: false };
+    }
+    let infeasible = code == tonic::Code::InvalidArgument;
+    ModifyFailed {
+        state: if infeasible { mo::INFEASIBLE } else { mo::IN_PROGRESS },
+        uncertain: false,
+        hold_back: infeasible,
+    }
 }
 
 /// `InProgress` with the `ModifyingVolume` condition.
@@ -624,10 +657,9 @@ pub fn modify_failure_patch(
     status: &tonic::Status,
     now: Timestamp,
 ) -> Value {
-    let is_final = classify(Some(status.code())) != Failure::Uncertain;
-    let state =
-        if is_final && status.code() == tonic::Code::InvalidArgument { mo::INFEASIBLE } else { mo::IN_PROGRESS };
-    let text = if is_final { mo::text_failed_waiting(target) } else { mo::text_still_in_progress(target) };
+    let failed = modify_failed(status.code());
+    let state = failed.state;
+    let text = if failed.uncertain { mo::text_still_in_progress(target) } else { mo::text_failed_waiting(target) };
     let mut conds = conditions_of(pvc).to_vec();
     set_condition(&mut conds, condition(up::COND_MODIFYING_VOLUME, &text, now));
     let mut err = condition(up::COND_MODIFY_VOLUME_ERROR, status.message(), now);

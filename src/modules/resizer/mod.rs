@@ -424,12 +424,17 @@ impl Resizer {
                     Some(_) => None,
                 };
                 if let Some(msg) = problem {
+                    // Pending until the user changes the class (upstream
+                    // does not retry either: the write ends the sync).
                     tracing::warn!(vac = %target, "{msg}");
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
-                    if let Err(e) = self.patch_status(&pvc, decide::modify_pending_patch(&target)).await {
-                        tracing::warn!(error = %e, "Marking the modification pending failed");
-                    }
-                    return Outcome::Retry;
+                    return match self.patch_status(&pvc, decide::modify_pending_patch()).await {
+                        Ok(_) => Outcome::Done,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Marking the modification pending failed");
+                            Outcome::Retry
+                        }
+                    };
                 }
                 let patch = decide::modify_in_progress_patch(&pvc, &target, Timestamp::now());
                 let written = match self.patch_status(&pvc, patch).await {
@@ -487,7 +492,8 @@ impl Resizer {
             }
             Err(status) => {
                 let mut text = compat::grpc_error_text(&status);
-                if decide::classify(Some(status.code())) == Failure::Uncertain {
+                let failed = decide::modify_failed(status.code());
+                if failed.uncertain {
                     set_of(&m.uncertain).insert(key.clone());
                     text.push_str(&mo::text_still_modifying(&target));
                 } else {
@@ -495,8 +501,11 @@ impl Resizer {
                 }
                 tracing::warn!(vac = %target, error = %text, "Modification failed");
                 let patch = decide::modify_failure_patch(&pvc, &target, &status, Timestamp::now());
-                if let Err(e) = self.patch_status(&pvc, patch).await {
-                    tracing::warn!(error = %e, "Recording the modification error failed");
+                match self.patch_status(&pvc, patch).await {
+                    // Held back from the next retry on, as upstream.
+                    Ok(_) if failed.hold_back => m.slow.add(&key),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "Recording the modification error failed"),
                 }
                 self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &text);
                 Outcome::Retry
