@@ -307,12 +307,7 @@ impl Provisioner {
             live_uid.as_ref().and_then(|u| self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
         let sc = self.classes.get(&ObjectRef::new(&class_name));
-        let pv_name = decide::volume_name(
-            &self.cfg.volume_name_prefix,
-            pvc.metadata.uid.as_deref().unwrap_or_default(),
-            self.cfg.volume_name_uuid_length,
-        )
-        .unwrap_or_default();
+        let pv_name = self.pv_name_of(pvc.metadata.uid.as_deref().unwrap_or_default());
         let pv_exists = self.pvs.get(&ObjectRef::new(&pv_name)).is_some();
         match decide::decide_claim(&pvc, sc.as_deref(), &self.driver.name, pv_exists) {
             ClaimDecision::Ignore(why) => {
@@ -479,9 +474,28 @@ impl Provisioner {
         result.map_err(|e| api_error_text(&e))
     }
 
-    /// Drops the provisioner's finalizer from the snapshot a volume was
-    /// restored from; a failure is left to the sweep.
-    async fn release_snapshot(&self, src: &PlanSource) {
+    /// The name of the PV of the claim with this UID.
+    fn pv_name_of(&self, uid: &str) -> String {
+        decide::volume_name(&self.cfg.volume_name_prefix, uid, self.cfg.volume_name_uuid_length).unwrap_or_default()
+    }
+
+    /// Drops the provisioner's finalizer from the snapshot the claim
+    /// `restored` (a UID) got its volume from, unless another claim waiting
+    /// for a volume or an unfinished create still restores from it; a
+    /// failure, and a snapshot kept, are left to the sweep (or the release
+    /// after the last restore).
+    async fn release_snapshot(&self, src: &PlanSource, restored: &str) {
+        let pending = self.waiting.as_ref().map(|w| w.state()).unwrap_or_default();
+        let in_flight = self.in_flight_sources(SourceKind::Snapshot);
+        let provisioned = |c: &CachedPvc| {
+            let uid = c.metadata.uid.as_deref().unwrap_or_default();
+            uid == restored || self.pvs.get(&ObjectRef::new(&self.pv_name_of(uid))).is_some()
+        };
+        let key = src.key();
+        if let Some(why) = sources::snapshot_still_needed(&key, pending.iter().map(|c| &**c), &in_flight, provisioned) {
+            tracing::debug!(snapshot = %key, why, "Snapshot source still needed");
+            return;
+        }
         let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
         let result = match api.get(&src.name).await {
             Ok(snap) => crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
@@ -695,7 +709,7 @@ impl Provisioner {
             c.provisioned(&pv, &class);
         }
         if let Some(src) = plan.source.as_ref().filter(|s| s.kind == SourceKind::Snapshot) {
-            self.release_snapshot(src).await;
+            self.release_snapshot(src, &uid).await;
         }
         self.event_pvc(
             pvc,
@@ -1105,7 +1119,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         .has_controller_capability(Rpc::CloneVolume)
         .then(|| crate::modules::views::cloning_protected_claims(informers));
     let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
-    let waiting_inf = (clone_inf.is_some() || snap_inf.is_some())
+    // Restores read it too (the release after a restore), so with a driver
+    // that can snapshot it is there even without the sweep.
+    let waiting_inf = (clone_inf.is_some() || driver.has_controller_capability(Rpc::CreateDeleteSnapshot))
         .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
     // Nodes are only read for their labels: a metadata-only watch. A node
     // deployment watches neither (its topology is the driver's answer).
