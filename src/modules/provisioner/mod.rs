@@ -13,6 +13,7 @@
 pub mod capacity;
 pub mod config;
 pub mod decide;
+pub mod infeasible;
 pub mod node_deployment;
 pub mod params;
 pub mod sources;
@@ -130,6 +131,10 @@ struct Provisioner {
     topology: Option<(Cache<PartialObjectMeta<Node>>, Cache<CSINode>)>,
     /// By claim UID.
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Claims whose CreateVolume was infeasible: not called again before
+    /// `--retry-interval-max` unless their class changes (shared with the
+    /// class handler, which re-queues them on a change).
+    infeasible: Arc<Mutex<infeasible::Infeasible>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
     /// Entries expire after [`DELETED_MEMORY`].
@@ -299,6 +304,7 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget_named(&key, live_uid.as_deref());
         let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else {
             self.races.forget(&key);
             return Outcome::Done;
@@ -320,6 +326,12 @@ impl Provisioner {
             }
             ClaimDecision::Provision => match sc {
                 Some(sc) => {
+                    if in_flight.is_none()
+                        && let Some(wait) = self.infeasible_wait(live_uid.as_deref().unwrap_or_default(), &sc)
+                    {
+                        tracing::debug!(claim = %key, retry_in = ?wait, "Infeasible CreateVolume: not retried yet (delay running, class unchanged)");
+                        return Outcome::RetryAfter(wait);
+                    }
                     if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
                         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
                         let immediate = node_deployment::immediate(&sc);
@@ -356,6 +368,14 @@ impl Provisioner {
                 }
             },
         }
+    }
+
+    /// How long claim `uid` of class `sc` waits before CreateVolume after an
+    /// infeasible one.
+    fn infeasible_wait(&self, uid: &str, sc: &StorageClass) -> Option<std::time::Duration> {
+        let class = sc.metadata.name.as_deref().unwrap_or_default();
+        let version = sc.metadata.resource_version.as_deref().unwrap_or_default();
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).wait(uid, class, version, std::time::Instant::now())
     }
 
     /// The plan of a new provisioning, with its data source checked and
@@ -658,7 +678,7 @@ impl Provisioner {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), entry);
         let resp = match crate::csi::connection::migrated_scope(migrated, self.create_volume(request.clone())).await {
             Ok(r) => r,
-            Err(status) => return self.create_failed(&uid, key, pvc, &status, &failed).await,
+            Err(status) => return self.create_failed(&uid, key, pvc, sc, &status, &failed).await,
         };
         let built = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
             // With the gate off, upstream does not record the class either.
@@ -704,6 +724,7 @@ impl Provisioner {
             }
         }
         self.forget_in_flight(&uid);
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
         if let Some(c) = &self.capacity {
             c.provisioned(&pv, &class);
@@ -725,6 +746,7 @@ impl Provisioner {
         uid: &str,
         key: &str,
         pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
         status: &tonic::Status,
         failed: &(dyn Fn(String) + Sync),
     ) -> Outcome {
@@ -745,8 +767,18 @@ impl Provisioner {
                     return Outcome::Done;
                 }
                 if status.code() == tonic::Code::InvalidArgument {
-                    // Infeasible: slow retry (upstream's "slow set").
-                    Outcome::RetryAfter(self.cfg.retry_interval_max)
+                    // Infeasible: slow retry (upstream's "slow set"), which
+                    // no claim event or earlier delay brings forward.
+                    let delay = self.cfg.retry_interval_max;
+                    self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).record(
+                        uid,
+                        key,
+                        sc.metadata.name.as_deref().unwrap_or_default(),
+                        sc.metadata.resource_version.as_deref().unwrap_or_default(),
+                        std::time::Instant::now(),
+                        delay,
+                    );
+                    Outcome::RetryAfter(delay)
                 } else {
                     Outcome::Retry
                 }
@@ -1134,11 +1166,22 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
     let clone_queue: Option<WorkQueue<String>> =
         clone_inf.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff));
+    let infeasible: Arc<Mutex<infeasible::Infeasible>> = Arc::default();
     // Handlers before the watches start (late ones would be replayed the
     // cache, but there is no reason to be late).
     {
         let claims = claims.clone();
         pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+    }
+    {
+        // A changed class: its claims with an infeasible create may try again.
+        let (claims, infeasible) = (claims.clone(), infeasible.clone());
+        sc_inf.on_change(move |c| {
+            let name = c.object().metadata.name.as_deref().unwrap_or_default();
+            for key in infeasible.lock().unwrap_or_else(|e| e.into_inner()).keys_of_class(name) {
+                claims.add(key);
+            }
+        });
     }
     if let (Some(inf), Some(clones)) = (&waiting_inf, &clone_queue) {
         // A clone that changed (bound, deleted): its source may be free.
@@ -1201,6 +1244,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         attachments: va_inf.as_ref().map(|i| i.store()),
         topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
+        infeasible,
         volume_deleted: RecentUids::default(),
         finalizer_released: RecentUids::default(),
         cross_namespace,
