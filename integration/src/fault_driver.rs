@@ -74,6 +74,11 @@ pub struct Script {
     pub create_delay: Duration,
     /// `CreateVolume` fails with this (before creating anything) while set.
     pub create_error: Option<(Code, String)>,
+    /// `CreateVolume` answers `required_bytes` minus this (a volume smaller
+    /// than asked: an answer the provisioner cannot use).
+    pub create_shortfall: i64,
+    /// `DeleteVolume` fails with this (deleting nothing) while set.
+    pub delete_error: Option<(Code, String)>,
     /// Advertise PUBLISH_UNPUBLISH_VOLUME (with `controller`).
     pub publish: bool,
     /// Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (topology).
@@ -177,6 +182,8 @@ impl Default for Script {
             controller: false,
             create_delay: Duration::ZERO,
             create_error: None,
+            create_shortfall: 0,
+            delete_error: None,
             publish: false,
             topology: false,
             publish_delay: Duration::ZERO,
@@ -664,7 +671,7 @@ impl Controller for Service {
         Ok(Response::new(csi::CreateVolumeResponse {
             volume: Some(csi::Volume {
                 volume_id: id,
-                capacity_bytes: bytes,
+                capacity_bytes: bytes - s.create_shortfall,
                 content_source,
                 accessible_topology,
                 ..Default::default()
@@ -820,7 +827,11 @@ impl Controller for Service {
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         self.counters.deletes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        check_secret(&self.script(), &req.secrets)?;
+        let s = self.script();
+        if let Some((code, msg)) = s.delete_error {
+            return Err(Status::new(code, msg));
+        }
+        check_secret(&s, &req.secrets)?;
         let id = req.volume_id;
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
         self.allocations.lock().expect("allocations").remove(&id);

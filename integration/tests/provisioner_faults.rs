@@ -280,6 +280,36 @@ async fn claim_events_do_not_retry_an_infeasible_create_before_its_delay_unless_
     .await;
 }
 
+/// A CreateVolume answer that cannot become a PV (a volume smaller than
+/// asked) is deleted again with one DeleteVolume per attempt, not a burst:
+/// a failing delete is retried with the queue's backoff, the volume still
+/// tracked, and deleted once the driver allows it (the claim gone meanwhile).
+#[tokio::test]
+async fn an_unusable_volume_gets_one_delete_volume_per_attempt() {
+    let env = Env::new("unusable").await;
+    let script =
+        Script { create_shortfall: 1, delete_error: Some((Code::Unavailable, "restarting".into())), ..env.script() };
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, script);
+    let _p = env.provisioner("provisioner", &["--retry-interval-start=100ms", "--retry-interval-max=500ms"]);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("unusable", Some(&env.sc), "1Mi")).await;
+    wait_until("three attempts", T, async || (driver.creates() >= 3, driver.creates())).await;
+    let deletes = driver.counters.deletes.load(std::sync::atomic::Ordering::SeqCst);
+    let creates = driver.creates();
+    assert!(deletes <= creates, "{deletes} DeleteVolume calls for {creates} attempts: a burst per attempt");
+    let msgs = env.events("ProvisioningFailed").await;
+    assert!(msgs.iter().any(|m| m.contains("failed, volume is orphaned")), "{msgs:?}");
+    assert!(!driver.volume_names().is_empty(), "the volume exists while its deletion fails");
+    pvcs.delete("unusable", &DeleteParams::default()).await.expect("delete the claim");
+    driver.update(|s| s.delete_error = None);
+    wait_until("the backend to be empty again", T, async || {
+        let v = driver.volume_names();
+        (v.is_empty(), v)
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty(), "no PV for an unusable volume");
+}
+
 /// A driver restart in the middle of a burst of 50 PVCs: every PVC ends
 /// Bound, with exactly one backend volume each.
 #[tokio::test]

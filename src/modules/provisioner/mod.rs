@@ -68,8 +68,6 @@ const NAME: &str = "provisioner";
 /// How long a deleted backend volume is remembered (stale cache events of
 /// its PV arrive within seconds).
 const DELETED_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
-/// DeleteVolume attempts when cleaning up a volume that cannot be used.
-const CLEANUP_ATTEMPTS: usize = 5;
 
 /// A CreateVolume that may still be running in the driver: retried to a
 /// final answer even if its PVC is deleted meanwhile (no leaked volume).
@@ -848,15 +846,13 @@ impl Provisioner {
         }
     }
 
+    /// Deletes a volume that cannot be used (an unusable answer, an
+    /// orphan): one attempt. On a failure the caller keeps the create in
+    /// flight and the queue's backoff brings the next one; a burst would
+    /// hit a restarting driver, and a hanging one would hold the worker
+    /// for several `--timeout`s.
     async fn cleanup(&self, volume_id: &str, secrets: &HashMap<String, String>) -> Result<(), String> {
-        let mut last = String::new();
-        for _ in 0..CLEANUP_ATTEMPTS {
-            match self.delete_volume(volume_id, secrets.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(s) => last = status_text(&s),
-            }
-        }
-        Err(last)
+        self.delete_volume(volume_id, secrets.clone()).await.map_err(|s| status_text(&s))
     }
 
     /// Handles one PV name.
