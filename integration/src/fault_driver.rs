@@ -123,6 +123,9 @@ pub struct Script {
     pub modify: bool,
     /// `ControllerModifyVolume` fails with this while set.
     pub modify_error: Option<(Code, String)>,
+    /// `ControllerModifyVolume` does not answer while set (a slow backend
+    /// the test releases).
+    pub modify_hold: bool,
     /// Advertise CREATE_DELETE_SNAPSHOT (with `controller`).
     pub snapshots: bool,
     /// Advertise LIST_SNAPSHOTS (with `snapshots`).
@@ -203,6 +206,7 @@ impl Default for Script {
             node_expansion_required: false,
             modify: false,
             modify_error: None,
+            modify_hold: false,
             snapshots: false,
             list_snapshots: true,
             create_snapshot_delay: Duration::ZERO,
@@ -730,6 +734,9 @@ impl Controller for Service {
         let req = req.into_inner();
         let record = CallRecord::begin(&self.calls, CallKind::Modify, &req.volume_id, "", 0);
         self.modify_log.lock().expect("modify log").push(req.mutable_parameters.clone().into_iter().collect());
+        while self.script().modify_hold {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let result = match self.script().modify_error {
             Some((code, msg)) => Err(Status::new(code, msg)),
             None => Ok(Response::new(csi::ControllerModifyVolumeResponse {})),
