@@ -40,6 +40,26 @@ pub fn by_type(old: &[PersistentVolumeClaimCondition], new: &[PersistentVolumeCl
     Value::Array(out)
 }
 
+/// `status` with the conditions of [`by_type`] and, when `new` is not
+/// empty, `$setElementOrder/conditions` listing `new`'s types in order: the
+/// merged list keeps the order decided on (a condition added after the ones
+/// it follows, as a whole list would have it), without re-adding a type
+/// that is gone meanwhile; conditions only the live claim has stay.
+pub fn with_conditions(
+    mut status: Value,
+    old: &[PersistentVolumeClaimCondition],
+    new: &[PersistentVolumeClaimCondition],
+) -> Value {
+    if let Some(map) = status.as_object_mut() {
+        map.insert("conditions".into(), by_type(old, new));
+        if !new.is_empty() {
+            let order: Vec<Value> = new.iter().map(|c| json!({ "type": c.type_ })).collect();
+            map.insert("$setElementOrder/conditions".into(), Value::Array(order));
+        }
+    }
+    status
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +107,24 @@ mod tests {
         for (what, old, new, want) in cases {
             assert_eq!(by_type(&old, &new), want, "{what}");
         }
+    }
+
+    #[test]
+    fn the_order_decided_on_goes_with_the_conditions() {
+        let resizing = cond("Resizing", None);
+        let fs = cond("FileSystemResizePending", Some("waiting"));
+        let s = with_conditions(json!({ "capacity": {} }), std::slice::from_ref(&resizing), &[resizing.clone(), fs]);
+        assert_eq!(
+            s["$setElementOrder/conditions"],
+            json!([{"type": "Resizing"}, {"type": "FileSystemResizePending"}])
+        );
+        assert_eq!(s["conditions"].as_array().map(Vec::len), Some(1), "only the new one written");
+        assert_eq!(s["capacity"], json!({}));
+        let none = with_conditions(json!({}), &[resizing], &[]);
+        assert_eq!(
+            none,
+            json!({"conditions": [{"type": "Resizing", "$patch": "delete"}]}),
+            "no order for an empty list"
+        );
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 
-use super::conditions::by_type;
+use super::conditions::with_conditions;
 use crate::{
     compat::{modifier as mo, provisioner as prov, resizer as up},
     csi::proto::csi::v1::{self as csi, volume_capability::access_mode::Mode},
@@ -347,7 +347,7 @@ pub fn in_progress_patch(
     now: Timestamp,
 ) -> Value {
     let conds = merge_conditions(conditions_of(pvc), &[condition(up::COND_RESIZING, "", now)], !update_status);
-    let mut status = json!({ "conditions": by_type(conditions_of(pvc), &conds) });
+    let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if recover {
         status["allocatedResources"] = json!({ "storage": from_bytes(target) });
         if update_status {
@@ -367,7 +367,7 @@ pub fn in_progress_patch(
 pub fn failure_patch(pvc: &PersistentVolumeClaim, error: &str, infeasible: bool, now: Timestamp) -> Value {
     let c = condition(up::COND_CONTROLLER_RESIZE_ERROR, &up::text_controller_resize_error(error), now);
     let conds = merge_conditions(conditions_of(pvc), &[c], true);
-    let mut status = json!({ "conditions": by_type(conditions_of(pvc), &conds) });
+    let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if infeasible {
         status["allocatedResourceStatuses"] = json!({ "storage": up::CONTROLLER_RESIZE_INFEASIBLE });
     }
@@ -388,7 +388,7 @@ pub fn success_patch(
     if node_required {
         let c = condition(up::COND_FS_RESIZE_PENDING, up::TEXT_FS_RESIZE_PENDING, now);
         let conds = merge_conditions(conditions_of(pvc), &[c], true);
-        let mut status = json!({ "conditions": by_type(conditions_of(pvc), &conds) });
+        let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
         if recover {
             status["allocatedResourceStatuses"] = json!({ "storage": up::NODE_RESIZE_PENDING });
         }
@@ -398,10 +398,9 @@ pub fn success_patch(
         }
         return patch;
     }
-    let mut status = json!({
-        "capacity": { "storage": from_bytes(new_size) },
-        "conditions": by_type(conditions_of(pvc), &merge_conditions(conditions_of(pvc), &[], false)),
-    });
+    let conds = merge_conditions(conditions_of(pvc), &[], false);
+    let mut status =
+        with_conditions(json!({ "capacity": { "storage": from_bytes(new_size) } }), conditions_of(pvc), &conds);
     if recover || allocation_state(pvc).is_some() {
         status["allocatedResourceStatuses"] = json!({ "storage": null });
     }
@@ -623,10 +622,11 @@ pub fn modify_in_progress_patch(pvc: &PersistentVolumeClaim, target: &str, now: 
     set_condition(&mut conds, condition(up::COND_MODIFYING_VOLUME, &mo::text_in_progress(target), now));
     json!({
         "metadata": { "resourceVersion": pvc.metadata.resource_version },
-        "status": {
-            "modifyVolumeStatus": modify_status(mo::IN_PROGRESS, target),
-            "conditions": by_type(conditions_of(pvc), &conds),
-        },
+        "status": with_conditions(
+            json!({ "modifyVolumeStatus": modify_status(mo::IN_PROGRESS, target) }),
+            conditions_of(pvc),
+            &conds,
+        ),
     })
 }
 
@@ -648,24 +648,21 @@ pub fn modify_failure_patch(
     let mut err = condition(up::COND_MODIFY_VOLUME_ERROR, status.message(), now);
     err.reason = Some(crate::compat::grpc_code_name(status.code()).to_string());
     set_condition(&mut conds, err);
-    json!({ "status": {
-        "modifyVolumeStatus": modify_status(state, target),
-        "conditions": by_type(conditions_of(pvc), &conds),
-    } })
+    let status = json!({ "modifyVolumeStatus": modify_status(state, target) });
+    json!({ "status": with_conditions(status, conditions_of(pvc), &conds) })
 }
 
 /// After success: the class applied, no modify status, no modify conditions.
 pub fn modify_success_patch(pvc: &PersistentVolumeClaim, target: &str) -> Value {
-    json!({ "status": {
-        "currentVolumeAttributesClassName": target,
-        "modifyVolumeStatus": null,
-        "conditions": by_type(conditions_of(pvc), &without(pvc, &[up::COND_MODIFYING_VOLUME, up::COND_MODIFY_VOLUME_ERROR])),
-    } })
+    let status = json!({ "currentVolumeAttributesClassName": target, "modifyVolumeStatus": null });
+    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME, up::COND_MODIFY_VOLUME_ERROR]);
+    json!({ "status": with_conditions(status, conditions_of(pvc), &conds) })
 }
 
 /// A rollback: the `ModifyingVolume` condition goes.
 pub fn modify_rollback_patch(pvc: &PersistentVolumeClaim) -> Value {
-    json!({ "status": { "conditions": by_type(conditions_of(pvc), &without(pvc, &[up::COND_MODIFYING_VOLUME])) } })
+    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME]);
+    json!({ "status": with_conditions(json!({}), conditions_of(pvc), &conds) })
 }
 
 /// The PV after success.
