@@ -74,6 +74,11 @@ pub struct Script {
     pub create_delay: Duration,
     /// `CreateVolume` fails with this (before creating anything) while set.
     pub create_error: Option<(Code, String)>,
+    /// `CreateVolume` answers `required_bytes` minus this (a volume smaller
+    /// than asked: an answer the provisioner cannot use).
+    pub create_shortfall: i64,
+    /// `DeleteVolume` fails with this (deleting nothing) while set.
+    pub delete_error: Option<(Code, String)>,
     /// Advertise PUBLISH_UNPUBLISH_VOLUME (with `controller`).
     pub publish: bool,
     /// Advertise VOLUME_ACCESSIBILITY_CONSTRAINTS (topology).
@@ -118,6 +123,9 @@ pub struct Script {
     pub modify: bool,
     /// `ControllerModifyVolume` fails with this while set.
     pub modify_error: Option<(Code, String)>,
+    /// `ControllerModifyVolume` does not answer while set (a slow backend
+    /// the test releases).
+    pub modify_hold: bool,
     /// Advertise CREATE_DELETE_SNAPSHOT (with `controller`).
     pub snapshots: bool,
     /// Advertise LIST_SNAPSHOTS (with `snapshots`).
@@ -177,6 +185,8 @@ impl Default for Script {
             controller: false,
             create_delay: Duration::ZERO,
             create_error: None,
+            create_shortfall: 0,
+            delete_error: None,
             publish: false,
             topology: false,
             publish_delay: Duration::ZERO,
@@ -196,6 +206,7 @@ impl Default for Script {
             node_expansion_required: false,
             modify: false,
             modify_error: None,
+            modify_hold: false,
             snapshots: false,
             list_snapshots: true,
             create_snapshot_delay: Duration::ZERO,
@@ -664,7 +675,7 @@ impl Controller for Service {
         Ok(Response::new(csi::CreateVolumeResponse {
             volume: Some(csi::Volume {
                 volume_id: id,
-                capacity_bytes: bytes,
+                capacity_bytes: bytes - s.create_shortfall,
                 content_source,
                 accessible_topology,
                 ..Default::default()
@@ -723,6 +734,9 @@ impl Controller for Service {
         let req = req.into_inner();
         let record = CallRecord::begin(&self.calls, CallKind::Modify, &req.volume_id, "", 0);
         self.modify_log.lock().expect("modify log").push(req.mutable_parameters.clone().into_iter().collect());
+        while self.script().modify_hold {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let result = match self.script().modify_error {
             Some((code, msg)) => Err(Status::new(code, msg)),
             None => Ok(Response::new(csi::ControllerModifyVolumeResponse {})),
@@ -820,7 +834,11 @@ impl Controller for Service {
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         self.counters.deletes.fetch_add(1, Ordering::SeqCst);
         let req = req.into_inner();
-        check_secret(&self.script(), &req.secrets)?;
+        let s = self.script();
+        if let Some((code, msg)) = s.delete_error {
+            return Err(Status::new(code, msg));
+        }
+        check_secret(&s, &req.secrets)?;
         let id = req.volume_id;
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
         self.allocations.lock().expect("allocations").remove(&id);

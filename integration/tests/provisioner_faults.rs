@@ -17,7 +17,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use tonic::Code;
 
@@ -230,6 +230,84 @@ async fn invalid_argument_is_retried_only_after_the_maximum_interval() {
     driver.update(|s| s.create_error = None);
     let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     wait_for(&pvcs, "infeasible", T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
+}
+
+/// Claim events do not bring an infeasible CreateVolume (InvalidArgument)
+/// forward: until `--retry-interval-max` has passed the claim's syncs do
+/// not call the driver, unless its StorageClass changed (upstream's rule).
+#[tokio::test]
+async fn claim_events_do_not_retry_an_infeasible_create_before_its_delay_unless_the_class_changes() {
+    let env = Env::new("infeasible-ev").await;
+    let driver = FaultDriver::start(
+        &env.socket(),
+        Transport::Grpc,
+        Script { create_error: Some((Code::InvalidArgument, "bad size".into())), ..env.script() },
+    );
+    let p = env.provisioner("provisioner", &["--retry-interval-start=100ms", "--retry-interval-max=10m"]);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("infeasible", Some(&env.sc), "1Mi")).await;
+    wait_until("the infeasible event", T, async || {
+        let e = env.events("ProvisioningFailed").await;
+        (e.iter().any(|m| m.contains("infeasible error")), e)
+    })
+    .await;
+    assert_eq!(driver.creates(), 1);
+    let poke = async |n: usize| {
+        let patch = serde_json::json!({"metadata": {"annotations": {"example.com/poke": n.to_string()}}});
+        pvcs.patch("infeasible", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate the claim");
+    };
+    // A claim event: a sync that must not call CreateVolume.
+    poke(1).await;
+    wait_until("a sync of the claim after the event", T, async || {
+        let skipped = p.logs().contains("Infeasible CreateVolume: not retried yet");
+        (skipped || driver.creates() > 1, driver.creates())
+    })
+    .await;
+    assert_eq!(driver.creates(), 1, "a claim event retried an infeasible CreateVolume before --retry-interval-max");
+    // The class changes (an administrator's fix): the next sync tries again.
+    driver.update(|s| s.create_error = None);
+    let classes: Api<StorageClass> = Api::all(env.ns.client().clone());
+    let fixed = serde_json::json!({"metadata": {"annotations": {"example.com/fixed": "true"}}});
+    classes.patch(&env.sc, &PatchParams::default(), &Patch::Merge(&fixed)).await.expect("change the class");
+    let mut n = 1;
+    wait_until("the claim Bound after the class changed", T, async || {
+        n += 1;
+        poke(n).await;
+        let c = pvcs.get("infeasible").await.expect("claim");
+        let phase = c.status.and_then(|s| s.phase);
+        (phase.as_deref() == Some("Bound"), phase)
+    })
+    .await;
+}
+
+/// A CreateVolume answer that cannot become a PV (a volume smaller than
+/// asked) is deleted again with one DeleteVolume per attempt, not a burst:
+/// a failing delete is retried with the queue's backoff, the volume still
+/// tracked, and deleted once the driver allows it (the claim gone meanwhile).
+#[tokio::test]
+async fn an_unusable_volume_gets_one_delete_volume_per_attempt() {
+    let env = Env::new("unusable").await;
+    let script =
+        Script { create_shortfall: 1, delete_error: Some((Code::Unavailable, "restarting".into())), ..env.script() };
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, script);
+    let _p = env.provisioner("provisioner", &["--retry-interval-start=100ms", "--retry-interval-max=500ms"]);
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("unusable", Some(&env.sc), "1Mi")).await;
+    wait_until("three attempts", T, async || (driver.creates() >= 3, driver.creates())).await;
+    let deletes = driver.counters.deletes.load(std::sync::atomic::Ordering::SeqCst);
+    let creates = driver.creates();
+    assert!(deletes <= creates, "{deletes} DeleteVolume calls for {creates} attempts: a burst per attempt");
+    let msgs = env.events("ProvisioningFailed").await;
+    assert!(msgs.iter().any(|m| m.contains("failed, volume is orphaned")), "{msgs:?}");
+    assert!(!driver.volume_names().is_empty(), "the volume exists while its deletion fails");
+    pvcs.delete("unusable", &DeleteParams::default()).await.expect("delete the claim");
+    driver.update(|s| s.delete_error = None);
+    wait_until("the backend to be empty again", T, async || {
+        let v = driver.volume_names();
+        (v.is_empty(), v)
+    })
+    .await;
+    assert!(env.our_pvs().await.is_empty(), "no PV for an unusable volume");
 }
 
 /// A driver restart in the middle of a burst of 50 PVCs: every PVC ends

@@ -537,6 +537,45 @@ async fn restores_from_a_ready_snapshot_and_refuses_what_upstream_refuses() {
     ns.delete().await;
 }
 
+/// Two claims restore from one snapshot: the first one's PV being saved
+/// does not release the snapshot while the other still waits for its
+/// volume (upstream drops the finalizer after any one restore); once no
+/// claim needs it, the sweep does.
+#[tokio::test]
+async fn a_snapshot_keeps_its_protection_while_another_restore_waits() {
+    let cp = control_plane();
+    let ns = TestNamespace::new(&cp.client().await, "restore2").await;
+    let s = Setup::start(cp, &["--snapshot-orphan-sweep-interval=1s"]);
+    let classes = Api::<StorageClass>::all(ns.client().clone());
+    let sc_name = ns.scoped("sc");
+    create(&classes, &storage_class(&sc_name, &s.driver_name)).await;
+    let late_sc = ns.scoped("late");
+    let mut late = storage_class(&late_sc, &s.driver_name);
+    late.volume_binding_mode = Some("WaitForFirstConsumer".into());
+    create(&classes, &late).await;
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    snapshot(&ns, &s.driver_name, "shared", "1", Some(1 << 20)).await;
+    // The second restore waits for a consumer (none comes): Pending.
+    create(&pvcs, &restore_of("waiting", &late_sc, "1Mi", "shared")).await;
+    let restored = create(&pvcs, &restore_of("restored", &sc_name, "1Mi", "shared")).await;
+    bound_pv(T, &ns, "restored").await;
+    assert_eq!(s.creates_of(&pv_name_of(&restored)).len(), 1);
+    // The success event follows the release decision.
+    wait_event(T, &ns, "restored", "ProvisioningSucceeded", "Successfully provisioned volume").await;
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ns.client().clone(), ns.name(), &snapshot_api("VolumeSnapshot"));
+    let shared = snapshots.get("shared").await.expect("snapshot");
+    assert!(
+        dyn_finalizers(&shared).iter().any(|f| f == SNAPSHOT_FINALIZER),
+        "the waiting restore still needs the snapshot: {:?}",
+        dyn_finalizers(&shared)
+    );
+    // No claim needs it any more: the sweep releases it.
+    pvcs.delete("waiting", &DeleteParams::default()).await.expect("delete the waiting restore");
+    wait_for(&snapshots, "shared", T, |o| !dyn_finalizers(o).iter().any(|f| f == SNAPSHOT_FINALIZER)).await;
+    ns.delete().await;
+}
+
 #[tokio::test]
 async fn the_sweep_removes_orphaned_snapshot_finalizers_only() {
     let cp = control_plane();

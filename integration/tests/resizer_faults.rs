@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use csi_sidecar_integration::{
     deref_fault_env,
-    fault_driver::{CallOutcome, FaultDriver, FaultEnv, Script, Transport},
+    fault_driver::{CallKind, CallOutcome, FaultDriver, FaultEnv, Script, Transport},
     kube_support::{create, event_messages, events_for, pvc, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
@@ -375,6 +375,50 @@ async fn an_infeasible_class_is_called_once_and_held_back_until_the_user_picks_a
     let params = driver.modify_parameters();
     assert_eq!(params.len(), 3, "gold, fast, silver: {params:?}");
     assert_eq!(params[2]["iops"], "1000");
+}
+
+/// A modification that runs while the kubelet finishes a file-system
+/// resize: the resizer writes the claim's conditions by type, so the
+/// `FileSystemResizePending` the kubelet removed meanwhile is not written
+/// back from the copy the modification started with.
+#[tokio::test]
+async fn a_slow_modification_does_not_write_back_a_condition_the_kubelet_removed() {
+    let env = Env::new("rszf-stale").await;
+    let (driver, _sidecar) = env.start(|s| Script { modify: true, node_expansion_required: true, ..s }, &[]);
+    env.bound_claim("data").await;
+    env.request("data", "2Mi").await;
+    wait_for(&env.pvcs(), "data", T, |c| condition(c, "FileSystemResizePending").is_some()).await;
+    driver.update(|s| s.modify_hold = true);
+    let gold = env.create_vac("gold", &env.driver_name, &[("iops", "3000")]).await;
+    env.set_vac("data", Some(&gold)).await.expect("set class");
+    wait_until("the modification running in the driver", T, async || {
+        let calls = driver.controller_calls();
+        (calls.iter().any(|c| c.kind == CallKind::Modify && c.end.is_none()), calls.len())
+    })
+    .await;
+    // The kubelet finishes the file system meanwhile: its condition goes.
+    let c = env.pvcs().get_status("data").await.expect("claim");
+    let conditions: Vec<_> = c
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|x| x.type_ != "FileSystemResizePending")
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": c.metadata.resource_version},
+        "status": {"conditions": conditions, "capacity": {"storage": "2Mi"}, "allocatedResourceStatuses": null},
+    });
+    env.pvcs().patch_status("data", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the kubelet's write");
+    driver.update(|s| s.modify_hold = false);
+    let c = wait_for(&env.pvcs(), "data", T, |c| current_vac(c).as_deref() == Some(gold.as_str())).await;
+    assert!(
+        condition(&c, "FileSystemResizePending").is_none(),
+        "written back from a stale copy: {:?}",
+        c.status.and_then(|s| s.conditions)
+    );
+    assert!(condition(&c, "ModifyingVolume").is_none() && condition(&c, "ModifyVolumeError").is_none());
 }
 
 /// Two resizer replicas; the leader is killed with SIGKILL while 30 claims

@@ -13,6 +13,7 @@
 pub mod capacity;
 pub mod config;
 pub mod decide;
+pub mod infeasible;
 pub mod node_deployment;
 pub mod params;
 pub mod sources;
@@ -66,8 +67,6 @@ const NAME: &str = "provisioner";
 /// How long a deleted backend volume is remembered (stale cache events of
 /// its PV arrive within seconds).
 const DELETED_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
-/// DeleteVolume attempts when cleaning up a volume that cannot be used.
-const CLEANUP_ATTEMPTS: usize = 5;
 
 /// A CreateVolume that may still be running in the driver: retried to a
 /// final answer even if its PVC is deleted meanwhile (no leaked volume).
@@ -129,6 +128,10 @@ struct Provisioner {
     topology: Option<(Cache<PartialObjectMeta<Node>>, Cache<CSINode>)>,
     /// By claim UID.
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// Claims whose CreateVolume was infeasible: not called again before
+    /// `--retry-interval-max` unless their class changes (shared with the
+    /// class handler, which re-queues them on a change).
+    infeasible: Arc<Mutex<infeasible::Infeasible>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
     /// Entries expire after [`DELETED_MEMORY`].
@@ -289,6 +292,7 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget_named(&key, live_uid.as_deref());
         let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else {
             self.races.forget(&key);
             return Outcome::Done;
@@ -297,12 +301,7 @@ impl Provisioner {
             live_uid.as_ref().and_then(|u| self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
         let sc = self.classes.get(&ObjectRef::new(&class_name));
-        let pv_name = decide::volume_name(
-            &self.cfg.volume_name_prefix,
-            pvc.metadata.uid.as_deref().unwrap_or_default(),
-            self.cfg.volume_name_uuid_length,
-        )
-        .unwrap_or_default();
+        let pv_name = self.pv_name_of(pvc.metadata.uid.as_deref().unwrap_or_default());
         let pv_exists = self.pvs.get(&ObjectRef::new(&pv_name)).is_some();
         match decide::decide_claim(&pvc, sc.as_deref(), &self.driver.name, pv_exists) {
             ClaimDecision::Ignore(why) => {
@@ -315,6 +314,12 @@ impl Provisioner {
             }
             ClaimDecision::Provision => match sc {
                 Some(sc) => {
+                    if in_flight.is_none()
+                        && let Some(wait) = self.infeasible_wait(live_uid.as_deref().unwrap_or_default(), &sc)
+                    {
+                        tracing::debug!(claim = %key, retry_in = ?wait, "Infeasible CreateVolume: not retried yet (delay running, class unchanged)");
+                        return Outcome::RetryAfter(wait);
+                    }
                     if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
                         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
                         let immediate = node_deployment::immediate(&sc);
@@ -351,6 +356,14 @@ impl Provisioner {
                 }
             },
         }
+    }
+
+    /// How long claim `uid` of class `sc` waits before CreateVolume after an
+    /// infeasible one.
+    fn infeasible_wait(&self, uid: &str, sc: &StorageClass) -> Option<std::time::Duration> {
+        let class = sc.metadata.name.as_deref().unwrap_or_default();
+        let version = sc.metadata.resource_version.as_deref().unwrap_or_default();
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).wait(uid, class, version, std::time::Instant::now())
     }
 
     /// The plan of a new provisioning, with its data source checked and
@@ -469,9 +482,28 @@ impl Provisioner {
         result.map_err(|e| api_error_text(&e))
     }
 
-    /// Drops the provisioner's finalizer from the snapshot a volume was
-    /// restored from; a failure is left to the sweep.
-    async fn release_snapshot(&self, src: &PlanSource) {
+    /// The name of the PV of the claim with this UID.
+    fn pv_name_of(&self, uid: &str) -> String {
+        decide::volume_name(&self.cfg.volume_name_prefix, uid, self.cfg.volume_name_uuid_length).unwrap_or_default()
+    }
+
+    /// Drops the provisioner's finalizer from the snapshot the claim
+    /// `restored` (a UID) got its volume from, unless another claim waiting
+    /// for a volume or an unfinished create still restores from it; a
+    /// failure, and a snapshot kept, are left to the sweep (or the release
+    /// after the last restore).
+    async fn release_snapshot(&self, src: &PlanSource, restored: &str) {
+        let pending = self.waiting.as_ref().map(|w| w.state()).unwrap_or_default();
+        let in_flight = self.in_flight_sources(SourceKind::Snapshot);
+        let provisioned = |c: &CachedPvc| {
+            let uid = c.metadata.uid.as_deref().unwrap_or_default();
+            uid == restored || self.pvs.get(&ObjectRef::new(&self.pv_name_of(uid))).is_some()
+        };
+        let key = src.key();
+        if let Some(why) = sources::snapshot_still_needed(&key, pending.iter().map(|c| &**c), &in_flight, provisioned) {
+            tracing::debug!(snapshot = %key, why, "Snapshot source still needed");
+            return;
+        }
         let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
         let result = match api.get(&src.name).await {
             Ok(snap) => crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
@@ -634,7 +666,7 @@ impl Provisioner {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), entry);
         let resp = match crate::csi::connection::migrated_scope(migrated, self.create_volume(request.clone())).await {
             Ok(r) => r,
-            Err(status) => return self.create_failed(&uid, key, pvc, &status, &failed).await,
+            Err(status) => return self.create_failed(&uid, key, pvc, sc, &status, &failed).await,
         };
         let built = match decide::build_pv(&plan, &resp, pvc, sc, &self.driver.name, &self.identity, &self.settings) {
             // With the gate off, upstream does not record the class either.
@@ -680,12 +712,13 @@ impl Provisioner {
             }
         }
         self.forget_in_flight(&uid);
+        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
         if let Some(c) = &self.capacity {
             c.provisioned(&pv, &class);
         }
         if let Some(src) = plan.source.as_ref().filter(|s| s.kind == SourceKind::Snapshot) {
-            self.release_snapshot(src).await;
+            self.release_snapshot(src, &uid).await;
         }
         self.event_pvc(
             pvc,
@@ -701,6 +734,7 @@ impl Provisioner {
         uid: &str,
         key: &str,
         pvc: &PersistentVolumeClaim,
+        sc: &StorageClass,
         status: &tonic::Status,
         failed: &(dyn Fn(String) + Sync),
     ) -> Outcome {
@@ -721,8 +755,18 @@ impl Provisioner {
                     return Outcome::Done;
                 }
                 if status.code() == tonic::Code::InvalidArgument {
-                    // Infeasible: slow retry (upstream's "slow set").
-                    Outcome::RetryAfter(self.cfg.retry_interval_max)
+                    // Infeasible: slow retry (upstream's "slow set"), which
+                    // no claim event or earlier delay brings forward.
+                    let delay = self.cfg.retry_interval_max;
+                    self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).record(
+                        uid,
+                        key,
+                        sc.metadata.name.as_deref().unwrap_or_default(),
+                        sc.metadata.resource_version.as_deref().unwrap_or_default(),
+                        std::time::Instant::now(),
+                        delay,
+                    );
+                    Outcome::RetryAfter(delay)
                 } else {
                     Outcome::Retry
                 }
@@ -792,15 +836,13 @@ impl Provisioner {
         }
     }
 
+    /// Deletes a volume that cannot be used (an unusable answer, an
+    /// orphan): one attempt. On a failure the caller keeps the create in
+    /// flight and the queue's backoff brings the next one; a burst would
+    /// hit a restarting driver, and a hanging one would hold the worker
+    /// for several `--timeout`s.
     async fn cleanup(&self, volume_id: &str, secrets: &HashMap<String, String>) -> Result<(), String> {
-        let mut last = String::new();
-        for _ in 0..CLEANUP_ATTEMPTS {
-            match self.delete_volume(volume_id, secrets.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(s) => last = status_text(&s),
-            }
-        }
-        Err(last)
+        self.delete_volume(volume_id, secrets.clone()).await.map_err(|s| status_text(&s))
     }
 
     /// Handles one PV name.
@@ -1093,7 +1135,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         .has_controller_capability(Rpc::CloneVolume)
         .then(|| crate::modules::views::cloning_protected_claims(informers));
     let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
-    let waiting_inf = (clone_inf.is_some() || snap_inf.is_some())
+    // Restores read it too (the release after a restore), so with a driver
+    // that can snapshot it is there even without the sweep.
+    let waiting_inf = (clone_inf.is_some() || driver.has_controller_capability(Rpc::CreateDeleteSnapshot))
         .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
     // Nodes are only read for their labels: a metadata-only watch. A node
     // deployment watches neither (its topology is the driver's answer).
@@ -1106,11 +1150,22 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
     let clone_queue: Option<WorkQueue<String>> =
         clone_inf.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff));
+    let infeasible: Arc<Mutex<infeasible::Infeasible>> = Arc::default();
     // Handlers before the watches start (late ones would be replayed the
     // cache, but there is no reason to be late).
     {
         let claims = claims.clone();
         pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+    }
+    {
+        // A changed class: its claims with an infeasible create may try again.
+        let (claims, infeasible) = (claims.clone(), infeasible.clone());
+        sc_inf.on_change(move |c| {
+            let name = c.object().metadata.name.as_deref().unwrap_or_default();
+            for key in infeasible.lock().unwrap_or_else(|e| e.into_inner()).keys_of_class(name) {
+                claims.add(key);
+            }
+        });
     }
     if let (Some(inf), Some(clones)) = (&waiting_inf, &clone_queue) {
         // A clone that changed (bound, deleted): its source may be free.
@@ -1173,6 +1228,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         attachments: va_inf.as_ref().map(|i| i.store()),
         topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
+        infeasible,
         volume_deleted: RecentUids::default(),
         finalizer_released: RecentUids::default(),
         cross_namespace,

@@ -421,6 +421,37 @@ pub fn clone_protection<'a>(
     CloneProtection::Release
 }
 
+/// After a restore's PV was saved: why the snapshot `key` (`namespace/name`)
+/// still needs the provisioner's finalizer, `None` when it does not. It
+/// does while another claim waiting for a volume restores from it or an
+/// unfinished CreateVolume (`in_flight`: the source keys of unfinished
+/// creates) does. `provisioned` tells the claims whose volume exists
+/// already (the claim just restored, and others whose PV is saved): they
+/// stay `Pending` until the binder binds them but no longer read the
+/// snapshot. (Upstream releases the snapshot after any one restore.)
+pub fn snapshot_still_needed<'a>(
+    key: &str,
+    pending: impl IntoIterator<Item = &'a CachedPvc>,
+    in_flight: &[String],
+    provisioned: impl Fn(&CachedPvc) -> bool,
+) -> Option<String> {
+    for c in pending {
+        if !is_pending(c) || provisioned(c) {
+            continue;
+        }
+        if let Some((SourceKind::Snapshot, ns, name)) = referenced_source(c)
+            && format!("{ns}/{name}") == key
+        {
+            return Some(format!(
+                "PVC '{}/{}' waits for a volume restored from it",
+                c.metadata.namespace.as_deref().unwrap_or_default(),
+                c.metadata.name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    in_flight.iter().any(|k| k == key).then(|| "a CreateVolume restoring from it is unfinished".to_string())
+}
+
 /// The snapshot-finalizer sweep: the `namespace/name` keys of `snapshots`
 /// (those carrying the provisioner's finalizer) that no claim waiting for a
 /// volume and no unfinished CreateVolume (`in_flight`) restores from.

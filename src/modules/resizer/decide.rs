@@ -12,6 +12,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 
+use super::conditions::with_conditions;
 use crate::{
     compat::{modifier as mo, provisioner as prov, resizer as up},
     csi::proto::csi::v1::{self as csi, volume_capability::access_mode::Mode},
@@ -334,7 +335,7 @@ fn has_annotation(pvc: &PersistentVolumeClaim, key: &str) -> bool {
     pvc.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(key))
 }
 
-/// The `/status` merge patch that marks the resize in progress, locked to
+/// The `/status` strategic merge patch that marks the resize in progress, locked to
 /// the claim's resourceVersion (a stale cache gets a conflict, never a
 /// second call): condition `Resizing`, allocation state and size (with the
 /// recovery gate), the node-expansion-not-required annotation removed.
@@ -346,7 +347,7 @@ pub fn in_progress_patch(
     now: Timestamp,
 ) -> Value {
     let conds = merge_conditions(conditions_of(pvc), &[condition(up::COND_RESIZING, "", now)], !update_status);
-    let mut status = json!({ "conditions": conds });
+    let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if recover {
         status["allocatedResources"] = json!({ "storage": from_bytes(target) });
         if update_status {
@@ -360,19 +361,20 @@ pub fn in_progress_patch(
     json!({ "metadata": meta, "status": status })
 }
 
-/// The `/status` merge patch after a final failure: `ControllerResizeError`
+/// The `/status` strategic merge patch after a final failure: `ControllerResizeError`
 /// (other resize conditions kept) and, if infeasible,
 /// `ControllerResizeInfeasible`.
 pub fn failure_patch(pvc: &PersistentVolumeClaim, error: &str, infeasible: bool, now: Timestamp) -> Value {
     let c = condition(up::COND_CONTROLLER_RESIZE_ERROR, &up::text_controller_resize_error(error), now);
-    let mut status = json!({ "conditions": merge_conditions(conditions_of(pvc), &[c], true) });
+    let conds = merge_conditions(conditions_of(pvc), &[c], true);
+    let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if infeasible {
         status["allocatedResourceStatuses"] = json!({ "storage": up::CONTROLLER_RESIZE_INFEASIBLE });
     }
     json!({ "status": status })
 }
 
-/// The `/status` merge patch after a successful controller expansion.
+/// The `/status` strategic merge patch after a successful controller expansion.
 /// `node_required`: `FileSystemResizePending` and `NodeResizePending` (the
 /// kubelet finishes); otherwise the new capacity, the resize conditions
 /// and allocation state gone, and the node-expansion-not-required annotation.
@@ -385,7 +387,8 @@ pub fn success_patch(
 ) -> Value {
     if node_required {
         let c = condition(up::COND_FS_RESIZE_PENDING, up::TEXT_FS_RESIZE_PENDING, now);
-        let mut status = json!({ "conditions": merge_conditions(conditions_of(pvc), &[c], true) });
+        let conds = merge_conditions(conditions_of(pvc), &[c], true);
+        let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
         if recover {
             status["allocatedResourceStatuses"] = json!({ "storage": up::NODE_RESIZE_PENDING });
         }
@@ -395,10 +398,9 @@ pub fn success_patch(
         }
         return patch;
     }
-    let mut status = json!({
-        "capacity": { "storage": from_bytes(new_size) },
-        "conditions": merge_conditions(conditions_of(pvc), &[], false),
-    });
+    let conds = merge_conditions(conditions_of(pvc), &[], false);
+    let mut status =
+        with_conditions(json!({ "capacity": { "storage": from_bytes(new_size) } }), conditions_of(pvc), &conds);
     if recover || allocation_state(pvc).is_some() {
         status["allocatedResourceStatuses"] = json!({ "storage": null });
     }
@@ -604,11 +606,15 @@ fn modify_status(status: &str, target: &str) -> Value {
 }
 
 /// The class is not there (or not the driver's): `Pending`, no condition,
-/// and no target: the merge patch names only the state, so a claim without
-/// a modify status gets `{status: Pending}` and one with a status keeps the
-/// target of its last attempt, as upstream's patch from its copy does.
-pub fn modify_pending_patch() -> Value {
-    json!({ "status": { "modifyVolumeStatus": { "status": mo::PENDING } } })
+/// and no target: the patch names only the state, so a claim without a
+/// modify status gets `{status: Pending}` and one with a status keeps the
+/// target of its last attempt, as upstream's patch from its copy does;
+/// locked to the claim's resourceVersion, as every mark made before a call.
+pub fn modify_pending_patch(pvc: &PersistentVolumeClaim) -> Value {
+    json!({
+        "metadata": { "resourceVersion": pvc.metadata.resource_version },
+        "status": { "modifyVolumeStatus": { "status": mo::PENDING } },
+    })
 }
 
 /// What a failed `ControllerModifyVolume` leaves behind.
@@ -641,11 +647,20 @@ pub fn modify_failed(code: tonic::Code) -> ModifyFailed {
     }
 }
 
-/// `InProgress` with the `ModifyingVolume` condition.
+/// `InProgress` with the `ModifyingVolume` condition, locked to the
+/// claim's resourceVersion: a copy from a lagging cache gets a conflict
+/// (and a requeue) before `ControllerModifyVolume` is called.
 pub fn modify_in_progress_patch(pvc: &PersistentVolumeClaim, target: &str, now: Timestamp) -> Value {
     let mut conds = conditions_of(pvc).to_vec();
     set_condition(&mut conds, condition(up::COND_MODIFYING_VOLUME, &mo::text_in_progress(target), now));
-    json!({ "status": { "modifyVolumeStatus": modify_status(mo::IN_PROGRESS, target), "conditions": conds } })
+    json!({
+        "metadata": { "resourceVersion": pvc.metadata.resource_version },
+        "status": with_conditions(
+            json!({ "modifyVolumeStatus": modify_status(mo::IN_PROGRESS, target) }),
+            conditions_of(pvc),
+            &conds,
+        ),
+    })
 }
 
 /// After a failed `ControllerModifyVolume` with a gRPC status: `Infeasible`
@@ -665,21 +680,21 @@ pub fn modify_failure_patch(
     let mut err = condition(up::COND_MODIFY_VOLUME_ERROR, status.message(), now);
     err.reason = Some(crate::compat::grpc_code_name(status.code()).to_string());
     set_condition(&mut conds, err);
-    json!({ "status": { "modifyVolumeStatus": modify_status(state, target), "conditions": conds } })
+    let status = json!({ "modifyVolumeStatus": modify_status(state, target) });
+    json!({ "status": with_conditions(status, conditions_of(pvc), &conds) })
 }
 
 /// After success: the class applied, no modify status, no modify conditions.
 pub fn modify_success_patch(pvc: &PersistentVolumeClaim, target: &str) -> Value {
-    json!({ "status": {
-        "currentVolumeAttributesClassName": target,
-        "modifyVolumeStatus": null,
-        "conditions": without(pvc, &[up::COND_MODIFYING_VOLUME, up::COND_MODIFY_VOLUME_ERROR]),
-    } })
+    let status = json!({ "currentVolumeAttributesClassName": target, "modifyVolumeStatus": null });
+    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME, up::COND_MODIFY_VOLUME_ERROR]);
+    json!({ "status": with_conditions(status, conditions_of(pvc), &conds) })
 }
 
 /// A rollback: the `ModifyingVolume` condition goes.
 pub fn modify_rollback_patch(pvc: &PersistentVolumeClaim) -> Value {
-    json!({ "status": { "conditions": without(pvc, &[up::COND_MODIFYING_VOLUME]) } })
+    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME]);
+    json!({ "status": with_conditions(json!({}), conditions_of(pvc), &conds) })
 }
 
 /// The PV after success.

@@ -9,6 +9,7 @@
 //! resize queue `<driver>-pvc`, CSI calls through the shared connection,
 //! events, and the Lease `external-resizer-<driver>`.
 
+pub mod conditions;
 pub mod config;
 pub mod decide;
 mod feed;
@@ -139,7 +140,9 @@ impl Resizer {
         self.events.publish(reference(pvc), kind, reason, message);
     }
 
-    /// The claim as the apiserver returned it after the patch.
+    /// The claim as the apiserver returned it after the patch. A strategic
+    /// merge patch: the conditions merge by type ([`conditions`]), so only
+    /// the ones decided on change, against the claim as it is now.
     async fn patch_status(
         &self,
         pvc: &PersistentVolumeClaim,
@@ -147,7 +150,7 @@ impl Resizer {
     ) -> Result<PersistentVolumeClaim, ::kube::Error> {
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
-        self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await
+        self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
@@ -428,7 +431,7 @@ impl Resizer {
                     // does not retry either: the write ends the sync).
                     tracing::warn!(vac = %target, "{msg}");
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
-                    return match self.patch_status(&pvc, decide::modify_pending_patch()).await {
+                    return match self.patch_status(&pvc, decide::modify_pending_patch(&pvc)).await {
                         Ok(_) => Outcome::Done,
                         Err(e) => {
                             tracing::warn!(error = %e, "Marking the modification pending failed");
@@ -439,6 +442,12 @@ impl Resizer {
                 let patch = decide::modify_in_progress_patch(&pvc, &target, Timestamp::now());
                 let written = match self.patch_status(&pvc, patch).await {
                     Ok(w) => w,
+                    // A conflict: the cache was behind; the newer version
+                    // re-queues the claim, and no call was made.
+                    Err(e) if is_status(&e, 409) => {
+                        tracing::debug!("Claim changed meanwhile; syncing again");
+                        return Outcome::Retry;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "Marking the modification in progress failed");
                         return Outcome::Retry;

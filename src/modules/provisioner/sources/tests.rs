@@ -531,6 +531,42 @@ fn snapshot_sweep() {
 }
 
 #[test]
+fn a_snapshot_after_a_restore() {
+    let restore = |name: &str, uid: &str, snap: &str, phase: Option<&str>| {
+        let mut c = with_source(claim("1Gi", None), Some(SNAP_GROUP), "VolumeSnapshot", snap);
+        c.metadata = meta("team-a", name, uid);
+        cached(&c, phase)
+    };
+    let done = restore("done", "u-done", "snap", Some("Pending"));
+    let waiting = restore("waiting", "u-waiting", "snap", Some("Pending"));
+    let no_phase = restore("new", "u-new", "snap", None);
+    let bound = restore("bound", "u-bound", "snap", Some("Bound"));
+    let other = restore("other", "u-other", "other", Some("Pending"));
+    let saved = restore("saved", "u-saved", "snap", Some("Pending"));
+    let elsewhere = cached(
+        &with_ref(claim("1Gi", None), Some(SNAP_GROUP), "VolumeSnapshot", "snap", Some("team-b")),
+        Some("Pending"),
+    );
+    // The claim just restored and claims whose PV exists already.
+    let provisioned = |c: &CachedPvc| matches!(c.metadata.uid.as_deref(), Some("u-done" | "u-saved"));
+    let needed = |pending: &[&CachedPvc], in_flight: &[String]| {
+        snapshot_still_needed("team-a/snap", pending.iter().copied(), in_flight, provisioned)
+    };
+    assert_eq!(needed(&[&done], &[]), None, "only the claim restored");
+    assert_eq!(needed(&[&done, &bound, &other, &saved, &elsewhere], &[]), None, "none waits for it");
+    assert_eq!(
+        needed(&[&done, &waiting], &[]),
+        Some("PVC 'team-a/waiting' waits for a volume restored from it".into())
+    );
+    assert!(needed(&[&no_phase], &[]).is_some(), "no phase yet: waiting");
+    assert_eq!(
+        needed(&[&done], &["team-a/other".into(), "team-a/snap".into()]),
+        Some("a CreateVolume restoring from it is unfinished".into())
+    );
+    assert_eq!(needed(&[], &["team-b/snap".into()]), None);
+}
+
+#[test]
 fn claims_waiting_for_a_source() {
     let clone = with_source(claim("1Gi", None), None, "PersistentVolumeClaim", "src");
     assert!(waits_for_source(&cached(&clone, Some("Pending"))));

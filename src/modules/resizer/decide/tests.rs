@@ -301,7 +301,9 @@ fn status_patches() {
     inprog.status.as_mut().unwrap().conditions = Some(vec![condition(up::COND_RESIZING, "", now)]);
     let done = success_patch(&inprog, 2 * GI, false, true, now);
     assert_eq!(done["status"]["capacity"]["storage"], "2Gi");
-    assert_eq!(done["status"]["conditions"], json!([]));
+    // By type: only the resize condition goes; whatever else the claim has
+    // when the patch lands stays.
+    assert_eq!(done["status"]["conditions"], json!([{"type": "Resizing", "$patch": "delete"}]));
     assert_eq!(done["status"]["allocatedResourceStatuses"]["storage"], Value::Null);
     assert_eq!(done["metadata"]["annotations"][up::ANN_NODE_EXPANSION_NOT_REQUIRED], "true");
 }
@@ -455,9 +457,18 @@ fn modify_patches_and_request() {
         json!({"status": "InProgress", "targetVolumeAttributesClassName": "gold"})
     );
     assert_eq!(p["status"]["conditions"][0]["message"], "Modifying volume to \"gold\" is in progress.");
+    assert_eq!(
+        p["metadata"]["resourceVersion"],
+        pvc.metadata.resource_version.clone().unwrap(),
+        "a mark before a call"
+    );
     // Pending names only the state (upstream: `{status: Pending}` on a claim
-    // without a modify status; a status's target is left as it was).
-    assert_eq!(modify_pending_patch(), json!({"status": {"modifyVolumeStatus": {"status": "Pending"}}}));
+    // without a modify status; a status's target is left as it was), locked
+    // to the resourceVersion like every mark before a call.
+    let pending = modify_pending_patch(&pvc);
+    assert_eq!(pending["status"], json!({"modifyVolumeStatus": {"status": "Pending"}}));
+    assert_eq!(pending["metadata"]["resourceVersion"], pvc.metadata.resource_version.clone().unwrap());
+    assert!(modify_failure_patch(&pvc, "gold", &tonic::Status::internal("x"), now).get("metadata").is_none());
 
     let bad = tonic::Status::invalid_argument("iops too high");
     let f = modify_failure_patch(&pvc, "gold", &bad, now);
@@ -479,12 +490,24 @@ fn modify_patches_and_request() {
     failed.status.as_mut().unwrap().conditions = Some(conds);
     let later = Timestamp::from_second(200).unwrap();
     let again = modify_failure_patch(&failed, "gold", &bad, later);
-    assert_eq!(again["status"]["conditions"][1]["lastTransitionTime"], json!(Time(now)), "same reason: time kept");
+    assert_eq!(again["status"]["conditions"], json!([]), "same reason and message: nothing to write");
+    let other = tonic::Status::invalid_argument("iops still too high");
+    let again = modify_failure_patch(&failed, "gold", &other, later);
+    let written = again["status"]["conditions"].as_array().unwrap();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0]["message"], "iops still too high");
+    assert_eq!(written[0]["lastTransitionTime"], json!(Time(now)), "same reason: time kept");
     let ok = modify_success_patch(&failed, "gold");
     assert_eq!(ok["status"]["currentVolumeAttributesClassName"], "gold");
     assert_eq!(ok["status"]["modifyVolumeStatus"], Value::Null);
-    assert_eq!(ok["status"]["conditions"], json!([]));
-    assert_eq!(modify_rollback_patch(&failed)["status"]["conditions"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        ok["status"]["conditions"],
+        json!([{"type": "ModifyingVolume", "$patch": "delete"}, {"type": "ModifyVolumeError", "$patch": "delete"}])
+    );
+    assert_eq!(
+        modify_rollback_patch(&failed)["status"]["conditions"],
+        json!([{"type": "ModifyingVolume", "$patch": "delete"}])
+    );
     assert_eq!(pv_vac_patch("gold")["spec"]["volumeAttributesClassName"], "gold");
 
     let pv = volume("1Gi");
