@@ -15,6 +15,7 @@
 //! and upstream's three gauges.
 
 pub mod decide;
+pub mod index;
 
 use std::{
     collections::{BTreeSet, HashMap},
