@@ -17,12 +17,13 @@ fn object(name: &str, item: Option<&Item>, created: i64, rv: u64) -> CSIStorageC
             name: Some(name.into()),
             uid: Some(format!("uid-{name}")),
             resource_version: Some(rv.to_string()),
-            creation_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + created).expect("time"))),
+            creation_timestamp: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + created).expect("time"),
+            )),
             ..Default::default()
         },
         storage_class_name: item.map(|i| i.class.clone()).unwrap_or_else(|| "c0".into()),
-        node_topology: item
-            .map(|i| LabelSelector { match_labels: Some(i.segment.clone()), match_expressions: None }),
+        node_topology: item.map(|i| LabelSelector { match_labels: Some(i.segment.clone()), match_expressions: None }),
         capacity: None,
         maximum_volume_size: None,
     }
