@@ -7,6 +7,7 @@
 use crate::{
     compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
     kube::{
+        cache::Cache,
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
         informers::{Informer, Informers},
@@ -106,6 +107,12 @@ pub fn pods_using_claims(informers: &Informers) -> Informer<CachedPod> {
     informers.view("using-claims", |p: &CachedPod| !p.claims.is_empty() && !p.terminated)
 }
 
+/// Whether a pod of `pods` (the [`pods_using_claims`] view) uses the claim
+/// `namespace/name`.
+pub fn claim_in_use(pods: &Cache<CachedPod>, namespace: Option<&str>, name: &str) -> bool {
+    pods.state().iter().any(|p| p.metadata.namespace.as_deref() == namespace && p.claims.iter().any(|c| c == name))
+}
+
 /// VolumeSnapshotContents of the driver (`spec.driver`): the snapshotter
 /// acts on them, the provisioner reads the content of a snapshot it
 /// restores from. Ask for it only when the snapshot API is installed
@@ -185,3 +192,7 @@ pub fn capacity_objects(
         },
     )
 }
+
+#[cfg(test)]
+#[path = "views_tests.rs"]
+mod tests;
