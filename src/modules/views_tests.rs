@@ -22,7 +22,7 @@ fn pod(ns: &str, name: &str, claims: &[&str]) -> CachedPod {
 
 /// The pods view over `pods`, counting how many objects its filter is
 /// asked about.
-fn view_of(pods: Vec<CachedPod>) -> (Cache<CachedPod>, Arc<AtomicUsize>) {
+fn view_of(pods: Vec<CachedPod>) -> (Cache<CachedPod>, Arc<AtomicUsize>, Writer<CachedPod>) {
     let informers = Informers::new(kube_client());
     let store = pods_using_claims(&informers).store();
     let mut w = Writer::new(store.clone());
@@ -35,7 +35,7 @@ fn view_of(pods: Vec<CachedPod>) -> (Cache<CachedPod>, Arc<AtomicUsize>) {
         counter.fetch_add(1, Ordering::SeqCst);
         !p.claims.is_empty() && !p.terminated
     }));
-    (view, asked)
+    (view, asked, w)
 }
 
 /// A client that is never called (the view is filled by hand).
@@ -54,7 +54,7 @@ async fn claim_in_use_answers_as_a_scan_and_looks_only_at_the_claims_pods() {
         pod("b", "other", &["data-web-0"]),
     ];
     pods.extend((0..10_000).map(|i| pod("unrelated", &format!("p-{i}"), &[&format!("c-{i}")])));
-    let (view, asked) = view_of(pods);
+    let (view, asked, mut w) = view_of(pods);
     let table: &[(Option<&str>, &str, bool)] = &[
         (Some("a"), "data-web-0", true),
         (Some("a"), "data-web-1", true),
@@ -72,4 +72,11 @@ async fn claim_in_use_answers_as_a_scan_and_looks_only_at_the_claims_pods() {
         let n = asked.load(Ordering::SeqCst);
         assert!(n <= 2, "{ns:?}/{name}: the lookup looked at {n} pods (among 10 003), not only the claim's");
     }
+    // The index follows the pods: one user of "shared" gone, then the other.
+    w.apply(Event::Delete(pod("a", "web-0", &["data-web-0", "shared"])), &|_| true);
+    assert!(!claim_in_use(&view, Some("a"), "data-web-0"));
+    assert!(claim_in_use(&view, Some("a"), "shared"));
+    w.apply(Event::Apply(pod("a", "web-1", &["data-web-1"])), &|_| true);
+    assert!(!claim_in_use(&view, Some("a"), "shared"), "web-1 no longer uses it");
+    assert!(claim_in_use(&view, Some("a"), "data-web-1"));
 }
