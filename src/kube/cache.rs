@@ -30,6 +30,30 @@ pub type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 /// The value an object is indexed under (`None`: not indexed).
 pub type IndexFn<K> = fn(&K) -> Option<&str>;
 
+/// The values an object is indexed under (it may be filed under several,
+/// e.g. a pod under each claim it uses).
+pub type MultiIndexFn<K> = fn(&K) -> Vec<String>;
+
+/// How an index finds an object's values.
+enum Keys<K> {
+    One(IndexFn<K>),
+    Many(MultiIndexFn<K>),
+}
+
+impl<K> Keys<K> {
+    fn of(&self, obj: &K) -> Vec<String> {
+        match self {
+            Keys::One(f) => f(obj).map(str::to_string).into_iter().collect(),
+            Keys::Many(f) => {
+                let mut v = f(obj);
+                v.sort();
+                v.dedup();
+                v
+            }
+        }
+    }
+}
+
 fn key_hash(hasher: &DefaultHashBuilder, namespace: Option<&str>, name: &str) -> u64 {
     let mut h = hasher.build_hasher();
     namespace.unwrap_or_default().hash(&mut h);
@@ -54,23 +78,24 @@ fn same_object<K: Resource>(a: &K, b: &K) -> bool {
 
 struct Index<K> {
     name: &'static str,
-    key: IndexFn<K>,
+    key: Keys<K>,
     map: HashMap<String, Vec<Arc<K>>>,
 }
 
 impl<K: Resource> Index<K> {
     fn insert(&mut self, obj: &Arc<K>) {
-        if let Some(v) = (self.key)(obj) {
-            self.map.entry(v.to_string()).or_default().push(obj.clone());
+        for v in self.key.of(obj) {
+            self.map.entry(v).or_default().push(obj.clone());
         }
     }
 
     fn remove(&mut self, obj: &K) {
-        let Some(v) = (self.key)(obj) else { return };
-        if let Some(list) = self.map.get_mut(v) {
-            list.retain(|o| !same_object(o.as_ref(), obj));
-            if list.is_empty() {
-                self.map.remove(v);
+        for v in self.key.of(obj) {
+            if let Some(list) = self.map.get_mut(&v) {
+                list.retain(|o| !same_object(o.as_ref(), obj));
+                if list.is_empty() {
+                    self.map.remove(&v);
+                }
             }
         }
     }
@@ -167,6 +192,16 @@ impl<K: Resource> Cache<K> {
 
     /// Adds the index `name` (no-op if the store has it already).
     pub fn add_index(&self, name: &'static str, key: IndexFn<K>) {
+        self.add(name, Keys::One(key));
+    }
+
+    /// Adds the index `name` filing each object under every value `key`
+    /// gives (no-op if the store has it already).
+    pub fn add_multi_index(&self, name: &'static str, key: MultiIndexFn<K>) {
+        self.add(name, Keys::Many(key));
+    }
+
+    fn add(&self, name: &'static str, key: Keys<K>) {
         let mut content = self.store.content.write().unwrap_or_else(|e| e.into_inner());
         if content.indexes.iter().any(|i| i.name == name) {
             return;

@@ -363,6 +363,10 @@ impl Informers {
     }
 
     /// The shared informer of `K`'s metadata only (names, labels, annotations).
+    /// kube's `Api` of `PartialObjectMeta` sends the `PartialObjectMetadata`
+    /// Accept header on every list and watch (streaming list and fallback
+    /// alike): the apiserver sends metadata, never whole objects (a Node's
+    /// status heartbeats are not transferred).
     pub fn metadata<K>(&self) -> Informer<PartialObjectMeta<K>>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -1017,3 +1021,7 @@ mod contract_tests {
         stop.cancel();
     }
 }
+
+#[cfg(test)]
+#[path = "informers_metadata_tests.rs"]
+mod metadata_tests;

@@ -7,6 +7,7 @@
 use crate::{
     compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
     kube::{
+        cache::Cache,
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
         informers::{Informer, Informers},
@@ -102,8 +103,27 @@ pub fn bound_claims(
 /// Pods that use claims and have not terminated, as the resizer's in-use
 /// check needs them (claims only); asked for only when the driver can
 /// expand offline only. A pod that terminates leaves the view.
+/// Indexed by `<namespace>/<claim>` of every claim a pod uses
+/// ([`PODS_BY_CLAIM`]).
 pub fn pods_using_claims(informers: &Informers) -> Informer<CachedPod> {
-    informers.view("using-claims", |p: &CachedPod| !p.claims.is_empty() && !p.terminated)
+    let inf = informers.view("using-claims", |p: &CachedPod| !p.claims.is_empty() && !p.terminated);
+    inf.store().add_multi_index(PODS_BY_CLAIM, claim_keys);
+    inf
+}
+
+/// The index of [`pods_using_claims`]: `<namespace>/<claim>`.
+pub const PODS_BY_CLAIM: &str = "claim";
+
+fn claim_keys(p: &CachedPod) -> Vec<String> {
+    let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+    p.claims.iter().map(|c| format!("{ns}/{c}")).collect()
+}
+
+/// Whether a pod of `pods` (the [`pods_using_claims`] view) uses the claim
+/// `namespace/name`: the index's pods of that claim only, not a scan.
+pub fn claim_in_use(pods: &Cache<CachedPod>, namespace: Option<&str>, name: &str) -> bool {
+    let Some(ns) = namespace else { return false };
+    !pods.by_index(PODS_BY_CLAIM, &format!("{ns}/{name}")).is_empty()
 }
 
 /// VolumeSnapshotContents of the driver (`spec.driver`): the snapshotter
@@ -185,3 +205,7 @@ pub fn capacity_objects(
         },
     )
 }
+
+#[cfg(test)]
+#[path = "views_tests.rs"]
+mod tests;

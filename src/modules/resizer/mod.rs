@@ -161,7 +161,7 @@ impl Resizer {
     fn in_use(&self, pvc: &PersistentVolumeClaim) -> bool {
         let Some(pods) = &self.pods else { return false };
         let (ns, name) = (pvc.metadata.namespace.as_deref(), pvc.metadata.name.as_deref().unwrap_or_default());
-        pods.state().iter().any(|p| p.metadata.namespace.as_deref() == ns && p.claims.iter().any(|c| c == name))
+        crate::modules::views::claim_in_use(pods, ns, name)
     }
 
     fn forget(&self, key: &str) {

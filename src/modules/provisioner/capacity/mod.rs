@@ -15,6 +15,7 @@
 //! and upstream's three gauges.
 
 pub mod decide;
+pub mod index;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -49,6 +50,7 @@ use crate::{
     },
 };
 use decide::{Item, Key};
+use index::{Plan, Tracker};
 
 /// What the capacity controller is configured with.
 #[derive(Clone, Debug)]
@@ -131,22 +133,38 @@ pub struct Handle {
 }
 
 struct Shared {
-    /// The items of the last reconciliation.
-    desired: Mutex<BTreeSet<Item>>,
+    /// The items of the last reconciliation and the index of the objects.
+    tracker: Mutex<Tracker>,
     items: WorkQueue<Key>,
     topology: WorkQueue<()>,
 }
 
 impl Handle {
-    fn desired(&self) -> BTreeSet<Item> {
-        self.shared.desired.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        self.shared.tracker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues the desired items `pick` accepts.
+    fn refresh(&self, pick: impl Fn(&Item) -> bool) {
+        let items: Vec<Item> = self.tracker().desired().iter().filter(|i| pick(i)).cloned().collect();
+        for i in items {
+            self.shared.items.add(Key::Item(i));
+        }
+    }
+
+    /// Queues what a change of the objects asks for.
+    fn plan(&self, plan: Plan) {
+        for i in plan.queue {
+            self.shared.items.add(Key::Item(i));
+        }
+        for (name, uid) in plan.delete {
+            self.shared.items.add(Key::Delete(name, uid));
+        }
     }
 
     /// Refreshes the objects of `class`.
     pub fn refresh_class(&self, class: &str) {
-        for i in self.desired().into_iter().filter(|i| i.class == class) {
-            self.shared.items.add(Key::Item(i));
-        }
+        self.refresh(|i| i.class == class);
     }
 
     /// Refreshes the objects of the segments `pv`'s node affinity names;
@@ -155,11 +173,7 @@ impl Handle {
     fn refresh_for(&self, pv: &PersistentVolume, class: Option<&str>) {
         let segments = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref()).map(decide::affinity_segments);
         match (segments.filter(|s| !s.is_empty()), class) {
-            (Some(segments), _) => {
-                for i in self.desired().into_iter().filter(|i| segments.contains(&i.segment)) {
-                    self.shared.items.add(Key::Item(i));
-                }
-            }
+            (Some(segments), _) => self.refresh(|i| segments.contains(&i.segment)),
             (None, Some(c)) => self.refresh_class(c),
             (None, None) => {}
         }
@@ -198,6 +212,18 @@ fn labels_of(m: &PartialObjectMeta<Node>) -> Option<&std::collections::BTreeMap<
     m.metadata.labels.as_ref()
 }
 
+/// Sets upstream's three gauges: (goal, current, obsolete). An item just
+/// written counts as current while the cache lags behind.
+fn set_gauges(t: &mut Tracker, written: &HashMap<Item, Arc<CSIStorageCapacity>>) -> (usize, usize, usize) {
+    let (goal, current, obsolete) = t.counts();
+    let lagging = written.keys().filter(|i| t.desired().contains(*i) && !t.has_object(i)).count();
+    let current = current + lagging;
+    metrics::gauge!(up::METRIC_GOAL).set(goal as f64);
+    metrics::gauge!(up::METRIC_CURRENT).set(current as f64);
+    metrics::gauge!(up::METRIC_OBSOLETE).set(obsolete as f64);
+    (goal, current, obsolete)
+}
+
 /// Whether the cache's `seen` is at least the version `written`.
 fn caught_up(seen: &CSIStorageCapacity, written: &CSIStorageCapacity) -> bool {
     let rv = |o: &CSIStorageCapacity| o.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
@@ -212,7 +238,7 @@ impl Controller {
     /// await). `csi` is the driver connection, `client` the capacity client.
     pub fn register(informers: &Informers, settings: Settings, csi: Connection, client: Client) -> Controller {
         let shared = Arc::new(Shared {
-            desired: Mutex::default(),
+            tracker: Mutex::default(),
             items: WorkQueue::new(up::QUEUE, settings.backoff),
             topology: WorkQueue::new(up::QUEUE_TOPOLOGY, settings.backoff),
         });
@@ -259,6 +285,9 @@ impl Controller {
             });
         }
         {
+            // A change of one object is worked out for that object's items
+            // only (no reconciliation: a poll's own writes would each cost
+            // one over every object).
             let (h, written) = (handle.clone(), written.clone());
             objects.on_change(move |c| {
                 if let Change::Resync(_) = c {
@@ -267,8 +296,17 @@ impl Controller {
                 let o = c.object();
                 let mut w = written.lock().unwrap_or_else(|e| e.into_inner());
                 w.retain(|_, mine| mine.metadata.name != o.metadata.name || (!c.is_deleted() && !caught_up(o, mine)));
-                drop(w);
-                h.shared.topology.add(());
+                let mut t = h.tracker();
+                let mut plan = match c {
+                    Change::Deleted(_) => t.remove(o.metadata.name.as_deref().unwrap_or_default()),
+                    _ => t.upsert(o),
+                };
+                plan.queue.retain(|i| !w.contains_key(i));
+                if t.ready() {
+                    set_gauges(&mut t, &w);
+                }
+                drop((t, w));
+                h.plan(plan);
             });
         }
         Controller { handle, settings, csi, client, classes, topology, objects, written }
@@ -307,31 +345,16 @@ impl Controller {
     /// objects queued for deletion; the gauges set.
     fn reconcile(&self) {
         let desired = self.compute_desired();
-        let objects = self.objects.store().state();
-        let have = decide::by_item(objects.iter().map(|o| &**o));
-        let written = self.written.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let previous = std::mem::replace(
-            &mut *self.handle.shared.desired.lock().unwrap_or_else(|e| e.into_inner()),
-            desired.clone(),
-        );
-        let mut queued = 0;
-        for i in &desired {
-            if !previous.contains(i) || (!have.contains_key(i) && !written.contains_key(i)) {
-                self.handle.shared.items.add(Key::Item(i.clone()));
-                queued += 1;
-            }
-        }
-        let delete = decide::to_delete(objects.iter().map(|o| &**o), &desired);
-        for (name, uid) in &delete {
-            self.handle.shared.items.add(Key::Delete(name.clone(), uid.clone()));
-        }
-        let (goal, current, obsolete) = decide::counts(objects.iter().map(|o| &**o), &desired);
-        let current = current.max(desired.iter().filter(|i| have.contains_key(*i) || written.contains_key(*i)).count());
-        metrics::gauge!(up::METRIC_GOAL).set(goal as f64);
-        metrics::gauge!(up::METRIC_CURRENT).set(current as f64);
-        metrics::gauge!(up::METRIC_OBSOLETE).set(obsolete as f64);
-        if queued > 0 || !delete.is_empty() || previous.len() != desired.len() {
-            tracing::debug!(goal, current, obsolete, queued, deleting = delete.len(), "Capacity: reconciled");
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.handle.tracker();
+        let previous = t.desired().len();
+        let plan = t.set_desired(desired, &|i| written.contains_key(i));
+        let (goal, current, obsolete) = set_gauges(&mut t, &written);
+        drop((t, written));
+        let (queued, deleting) = (plan.queue.len(), plan.delete.len());
+        self.handle.plan(plan);
+        if queued > 0 || deleting > 0 || previous != goal {
+            tracing::debug!(goal, current, obsolete, queued, deleting, "Capacity: reconciled");
         }
     }
 
@@ -354,10 +377,8 @@ impl Controller {
         if let Some(w) = self.written.lock().unwrap_or_else(|e| e.into_inner()).get(item) {
             return Some(w.clone());
         }
-        let objects = self.objects.store().state();
-        let by = decide::by_item(objects.iter().map(|o| &**o));
-        let name = by.get(item).and_then(|l| l.first()).and_then(|o| o.metadata.name.clone())?;
-        objects.into_iter().find(|o| o.metadata.name.as_deref() == Some(&name))
+        let name = self.handle.tracker().keep(item)?;
+        self.objects.store().get_named(Some(&self.settings.namespace), &name)
     }
 
     fn remember(&self, item: &Item, obj: CSIStorageCapacity) {
@@ -372,7 +393,7 @@ impl Controller {
     /// the capacity client's budget, say) at shutdown: an object not
     /// refreshed is refreshed by the next leader.
     async fn sync_item(&self, item: Item, stop: &CancellationToken) -> Outcome {
-        if !self.handle.desired().contains(&item) {
+        if !self.handle.tracker().is_desired(&item) {
             return Outcome::Done;
         }
         let Some(sc) = self.classes.store().get_named(None, &item.class) else { return Outcome::Done };
@@ -440,10 +461,7 @@ impl Controller {
     }
 
     async fn sync_delete(&self, name: String, uid: String, stop: &CancellationToken) -> Outcome {
-        let objects = self.objects.store().state();
-        let desired = self.handle.desired();
-        let still = decide::to_delete(objects.iter().map(|o| &**o), &desired).contains(&(name.clone(), uid.clone()));
-        if !still {
+        if !self.handle.tracker().should_delete(&name, &uid) {
             return Outcome::Done;
         }
         let dp = DeleteParams {
@@ -492,9 +510,7 @@ impl Controller {
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                for i in c3.handle.desired() {
-                    c3.handle.shared.items.add(Key::Item(i));
-                }
+                c3.handle.refresh(|_| true);
             }
         };
         let (stop, stop_workers) = (token.clone(), token.clone());
