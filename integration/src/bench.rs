@@ -1,6 +1,7 @@
 //! Shared pieces of the benchmarks: QPS settings, the apiserver's own request
 //! accounting (metrics snapshots and an APF FlowSchema that isolates the
-//! sidecar's user), and the cluster identity setup.
+//! sidecar's user), and the cluster identity setup; [`audit`] splits the
+//! user's requests by the client program that sent them.
 
 use std::{
     collections::BTreeMap,
@@ -19,6 +20,8 @@ use kube::{
 };
 
 use crate::cluster::ControlPlane;
+
+pub mod audit;
 
 /// The user the benchmarked sidecar runs as.
 pub const SIDECAR_USER: &str = "csi-sidecar-bench";
