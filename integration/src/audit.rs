@@ -4,7 +4,10 @@
 //! which module of a combined process sent them; the audit log has each
 //! request's `User-Agent` (`csi-provisioner/<version> ...` per module).
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context, Result};
 
@@ -43,6 +46,32 @@ impl AuditLog {
         let text = std::fs::read_to_string(&self.path).with_context(|| format!("read {}", self.path.display()))?;
         Ok(text.lines().filter_map(parse_line).collect())
     }
+
+    /// The log's current length: the start of a [`AuditLog::count_since`].
+    pub fn mark(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The requests completed since `mark`, by `classify(user agent)`.
+    pub fn count_since(&self, mark: u64, classify: impl Fn(&str) -> String) -> Result<BTreeMap<String, f64>> {
+        let bytes = std::fs::read(&self.path).with_context(|| format!("read {}", self.path.display()))?;
+        let from = usize::try_from(mark).unwrap_or(usize::MAX).min(bytes.len());
+        Ok(count_lines(&String::from_utf8_lossy(&bytes[from..]), classify))
+    }
+}
+
+/// Counts the audit events (JSON lines) of stage `ResponseComplete` by
+/// `classify(userAgent)`; other lines are skipped.
+pub fn count_lines(text: &str, classify: impl Fn(&str) -> String) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if event["stage"].as_str() != Some("ResponseComplete") {
+            continue;
+        }
+        *out.entry(classify(event["userAgent"].as_str().unwrap_or(""))).or_insert(0.0) += 1.0;
+    }
+    out
 }
 
 /// One audit event line → (time, program), for a complete request.
@@ -118,5 +147,16 @@ mod tests {
         assert!(worst_excess(&steady, 5.0, 10.0, 0.0) <= 0.0);
         let fast: Vec<f64> = (0..50).map(|i| f64::from(i) * 0.1).collect();
         assert!(worst_excess(&fast, 5.0, 10.0, 0.0) > 0.0);
+    }
+
+    #[test]
+    fn counts_completed_requests_by_user_agent() {
+        let text = r#"{"stage":"ResponseComplete","verb":"create","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"ResponseComplete","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"Panic","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"ResponseComplete","verb":"update","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"ResponseCom"#;
+        let by = count_lines(text, |ua| ua.split('/').next().unwrap_or("").to_string());
+        assert_eq!(by, [("csi-provisioner".to_string(), 2.0), ("csi-resizer".to_string(), 1.0)].into());
     }
 }

@@ -54,6 +54,11 @@ impl Proc {
         Proc { name: name.to_string(), child, log, exited: None }
     }
 
+    /// The name it was spawned with (its log file's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The process ID.
     pub fn pid(&self) -> u32 {
         self.child.id()
