@@ -330,6 +330,22 @@ struct Held<'a, K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> {
     key: &'a K,
 }
 
+#[cfg(test)]
+impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
+    /// The keys ready now, taken out and marked done (for tests of what a
+    /// handler queued).
+    pub(crate) async fn take_ready(&self) -> Vec<K> {
+        let now = CancellationToken::new();
+        now.cancel();
+        let mut keys = Vec::new();
+        while let Some(k) = self.get(&now).await {
+            self.done(&k);
+            keys.push(k);
+        }
+        keys
+    }
+}
+
 impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> Drop for Held<'_, K> {
     fn drop(&mut self) {
         self.queue.done(self.key);

@@ -23,18 +23,6 @@ fn queues() -> Queues {
     Queues { detach: attach.sibling("test-detach"), pv: WorkQueue::new("test-pv", backoff), attach }
 }
 
-/// The keys waiting in `q`, taken out.
-async fn taken(q: &WorkQueue<String>) -> Vec<String> {
-    let now = CancellationToken::new();
-    now.cancel();
-    let mut keys = Vec::new();
-    while let Some(k) = q.get(&now).await {
-        q.done(&k);
-        keys.push(k);
-    }
-    keys
-}
-
 /// A PV deleted while attached keeps its finalizer only as long as an
 /// attachment references it: the attachment's deletion queues the PV (as
 /// upstream's handler does), whatever the order of the detach's own re-queue
@@ -48,15 +36,15 @@ async fn a_deleted_attachment_queues_its_pv_and_is_forgotten() {
     gone.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     gone.metadata.finalizers = None;
     q.va_changed(&Change::Deleted(&gone), FIN, &forced);
-    assert_eq!(taken(&q.pv).await, vec!["pv-1".to_string()], "the PV is synced again");
-    assert!(taken(&q.attach).await.is_empty() && taken(&q.detach).await.is_empty());
+    assert_eq!(q.pv.take_ready().await, vec!["pv-1".to_string()], "the PV is synced again");
+    assert!(q.attach.take_ready().await.is_empty() && q.detach.take_ready().await.is_empty());
     assert!(forced.lock().unwrap().is_empty(), "a deleted attachment is no longer forced");
 
     // An inline volume has no PV to sync.
     let mut inline = va("va-2", "");
     inline.spec.source.persistent_volume_name = None;
     q.va_changed(&Change::Deleted(&inline), FIN, &forced);
-    assert!(taken(&q.pv).await.is_empty());
+    assert!(q.pv.take_ready().await.is_empty());
 }
 
 #[tokio::test]
@@ -65,16 +53,16 @@ async fn other_changes_queue_the_attachment_by_its_state() {
     let forced = Forced::default();
     let new = va("va-1", "pv-1");
     q.va_changed(&Change::Added(&new), FIN, &forced);
-    assert_eq!(taken(&q.attach).await, vec!["va-1".to_string()]);
+    assert_eq!(q.attach.take_ready().await, vec!["va-1".to_string()]);
     let mut deleting = va("va-1", "pv-1");
     deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     q.va_changed(&Change::Updated { old: &new, new: &deleting }, FIN, &forced);
-    assert_eq!(taken(&q.detach).await, vec!["va-1".to_string()]);
-    assert!(taken(&q.attach).await.is_empty() && taken(&q.pv).await.is_empty());
+    assert_eq!(q.detach.take_ready().await, vec!["va-1".to_string()]);
+    assert!(q.attach.take_ready().await.is_empty() && q.pv.take_ready().await.is_empty());
     // Our own write (a resourceVersion only): nothing.
     let mut ours = new.clone();
     ours.metadata.resource_version = Some("2".into());
     q.va_changed(&Change::Updated { old: &new, new: &ours }, FIN, &forced);
     q.va_changed(&Change::Resync(&ours), FIN, &forced);
-    assert_eq!(taken(&q.attach).await, vec!["va-1".to_string()], "only the resync queues it");
+    assert_eq!(q.attach.take_ready().await, vec!["va-1".to_string()], "only the resync queues it");
 }

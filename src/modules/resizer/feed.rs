@@ -38,7 +38,6 @@ pub(super) fn resize_claim_changed(
 mod tests {
     use std::time::Duration;
 
-    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::kube::queue::Backoff;
@@ -51,18 +50,6 @@ mod tests {
         c
     }
 
-    /// The keys waiting in `q`, taken out.
-    async fn taken(q: &WorkQueue<String>) -> Vec<String> {
-        let now = CancellationToken::new();
-        now.cancel();
-        let mut keys = Vec::new();
-        while let Some(k) = q.get(&now).await {
-            q.done(&k);
-            keys.push(k);
-        }
-        keys
-    }
-
     /// A claim whose expansion met an in-use error and that is then deleted
     /// is forgotten: the set holds live claims only.
     #[tokio::test]
@@ -73,10 +60,10 @@ mod tests {
         in_use.lock().unwrap().extend(["uid-1".to_string(), "uid-2".to_string()]);
         let c = claim("uid-1");
         resize_claim_changed(&Change::Added(&c), &q, false, &in_use);
-        assert_eq!(taken(&q).await, vec!["ns/data".to_string()]);
+        assert_eq!(q.take_ready().await, vec!["ns/data".to_string()]);
         assert_eq!(in_use.lock().unwrap().len(), 2, "a live claim keeps its entry");
         resize_claim_changed(&Change::Deleted(&c), &q, false, &in_use);
-        assert!(taken(&q).await.is_empty());
+        assert!(q.take_ready().await.is_empty());
         assert_eq!(*in_use.lock().unwrap(), HashSet::from(["uid-2".to_string()]), "only the deleted claim's UID goes");
     }
 }
