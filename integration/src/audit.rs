@@ -40,9 +40,8 @@ impl AuditLog {
         Ok(AuditLog { path, launcher_args })
     }
 
-    /// Every logged request: (seconds since the Unix epoch when the
-    /// apiserver received it, the program of its `User-Agent`).
-    pub fn requests(&self) -> Result<Vec<(f64, String)>> {
+    /// Every logged request.
+    pub fn requests(&self) -> Result<Vec<Request>> {
         let text = std::fs::read_to_string(&self.path).with_context(|| format!("read {}", self.path.display()))?;
         Ok(text.lines().filter_map(parse_line).collect())
     }
@@ -74,12 +73,26 @@ pub fn count_lines(text: &str, classify: impl Fn(&str) -> String) -> BTreeMap<St
     out
 }
 
-/// One audit event line → (time, program), for a complete request.
-fn parse_line(line: &str) -> Option<(f64, String)> {
+/// One request the apiserver logged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// Seconds since the Unix epoch when the apiserver received it.
+    pub at: f64,
+    /// The program of its `User-Agent` (`csi-provisioner`, ...).
+    pub program: String,
+    /// An Event write (what a budget defers), not work a user waits for.
+    pub event: bool,
+}
+
+/// One audit event line → the request.
+fn parse_line(line: &str) -> Option<Request> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     let at = parse_rfc3339(v["requestReceivedTimestamp"].as_str()?)?;
     let agent = v["userAgent"].as_str().unwrap_or("");
-    Some((at, agent.split('/').next().unwrap_or("").to_string()))
+    let uri = v["requestURI"].as_str().unwrap_or("");
+    let write = !matches!(v["verb"].as_str(), Some("get" | "list" | "watch"));
+    let event = write && uri.split('?').next().unwrap_or("").split('/').any(|s| s == "events");
+    Some(Request { at, program: agent.split('/').next().unwrap_or("").to_string(), event })
 }
 
 /// `2026-12-02T17:30:00.123456Z` → seconds since the Unix epoch (UTC only,
@@ -134,8 +147,11 @@ mod tests {
 
     #[test]
     fn an_audit_line_gives_the_time_and_the_program() {
-        let line = r#"{"kind":"Event","stage":"ResponseComplete","userAgent":"csi-resizer/0.1.0 (linux/amd64) csi-sidecar","requestReceivedTimestamp":"1970-01-01T00:00:02.000000Z"}"#;
-        assert_eq!(parse_line(line), Some((2.0, "csi-resizer".to_string())));
+        let line = r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","requestURI":"/api/v1/namespaces/n/persistentvolumeclaims/c/status","userAgent":"csi-resizer/0.1.0 (linux/amd64) csi-sidecar","requestReceivedTimestamp":"1970-01-01T00:00:02.000000Z"}"#;
+        let want = Request { at: 2.0, program: "csi-resizer".into(), event: false };
+        assert_eq!(parse_line(line), Some(want.clone()));
+        let event = line.replace("persistentvolumeclaims/c/status", "events").replace("patch", "create");
+        assert_eq!(parse_line(&event), Some(Request { event: true, ..want }));
         assert_eq!(parse_line("not json"), None);
     }
 

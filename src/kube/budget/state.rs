@@ -4,14 +4,16 @@
 //! saved up), as the upstream sidecar it replaces had in its own process.
 //! The buckets are pooled into one work-conserving budget:
 //!
-//! - A module's request takes a token from its own bucket first; if that is
-//!   empty, it borrows one from an idle module's bucket (one with no request
-//!   waiting). So when every module is busy each is limited to its own
-//!   bucket, and when one is busy alone it may use the idle ones' tokens.
-//! - Within a module, critical requests go first: an Event write (deferrable)
-//!   waits while a critical request of its module waits, and borrows only
-//!   while no critical request of any module waits. Events are only
-//!   deferred, never dropped.
+//! - A module's critical request (anything but an Event write) takes a
+//!   token from its own bucket first; if that is empty, it borrows one from
+//!   a module with no critical request waiting (an idle module's share goes
+//!   to a busy one). So when every module has critical work each is limited
+//!   to its own bucket, and when one is busy alone it may use the others'.
+//! - Critical writes go before events, process-wide: an Event write
+//!   (deferrable) waits while a critical request of any module waits, then
+//!   takes from its own bucket, or borrows from a module with nothing
+//!   waiting. Events are only deferred (the recorder aggregates repeats
+//!   meanwhile), never dropped.
 //! - A request of the shared services (the informers' lists and watches,
 //!   one per kind for all modules) takes a token from whichever bucket has
 //!   the most, waiters or not: it is rare, and the modules all need it.
@@ -50,8 +52,7 @@ pub enum Wait {
     /// A token it may take is due after this long (sooner if the budget
     /// changes: a lender may become free).
     For(Duration),
-    /// Until its module's critical requests are served (a deferrable
-    /// request behind them).
+    /// Until no critical request waits (a deferrable request behind them).
     CriticalDone,
 }
 
@@ -148,13 +149,19 @@ impl BudgetState {
     fn sources(&self, taker: Taker, urgency: Urgency) -> Option<Vec<usize>> {
         let all = 0..self.accounts.len();
         let Taker::Account(own) = taker else { return Some(all.collect()) };
-        let mine = self.accounts.get(own)?;
-        if urgency == Urgency::Deferrable && mine.critical_waiting > 0 {
+        self.accounts.get(own)?;
+        let lends = |a: &Account| match urgency {
+            // A critical request borrows from any module without a critical
+            // request of its own waiting (its events can wait).
+            Urgency::Critical => a.critical_waiting == 0,
+            // An event goes only when no critical request waits anywhere,
+            // and borrows only from a module with nothing waiting.
+            Urgency::Deferrable => !a.busy(),
+        };
+        if urgency == Urgency::Deferrable && self.critical_waiting() {
             return None;
         }
-        // An event borrows only what no critical request could use.
-        let may_borrow = urgency == Urgency::Critical || !self.critical_waiting();
-        Some(std::iter::once(own).chain(all.filter(|&i| may_borrow && i != own && !self.accounts[i].busy())).collect())
+        Some(std::iter::once(own).chain(all.filter(|&i| i != own && lends(&self.accounts[i]))).collect())
     }
 
     /// Takes a token now for `taker`, and says from which account; or how
@@ -244,36 +251,25 @@ mod tests {
     }
 
     #[test]
-    fn events_wait_behind_their_own_modules_critical_requests_only() {
+    fn events_wait_while_any_modules_critical_request_waits() {
         let mut s = three();
         s.start_waiting(2, Urgency::Critical);
         assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
-        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0), "another module's");
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
         assert!(s.stop_waiting(2, Urgency::Critical), "its last critical waiter left");
-        assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Ok(2));
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0));
     }
 
     #[test]
-    fn events_borrow_only_what_no_critical_request_could_use() {
-        let mut s = BudgetState::new(&[(5.0, 1), (5.0, 10), (5.0, 10)], Duration::ZERO);
-        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
-        s.start_waiting(2, Urgency::Critical);
-        assert_eq!(
-            s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO),
-            Err(Wait::For(MS(200))),
-            "module 1's tokens stay for module 2's critical request"
-        );
-        assert!(s.stop_waiting(2, Urgency::Critical));
-        let lent = s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO);
-        assert!(matches!(lent, Ok(1 | 2)), "{lent:?}");
-    }
-
-    #[test]
-    fn a_module_with_deferred_events_waiting_lends_nothing() {
+    fn a_module_with_only_events_waiting_lends_to_critical_requests_not_to_events() {
         let mut s = three();
         s.start_waiting(1, Urgency::Deferrable);
         let got = drain(&mut s, Taker::Account(0), Duration::ZERO);
-        assert!(!got.contains(&1) && got.len() == 20, "{got:?}");
+        assert_eq!(got.len(), 30, "module 1's events wait; its tokens serve module 0's critical work: {got:?}");
+        let mut s = BudgetState::new(&[(5.0, 1), (5.0, 10), (5.0, 10)], Duration::ZERO);
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
+        s.start_waiting(1, Urgency::Deferrable);
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(2), "not module 1's");
     }
 
     #[test]

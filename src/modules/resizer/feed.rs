@@ -38,7 +38,6 @@ pub(super) fn resize_claim_changed(
 mod tests {
     use std::time::Duration;
 
-
     use super::*;
     use crate::kube::queue::Backoff;
 
