@@ -347,9 +347,9 @@ fn top_help() -> String {
 pub const BUDGET_HELP: &str = "\nAPI budget: every module has its own --kube-api-qps/--kube-api-burst, as the upstream sidecar\n\
      it replaces had in its own process. Given before the first module they apply to every module;\n\
      inside a module's segment (or as KEP-4958's --<controller>-kube-api-qps) to that module only.\n\
-     The modules' buckets are pooled: a busy module borrows what idle ones leave, every module\n\
-     always gets at least its own rate, Event writes wait while any other request waits, and the\n\
-     process never sends more than the sum of the modules' budgets.\n";
+     The modules' buckets are pooled: a module borrows what modules without critical work leave,\n\
+     every module with critical work gets at least its own rate, Event writes wait while any\n\
+     other request waits, and the process never sends more than the sum of the modules' budgets.\n";
 
 fn module_help(title: &str, desc: &ModuleDesc) -> String {
     let Some(spec) = &desc.flags else {
