@@ -33,7 +33,7 @@ use k8s_openapi::{
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::client::TokenBucket;
+use super::budget::TokenBucket;
 
 /// `Normal` or `Warning`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,6 +4,7 @@
 //! [`state`]; this file waits for tokens and puts the budget in front of a
 //! [`kube::Client`].
 
+mod bucket;
 #[cfg(test)]
 mod model;
 pub mod state;
@@ -16,6 +17,7 @@ use std::{
     time::Duration,
 };
 
+pub use bucket::TokenBucket;
 use state::{BudgetState, Wait};
 pub use state::{Taker, Urgency};
 use tower::Service;

@@ -135,12 +135,12 @@ impl BudgetState {
     }
 
     fn refill(&mut self, now: Duration) {
-        let elapsed = now.saturating_sub(self.last).as_secs_f64();
+        let elapsed = now.saturating_sub(self.last);
         if now > self.last {
             self.last = now;
         }
         for a in &mut self.accounts {
-            a.tokens = (a.tokens + elapsed * a.qps).min(a.burst);
+            a.tokens = super::bucket::refill(a.tokens, elapsed, a.qps, a.burst);
         }
     }
 
