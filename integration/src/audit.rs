@@ -51,7 +51,7 @@ impl AuditLog {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
-    /// The requests completed since `mark`, by `classify(user agent)`.
+    /// The requests completed since `mark`, by `classify(program)`.
     pub fn count_since(&self, mark: u64, classify: impl Fn(&str) -> String) -> Result<BTreeMap<String, f64>> {
         let bytes = std::fs::read(&self.path).with_context(|| format!("read {}", self.path.display()))?;
         let from = usize::try_from(mark).unwrap_or(usize::MAX).min(bytes.len());
@@ -59,16 +59,12 @@ impl AuditLog {
     }
 }
 
-/// Counts the audit events (JSON lines) of stage `ResponseComplete` by
-/// `classify(userAgent)`; other lines are skipped.
+/// Counts the requests of the audit events (JSON lines) by
+/// `classify(program)` ([`Request::program`]); other lines are skipped.
 pub fn count_lines(text: &str, classify: impl Fn(&str) -> String) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        if event["stage"].as_str() != Some("ResponseComplete") {
-            continue;
-        }
-        *out.entry(classify(event["userAgent"].as_str().unwrap_or(""))).or_insert(0.0) += 1.0;
+    for r in text.lines().filter_map(parse_line) {
+        *out.entry(classify(&r.program)).or_insert(0.0) += 1.0;
     }
     out
 }
@@ -84,9 +80,13 @@ pub struct Request {
     pub event: bool,
 }
 
-/// One audit event line → the request.
+/// One audit event line → the request, once complete (stage
+/// `ResponseComplete`; a `Panic` line repeats a request).
 fn parse_line(line: &str) -> Option<Request> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    if v["stage"].as_str() != Some("ResponseComplete") {
+        return None;
+    }
     let at = parse_rfc3339(v["requestReceivedTimestamp"].as_str()?)?;
     let agent = v["userAgent"].as_str().unwrap_or("");
     let uri = v["requestURI"].as_str().unwrap_or("");
@@ -167,12 +167,12 @@ mod tests {
 
     #[test]
     fn counts_completed_requests_by_user_agent() {
-        let text = r#"{"stage":"ResponseComplete","verb":"create","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
-{"stage":"ResponseComplete","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
-{"stage":"Panic","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
-{"stage":"ResponseComplete","verb":"update","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
+        let text = r#"{"stage":"ResponseComplete","requestReceivedTimestamp":"1970-01-01T00:00:01Z","verb":"create","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"ResponseComplete","requestReceivedTimestamp":"1970-01-01T00:00:01Z","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"Panic","requestReceivedTimestamp":"1970-01-01T00:00:01Z","verb":"patch","userAgent":"csi-resizer/0.1 (linux/amd64) csi-sidecar"}
+{"stage":"ResponseComplete","requestReceivedTimestamp":"1970-01-01T00:00:01Z","verb":"update","userAgent":"csi-provisioner/0.1 (linux/amd64) csi-sidecar"}
 {"stage":"ResponseCom"#;
-        let by = count_lines(text, |ua| ua.split('/').next().unwrap_or("").to_string());
+        let by = count_lines(text, str::to_string);
         assert_eq!(by, [("csi-provisioner".to_string(), 2.0), ("csi-resizer".to_string(), 1.0)].into());
     }
 }
