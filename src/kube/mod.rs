@@ -131,17 +131,9 @@ pub enum KubeContextError {
 
 impl KubeContext {
     /// Builds the clients from the shared flags (`master` overrides the
-    /// server URL); every module its own share of the budget.
-    pub async fn connect(
-        shared: &SharedFlags,
-        master: Option<&str>,
-        budgets: &[ModuleBudget],
-    ) -> Result<Self, KubeContextError> {
-        Self::connect_with(shared, master, false, budgets).await
-    }
-
-    /// [`connect`](Self::connect); `kubeconfig_env`: `$KUBECONFIG` counts
-    /// (the process runs the provisioner, which reads it upstream).
+    /// server URL), every module with its own share of the budget;
+    /// `kubeconfig_env`: `$KUBECONFIG` counts (the process runs the
+    /// provisioner, which reads it upstream).
     pub async fn connect_with(
         shared: &SharedFlags,
         master: Option<&str>,
