@@ -25,7 +25,10 @@ step "cargo test"
 # tails on failure, remove them on success.
 export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR="$PWD/target/test-cluster-runs"
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
-if ! cargo test --workspace; then
+# The test output also goes to a file, so that on failure the failing tests'
+# own output is printed again after the component logs: CI shows the end.
+TEST_LOG="$PWD/target/cargo-test.log"
+if ! cargo test --workspace --no-fail-fast 2>&1 | tee "$TEST_LOG"; then
 	for d in "$CSI_SIDECAR_CLUSTER_DIR"/*/; do
 		[[ -d "$d" ]] || continue
 		printf '\n----- control-plane run %s -----\n' "$d" >&2
@@ -35,6 +38,10 @@ if ! cargo test --workspace; then
 			tail -n 30 "$f" >&2
 		done
 	done
+	printf '\n===== failing tests (their output, from %s) =====\n' "target/cargo-test.log" >&2
+	# Each test binary's "failures:" section: the failed tests' output, then their names.
+	awk '/^failures:$/ {on = 1} on {print} /^test result:/ {on = 0}' "$TEST_LOG" | tail -n 400 >&2
+	grep -E '^test .* \.\.\. FAILED$|^error: test failed|^error: could not compile' "$TEST_LOG" >&2 || true
 	exit 1
 fi
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
