@@ -55,13 +55,14 @@ const FEATURE_GATES_FLAG: &str = "feature-gates";
 /// The feature gates a module's `--feature-gates` accepts.
 fn known_gates(module: &str) -> Vec<&'static str> {
     use crate::modules::{attacher, provisioner, resizer, snapshotter};
-    match module {
-        "attacher" => attacher::config::FEATURE_GATES.to_vec(),
-        "provisioner" => provisioner::config::FEATURE_GATES.to_vec(),
-        "resizer" => resizer::config::FEATURE_GATES.iter().map(|(g, _)| *g).collect(),
-        "snapshotter" => snapshotter::config::FEATURE_GATES.iter().map(|(g, _)| *g).collect(),
-        _ => Vec::new(),
-    }
+    let known = match module {
+        "attacher" => attacher::config::FEATURE_GATES,
+        "provisioner" => provisioner::config::FEATURE_GATES,
+        "resizer" => resizer::config::FEATURE_GATES,
+        "snapshotter" => snapshotter::config::FEATURE_GATES,
+        _ => &[],
+    };
+    crate::flags::gates::names(known).collect()
 }
 
 /// A flag name split into (module, flag) when it carries a controller

@@ -6,6 +6,7 @@
 //! module table) and the modules (whose flag structs use these parsers), and
 //! imports neither, so the import graph has no cycle through them.
 
+pub mod gates;
 pub mod goflags;
 pub mod shared;
 

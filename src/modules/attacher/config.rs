@@ -59,8 +59,11 @@ pub struct AttacherFlags {
 /// Shared flags upstream external-attacher accepts, besides logging.
 pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
 
-/// Feature gates external-attacher knows.
-pub const FEATURE_GATES: &[&str] = &["MutableCSINodeAllocatableCount", "ReleaseLeaderElectionOnExit"];
+/// Feature gates external-attacher knows, with their defaults.
+pub const FEATURE_GATES: KnownGates =
+    &[("MutableCSINodeAllocatableCount", false), ("ReleaseLeaderElectionOnExit", false)];
+
+use crate::flags::gates::{self, KnownGates};
 
 impl AttacherFlags {
     /// Start-up checks (upstream exits for these).
@@ -68,13 +71,7 @@ impl AttacherFlags {
         if self.worker_threads == 0 {
             return Err("--worker-threads must be greater than 0".into());
         }
-        for part in self.feature_gates.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| format!("missing bool value for {part}"))?;
-            if !FEATURE_GATES.contains(&k.trim()) {
-                return Err(format!("unrecognized feature gate: {}", k.trim()));
-            }
-            crate::flags::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
-        }
+        gates::parse(&self.feature_gates, FEATURE_GATES).map_err(|e| e.to_string())?;
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
+use crate::compat::provisioner as up;
 use crate::flags::goflags::{go_bool_value, parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -107,24 +108,36 @@ pub struct ProvisionerFlags {
 /// Shared flags upstream external-provisioner accepts, besides logging.
 pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER, &["enable-pprof"]];
 
-/// Feature gates external-provisioner knows.
-pub const FEATURE_GATES: &[&str] =
-    &["Topology", "CrossNamespaceVolumeDataSource", "VolumeAttributesClass", "ReleaseLeaderElectionOnExit"];
+use crate::flags::gates::{self, KnownGates};
 
-/// Checks `--feature-gates` (component-base syntax: `Name=true|false`, comma separated).
-pub fn parse_feature_gates(s: &str) -> Result<Vec<(String, bool)>, String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').ok_or_else(|| format!("missing bool value for {p}"))?;
-            if !FEATURE_GATES.contains(&k.trim()) {
-                return Err(format!("unrecognized feature gate: {}", k.trim()));
-            }
-            let v = crate::flags::goflags::parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {k}={v}"))?;
-            Ok((k.trim().to_string(), v))
-        })
-        .collect()
+/// Feature gates external-provisioner knows, with their defaults
+/// (`VolumeAttributesClass` unless given: on where the apiserver serves the API).
+pub const FEATURE_GATES: KnownGates = &[
+    ("Topology", true),
+    (up::GATE_CROSS_NAMESPACE, false),
+    (super::vac::GATE, true),
+    ("ReleaseLeaderElectionOnExit", false),
+];
+
+/// The feature gates in effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    /// `Topology`: accessibility requirements for a topology-aware driver.
+    pub topology: bool,
+    /// `CrossNamespaceVolumeDataSource`: data sources in other namespaces.
+    pub cross_namespace: bool,
+    /// `VolumeAttributesClass` as given (else decided by the served API).
+    pub volume_attributes_class: Option<bool>,
+}
+
+/// Parses `--feature-gates` ([`gates::parse`]) into the provisioner's gates.
+pub fn parse_gates(s: &str) -> Result<Gates, String> {
+    let g = gates::parse(s, FEATURE_GATES).map_err(|e| e.to_string())?;
+    Ok(Gates {
+        topology: g.enabled("Topology"),
+        cross_namespace: g.enabled(up::GATE_CROSS_NAMESPACE),
+        volume_attributes_class: g.explicit(super::vac::GATE),
+    })
 }
 
 impl ProvisionerFlags {
@@ -139,7 +152,7 @@ impl ProvisionerFlags {
         if self.enable_capacity && self.capacity_poll_interval.is_zero() {
             return Err("--capacity-poll-interval must be greater than 0".into());
         }
-        parse_feature_gates(&self.feature_gates)?;
+        parse_gates(&self.feature_gates)?;
         Ok(Vec::new())
     }
 }
@@ -150,10 +163,13 @@ mod tests {
 
     #[test]
     fn feature_gates() {
-        assert_eq!(parse_feature_gates("Topology=true, VolumeAttributesClass=false").unwrap().len(), 2);
-        assert_eq!(parse_feature_gates("").unwrap(), vec![]);
-        assert!(parse_feature_gates("Nope=true").unwrap_err().contains("unrecognized feature gate: Nope"));
-        assert!(parse_feature_gates("Topology").is_err());
-        assert!(parse_feature_gates("Topology=maybe").is_err());
+        let g = parse_gates("Topology=false, VolumeAttributesClass=false").unwrap();
+        assert_eq!((g.topology, g.cross_namespace, g.volume_attributes_class), (false, false, Some(false)));
+        let g = parse_gates("").unwrap();
+        assert_eq!((g.topology, g.cross_namespace, g.volume_attributes_class), (true, false, None));
+        assert!(parse_gates("CrossNamespaceVolumeDataSource=true").unwrap().cross_namespace);
+        assert!(parse_gates("Nope=true").unwrap_err().contains("unrecognized feature gate: Nope"));
+        assert!(parse_gates("Topology").is_err());
+        assert!(parse_gates("Topology=maybe").is_err());
     }
 }

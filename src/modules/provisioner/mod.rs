@@ -56,11 +56,12 @@ use crate::{
         cache::Cache,
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
+        informers::{Informer, Informers},
         queue::{Backoff, Outcome, WorkQueue},
         reference_grant::ReferenceGrant,
         snapshot_api::{VolumeSnapshot, VolumeSnapshotContent},
     },
-    modules::{ModuleContext, ModuleError},
+    modules::{ModuleContext, ModuleError, views},
 };
 use config::ProvisionerFlags;
 use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};
@@ -242,15 +243,261 @@ impl Provisioner {
     }
 }
 
+/// The views of the shared cache the provisioner reads, registered together
+/// before the watches start.
+struct Views {
+    claims: Informer<CachedPvc>,
+    volumes: Informer<CachedPv>,
+    classes: Informer<StorageClass>,
+    /// With a driver that publishes: VolumeAttachments by PV.
+    attachments: Option<Informer<CachedVa>>,
+    /// With a driver that clones: sources carrying the cloning-protection finalizer.
+    clone_sources: Option<Informer<CachedPvc>>,
+    /// With the snapshot sweep: snapshots carrying the source finalizer.
+    snapshots: Option<Informer<VolumeSnapshot>>,
+    /// With a protection controller: claims of any driver waiting for a source.
+    waiting: Option<Informer<CachedPvc>>,
+    /// With a topology-aware driver (not a node deployment): Node labels and CSINodes.
+    topology: Option<(Informer<PartialObjectMeta<Node>>, Informer<CSINode>)>,
+}
+
+impl Views {
+    /// Registers the views. Nothing here awaits, so another module of the
+    /// process cannot start the claim watch between two of these views (a
+    /// view added to a running watch costs a relist).
+    fn register(
+        informers: &Informers,
+        driver: &DriverInfo,
+        node: Option<&node_deployment::NodeDeployment>,
+        sweep: bool,
+        topology_aware: bool,
+    ) -> Self {
+        let name = &driver.name;
+        let (claims, volumes) = match node {
+            None => (views::unbound_claims(informers, name, decide::is_for_driver), views::driver_pvs(informers, name)),
+            // A node's instance caches only what it may act on: claims not
+            // yet on a node or on its own, PVs its node can access.
+            Some(nd) => {
+                let (claims_nd, pvs_nd) = (nd.clone(), nd.clone());
+                let selected = move |c: &CachedPvc| {
+                    let node = c.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
+                    claims_nd.claim_in_view(node.map(String::as_str))
+                };
+                let accessible = move |pv: &CachedPv| {
+                    let affinity = pv.spec.as_ref().and_then(|s| s.node_affinity.as_deref());
+                    node_deployment::volume_accessible(affinity, pvs_nd.segment.as_ref())
+                };
+                (
+                    views::node_unbound_claims(informers, name, decide::is_for_driver, &nd.node, selected),
+                    views::node_pvs(informers, name, &nd.node, accessible),
+                )
+            }
+        };
+        let can = |rpc: Rpc| driver.has_controller_capability(rpc);
+        let clone_sources = can(Rpc::CloneVolume).then(|| views::cloning_protected_claims(informers));
+        // Restores read it too (the release after a restore), so with a
+        // driver that can snapshot it is there even without the sweep.
+        let waiting = (clone_sources.is_some() || can(Rpc::CreateDeleteSnapshot))
+            .then(|| views::claims_waiting_for_sources(informers, sources::waits_for_source));
+        Views {
+            claims,
+            volumes,
+            classes: informers.get::<StorageClass>(),
+            attachments: can(Rpc::PublishUnpublishVolume).then(|| views::driver_vas(informers, name)),
+            clone_sources,
+            snapshots: sweep.then(|| views::provisioner_protected_snapshots(informers)),
+            waiting,
+            // Nodes are only read for their labels: a metadata-only watch.
+            // A node deployment watches neither (its topology is the driver's answer).
+            topology: (topology_aware && node.is_none())
+                .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>())),
+        }
+    }
+
+    /// Waits for the caches provisioning reads (not the sweep's: a role
+    /// without VolumeSnapshot `list` costs the sweep, not provisioning).
+    async fn synced(&self) {
+        tokio::join!(self.claims.synced(), self.volumes.synced(), self.classes.synced(), async {
+            if let Some(i) = &self.clone_sources {
+                i.synced().await;
+            }
+            if let Some(i) = &self.waiting {
+                i.synced().await;
+            }
+            // The selected node's labels and CSINode: a claim read before
+            // these caches synced would find its node missing and be handed
+            // back to the scheduler.
+            if let Some((nodes, csinodes)) = &self.topology {
+                tokio::join!(nodes.synced(), csinodes.synced());
+            }
+        });
+    }
+}
+
+/// The provisioner's work queues.
+#[derive(Clone)]
+struct Queues {
+    claims: WorkQueue<String>,
+    volumes: WorkQueue<String>,
+    /// With a driver that clones.
+    clone_sources: Option<WorkQueue<String>>,
+}
+
+/// Connects the views' changes to the queues. Handlers go on before the
+/// watches start (late ones would be replayed the cache, but there is no
+/// reason to be late).
+fn add_handlers(
+    views: &Views,
+    queues: &Queues,
+    infeasible: &Arc<Mutex<infeasible::Infeasible>>,
+    driver: &str,
+    shutdown: &CancellationToken,
+) {
+    let claims = queues.claims.clone();
+    views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+    // A changed class: its claims with an infeasible create may try again.
+    let (claims, infeasible) = (queues.claims.clone(), infeasible.clone());
+    views.classes.on_change(move |c| {
+        let name = c.object().metadata.name.as_deref().unwrap_or_default();
+        for key in infeasible.lock().unwrap_or_else(|e| e.into_inner()).keys_of_class(name) {
+            claims.add(key);
+        }
+    });
+    if let (Some(inf), Some(clones)) = (&views.waiting, &queues.clone_sources) {
+        // A clone that changed (bound, deleted): its source may be free.
+        let clones = clones.clone();
+        inf.on_change(move |c| {
+            if let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object()) {
+                clones.add(format!("{ns}/{name}"));
+            }
+        });
+    }
+    if let (Some(inf), Some(clones)) = (&views.clone_sources, &queues.clone_sources) {
+        let clones = clones.clone();
+        inf.on_change_with_resync(up::RESYNC, shutdown, move |c| {
+            if !c.is_deleted() && c.object().metadata.deletion_timestamp.is_some() {
+                clones.add(claim_key(&c.object().metadata));
+            }
+        });
+    }
+    let (volumes, name) = (queues.volumes.clone(), driver.to_string());
+    views.volumes.on_change_with_resync(up::RESYNC, shutdown, move |c| {
+        let pv = c.object();
+        // Ours, or a migrated in-tree volume (decide_volume checks which).
+        let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
+            || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
+        let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
+        if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
+            volumes.add(pv.metadata.name.clone().unwrap_or_default());
+        }
+    });
+}
+
+/// Node deployment: this node, with the driver's own answer as its topology.
+async fn node_of(
+    cfg: &ProvisionerFlags,
+    csi: &Connection,
+    name: Option<String>,
+) -> Result<Option<node_deployment::NodeDeployment>, ModuleError> {
+    let Some(name) = name else { return Ok(None) };
+    let info = csi.node_get_info(cfg.timeout).await.map_err(|s| ModuleError::Fatal {
+        module: NAME,
+        message: format!("Failed to get node info from CSI driver: {}", status_text(&s)),
+    })?;
+    let nd = node_deployment::NodeDeployment::new(name, &info, cfg);
+    tracing::info!(node = %nd.node, node_id = %info.node_id, topology = ?nd.segment, "Node deployment: using the driver's topology of this node");
+    Ok(Some(nd))
+}
+
+/// Whether the snapshot-finalizer sweep runs: the driver can snapshot, the
+/// sweep is not disabled, and the snapshot API is installed (silently off
+/// otherwise).
+async fn sweep_enabled(cfg: &ProvisionerFlags, client: &Client, driver: &DriverInfo) -> bool {
+    if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) || cfg.snapshot_orphan_sweep_interval.is_zero() {
+        return false;
+    }
+    crate::kube::snapshot_api::installed(client, "volumesnapshots").await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
+        false
+    })
+}
+
+/// The VolumeAttributesClass gate: as given, else on where the API is served.
+async fn vac_gate_in_effect(explicit: Option<bool>, client: &Client) -> bool {
+    let served = match explicit {
+        Some(_) => true,
+        None => crate::kube::discovery::vac_served(client).await,
+    };
+    let on = vac::gate(explicit, served);
+    if !on && explicit.is_none() {
+        tracing::info!(
+            "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
+        );
+    }
+    on
+}
+
+/// The provisioning library's event component, `<driver>_<host>_<uuid>`
+/// (it sets no source host).
+fn library_event_component(driver: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    up::library_event_component(driver, &host, &random_uuid())
+}
+
+/// The work the Lease guards: the caches synced, then every queue's workers,
+/// the sweep and capacity tracking until `token` is cancelled.
+async fn work(
+    p: Arc<Provisioner>,
+    views: Arc<Views>,
+    queues: Queues,
+    capacity: Option<Arc<capacity::Controller>>,
+    token: CancellationToken,
+) {
+    // A cache that cannot sync (a forbidden watch) must not hold up a
+    // shutdown: nothing was started that needs draining.
+    if token.run_until_cancelled(views.synced()).await.is_none() {
+        return;
+    }
+    tracing::info!("Caches synced; provisioning");
+    let workers = p.cfg.worker_threads;
+    let (pc, pv) = (p.clone(), p.clone());
+    tokio::join!(
+        queues.claims.run(workers, token.clone(), move |key| {
+            let p = pc.clone();
+            let span = tracing::info_span!("claim", key = %key);
+            async move { p.sync_claim(key).await }.instrument(span)
+        }),
+        queues.volumes.run(workers, token.clone(), move |name| {
+            let p = pv.clone();
+            let span = tracing::info_span!("volume", pv = %name);
+            async move { p.sync_volume(name).await }.instrument(span)
+        }),
+        run_cloning_protection(p.clone(), queues.clone_sources.clone(), token.clone()),
+        run_snapshot_sweep(p.clone(), views.snapshots.clone(), token.clone()),
+        async {
+            if let Some(c) = capacity {
+                c.run(token.clone()).await;
+            }
+        },
+    );
+}
+
 /// Runs the provisioner until shutdown (or until its Lease is lost).
 pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
-    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    for note in cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })? {
+    let config = |message: String| ModuleError::Config { module: NAME, message };
+    let kube: KubeContext =
+        ctx.kube.clone().ok_or_else(|| ModuleError::Fatal { module: NAME, message: "no Kubernetes client".into() })?;
+    for note in cfg.validate().map_err(config)? {
         tracing::warn!("{note}");
     }
+    let gates = config::parse_gates(&cfg.feature_gates).map_err(config)?;
     let node_name = node_deployment::node_name(cfg.node_deployment, std::env::var(up::NODE_NAME_ENV).ok().as_deref())
-        .map_err(|message| ModuleError::Config { module: NAME, message })?;
+        .map_err(config)?;
     if node_name.is_some() && kube.leader.enabled {
         tracing::warn!(
             "--node-deployment with --leader-election: every node's instance competes for one Lease, so one node provisions at a time"
@@ -258,52 +505,10 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     }
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
-    // Node deployment: the driver's own answer is this node's topology.
-    let node = match node_name {
-        None => None,
-        Some(name) => {
-            let info = ctx
-                .csi
-                .node_get_info(cfg.timeout)
-                .await
-                .map_err(|s| fatal(format!("Failed to get node info from CSI driver: {}", status_text(&s))))?;
-            let nd = node_deployment::NodeDeployment::new(name, &info, &cfg);
-            tracing::info!(node = %nd.node, node_id = %info.node_id, topology = ?nd.segment, "Node deployment: using the driver's topology of this node");
-            Some(nd)
-        }
-    };
-    // The snapshot sweep: VolumeSnapshots carrying the provisioner's
-    // finalizer, only when the snapshot API is installed (silently off
-    // otherwise), the driver can snapshot and the sweep is not disabled.
-    // Asked before any view is registered: from here to `informers.start`
-    // nothing awaits, so another module of the process cannot start the
-    // claim watch between two of this module's views (a view added to a
-    // running watch costs a relist).
-    let sweep = driver.has_controller_capability(Rpc::CreateDeleteSnapshot)
-        && !cfg.snapshot_orphan_sweep_interval.is_zero()
-        && match crate::kube::snapshot_api::installed(&kube.client, "volumesnapshots").await {
-            Ok(installed) => installed,
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
-                false
-            }
-        };
-    // The VolumeAttributesClass gate: as given, else on where the API is served.
-    let vac_explicit = config::parse_feature_gates(&cfg.feature_gates)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|(g, _)| g == vac::GATE)
-        .map(|(_, on)| on);
-    let vac_served = match vac_explicit {
-        Some(_) => true,
-        None => crate::kube::discovery::vac_served(&kube.client).await,
-    };
-    let vac_gate = vac::gate(vac_explicit, vac_served);
-    if !vac_gate && vac_explicit.is_none() {
-        tracing::info!(
-            "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
-        );
-    }
+    let node = node_of(&cfg, &ctx.csi, node_name).await?;
+    // Everything that awaits comes before the views are registered.
+    let sweep = sweep_enabled(&cfg, &kube.client, &driver).await;
+    let vac_gate = vac_gate_in_effect(gates.volume_attributes_class, &kube.client).await;
     // Capacity tracking: its environment, the driver's capability and the
     // owner walk are start-up checks (upstream exits on each).
     let capacity_setup = match cfg.enable_capacity {
@@ -314,116 +519,16 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let capacity_ctl = capacity_setup.map(|(settings, client)| {
         Arc::new(capacity::Controller::register(informers, settings, ctx.csi.clone(), client))
     });
-    let (pvc_inf, pv_inf) = match &node {
-        None => (
-            crate::modules::views::unbound_claims(informers, &driver.name, decide::is_for_driver),
-            crate::modules::views::driver_pvs(informers, &driver.name),
-        ),
-        // A node's instance caches only what it may act on: claims not yet
-        // on a node or on its own, PVs its node can access.
-        Some(nd) => {
-            let (claims_nd, pvs_nd) = (nd.clone(), nd.clone());
-            (
-                crate::modules::views::node_unbound_claims(
-                    informers,
-                    &driver.name,
-                    decide::is_for_driver,
-                    &nd.node,
-                    move |c: &CachedPvc| {
-                        claims_nd.claim_in_view(
-                            c.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get(up::ANN_SELECTED_NODE))
-                                .map(String::as_str),
-                        )
-                    },
-                ),
-                crate::modules::views::node_pvs(informers, &driver.name, &nd.node, move |pv: &CachedPv| {
-                    node_deployment::volume_accessible(
-                        pv.spec.as_ref().and_then(|s| s.node_affinity.as_deref()),
-                        pvs_nd.segment.as_ref(),
-                    )
-                }),
-            )
-        }
-    };
-    let sc_inf = informers.get::<StorageClass>();
-    let va_inf = driver
-        .has_controller_capability(Rpc::PublishUnpublishVolume)
-        .then(|| crate::modules::views::driver_vas(informers, &driver.name));
-    let gates = config::parse_feature_gates(&cfg.feature_gates).unwrap_or_default();
-    let topology_gate = gates.iter().find(|(g, _)| g == "Topology").is_none_or(|(_, on)| *on);
-    let cross_namespace = gates.iter().any(|(g, on)| g == up::GATE_CROSS_NAMESPACE && *on);
-    // Claims that are clone sources carrying the cloning-protection
-    // finalizer (a view of the one PVC watch), only with a driver that can
-    // clone (upstream starts the controller only then).
-    let clone_inf = driver
-        .has_controller_capability(Rpc::CloneVolume)
-        .then(|| crate::modules::views::cloning_protected_claims(informers));
-    let snap_inf = sweep.then(|| crate::modules::views::provisioner_protected_snapshots(informers));
-    // Restores read it too (the release after a restore), so with a driver
-    // that can snapshot it is there even without the sweep.
-    let waiting_inf = (clone_inf.is_some() || driver.has_controller_capability(Rpc::CreateDeleteSnapshot))
-        .then(|| crate::modules::views::claims_waiting_for_sources(informers, sources::waits_for_source));
-    // Nodes are only read for their labels: a metadata-only watch. A node
-    // deployment watches neither (its topology is the driver's answer).
-    let topology_aware = topology_gate && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
-    let topo_inf =
-        (topology_aware && node.is_none()).then(|| (informers.metadata::<Node>(), informers.get::<CSINode>()));
-
+    let topology_aware = gates.topology && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
+    let views = Arc::new(Views::register(informers, &driver, node.as_ref(), sweep, topology_aware));
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let claims: WorkQueue<String> = WorkQueue::new(up::QUEUE_CLAIMS, backoff);
-    let volumes: WorkQueue<String> = WorkQueue::new(up::QUEUE_VOLUMES, backoff);
-    let clone_queue: Option<WorkQueue<String>> =
-        clone_inf.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff));
+    let queues = Queues {
+        claims: WorkQueue::new(up::QUEUE_CLAIMS, backoff),
+        volumes: WorkQueue::new(up::QUEUE_VOLUMES, backoff),
+        clone_sources: views.clone_sources.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff)),
+    };
     let infeasible: Arc<Mutex<infeasible::Infeasible>> = Arc::default();
-    // Handlers before the watches start (late ones would be replayed the
-    // cache, but there is no reason to be late).
-    {
-        let claims = claims.clone();
-        pvc_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
-    }
-    {
-        // A changed class: its claims with an infeasible create may try again.
-        let (claims, infeasible) = (claims.clone(), infeasible.clone());
-        sc_inf.on_change(move |c| {
-            let name = c.object().metadata.name.as_deref().unwrap_or_default();
-            for key in infeasible.lock().unwrap_or_else(|e| e.into_inner()).keys_of_class(name) {
-                claims.add(key);
-            }
-        });
-    }
-    if let (Some(inf), Some(clones)) = (&waiting_inf, &clone_queue) {
-        // A clone that changed (bound, deleted): its source may be free.
-        let clones = clones.clone();
-        inf.on_change(move |c| {
-            if let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object()) {
-                clones.add(format!("{ns}/{name}"));
-            }
-        });
-    }
-    if let (Some(inf), Some(clones)) = (&clone_inf, &clone_queue) {
-        let clones = clones.clone();
-        inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
-            if !c.is_deleted() && c.object().metadata.deletion_timestamp.is_some() {
-                clones.add(claim_key(&c.object().metadata));
-            }
-        });
-    }
-    {
-        let (volumes, name) = (volumes.clone(), driver.name.clone());
-        pv_inf.on_change_with_resync(up::RESYNC, &ctx.shutdown, move |c| {
-            let pv = c.object();
-            // Ours, or a migrated in-tree volume (decide_volume checks which).
-            let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
-                || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
-            let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
-            if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
-                volumes.add(pv.metadata.name.clone().unwrap_or_default());
-            }
-        });
-    }
+    add_handlers(&views, &queues, &infeasible, &driver.name, &ctx.shutdown);
     informers.start(&ctx.shutdown);
     let settings = Settings {
         volume_name_prefix: cfg.volume_name_prefix.clone(),
@@ -432,16 +537,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         extra_create_metadata: cfg.extra_create_metadata,
         controller_publish_readonly: cfg.controller_publish_readonly,
     };
-    // Upstream's library names its recorder `<driver>_<host>_<uuid>` and
-    // sets no source host; the provisioner's own recorder is
-    // `external-provisioner`.
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default();
-    let component = up::library_event_component(&driver.name, &host, &random_uuid());
+    let component = library_event_component(&driver.name);
     let p = Arc::new(Provisioner {
         settings,
         identity: node_deployment::identity(identity(&driver.name), node.as_ref().map(|n| n.node.as_str())),
@@ -449,19 +545,19 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         client: kube.client.clone(),
         events: Recorder::new(kube.client.clone(), &component, "", &ctx.shutdown),
         own_events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, "", &ctx.shutdown),
-        pvcs: pvc_inf.store(),
-        pvs: pv_inf.store(),
-        classes: sc_inf.store(),
-        attachments: va_inf.as_ref().map(|i| i.store()),
-        topology: topo_inf.as_ref().map(|(n, c)| (n.store(), c.store())),
+        pvcs: views.claims.store(),
+        pvs: views.volumes.store(),
+        classes: views.classes.store(),
+        attachments: views.attachments.as_ref().map(|i| i.store()),
+        topology: views.topology.as_ref().map(|(n, c)| (n.store(), c.store())),
         in_flight: Mutex::default(),
         infeasible,
         volume_deleted: RecentUids::default(),
         finalizer_released: RecentUids::default(),
-        cross_namespace,
-        waiting: waiting_inf.as_ref().map(|i| i.store()),
-        clone_protection: clone_inf.as_ref().zip(clone_queue.clone()).map(|(i, q)| (i.store(), q)),
-        protected_snapshots: snap_inf.as_ref().map(|i| i.store()),
+        cross_namespace: gates.cross_namespace,
+        waiting: views.waiting.as_ref().map(|i| i.store()),
+        clone_protection: views.clone_sources.as_ref().zip(queues.clone_sources.clone()).map(|(i, q)| (i.store(), q)),
+        protected_snapshots: views.snapshots.as_ref().map(|i| i.store()),
         node_topology: topology_aware,
         node,
         races: node_deployment::Races::default(),
@@ -470,62 +566,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         driver: driver.clone(),
         cfg,
     });
-    let work = {
-        let (p, claims, volumes) = (p.clone(), claims.clone(), volumes.clone());
-        let (pvc_inf, pv_inf, sc_inf) = (pvc_inf.clone(), pv_inf.clone(), sc_inf.clone());
-        let (clone_inf, snap_inf, clone_queue) = (clone_inf.clone(), snap_inf.clone(), clone_queue.clone());
-        let waiting_inf = waiting_inf.clone();
-        let capacity_ctl = capacity_ctl.clone();
-        let topo_inf = topo_inf.clone();
-        move |token: CancellationToken| async move {
-            // A cache that cannot sync (a forbidden watch) must not hold
-            // up a shutdown: nothing was started that needs draining.
-            let synced = async {
-                tokio::join!(pvc_inf.synced(), pv_inf.synced(), sc_inf.synced(), async {
-                    if let Some(i) = &clone_inf {
-                        i.synced().await;
-                    }
-                    if let Some(i) = &waiting_inf {
-                        i.synced().await;
-                    }
-                    // The selected node's labels and CSINode: a claim read
-                    // before these caches synced would find its node
-                    // missing and be handed back to the scheduler.
-                    if let Some((nodes, csinodes)) = &topo_inf {
-                        tokio::join!(nodes.synced(), csinodes.synced());
-                    }
-                })
-            };
-            if token.run_until_cancelled(synced).await.is_none() {
-                return;
-            }
-            tracing::info!("Caches synced; provisioning");
-            let workers = p.cfg.worker_threads;
-            let (pc, pv) = (p.clone(), p.clone());
-            tokio::join!(
-                claims.run(workers, token.clone(), move |key| {
-                    let p = pc.clone();
-                    let span = tracing::info_span!("claim", key = %key);
-                    async move { p.sync_claim(key).await }.instrument(span)
-                }),
-                volumes.run(workers, token.clone(), move |name| {
-                    let p = pv.clone();
-                    let span = tracing::info_span!("volume", pv = %name);
-                    async move { p.sync_volume(name).await }.instrument(span)
-                }),
-                run_cloning_protection(p.clone(), clone_queue, token.clone()),
-                run_snapshot_sweep(p.clone(), snap_inf.clone(), token.clone()),
-                async {
-                    if let Some(c) = capacity_ctl.clone() {
-                        c.run(token.clone()).await;
-                    }
-                },
-            );
-        }
-    };
-    // Lease name: the driver name with '/' replaced, sanitised (upstream).
-    // Lease name: upstream's for this module.
-    crate::modules::led::run_led(&ctx, NAME, &driver.name.replace('/', "-"), work).await
+    let led = move |token: CancellationToken| work(p, views, queues, capacity_ctl, token);
+    // Lease name: upstream's for this module (the driver name, '/' replaced).
+    crate::modules::led::run_led(&ctx, NAME, &driver.name.replace('/', "-"), led).await
 }
 
 /// The capacity controller's settings and client, checked at start-up:

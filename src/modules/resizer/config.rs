@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::flags::goflags::{go_bool_value, parse_go_bool, parse_go_duration};
+use crate::flags::goflags::{go_bool_value, parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -52,8 +52,10 @@ pub struct ResizerFlags {
 /// Shared flags upstream external-resizer accepts, besides logging.
 pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
 
+use crate::flags::gates::{self, KnownGates};
+
 /// Feature gates external-resizer knows, with their defaults.
-pub const FEATURE_GATES: &[(&str, bool)] = &[
+pub const FEATURE_GATES: KnownGates = &[
     ("AnnotateFsResize", true),
     ("RecoverVolumeExpansionFailure", true),
     ("VolumeAttributesClass", true),
@@ -76,31 +78,16 @@ pub struct Gates {
     pub release_leader_election_on_exit: bool,
 }
 
-/// Parses `--feature-gates` (component-base syntax: `Name=bool`, comma separated).
+/// Parses `--feature-gates` ([`gates::parse`]) into the resizer's gates.
 pub fn parse_gates(s: &str) -> Result<Gates, String> {
-    let mut g = Gates {
-        annotate_fs_resize: true,
-        recover: true,
-        volume_attributes_class: true,
-        volume_attributes_class_explicit: false,
-        release_leader_election_on_exit: false,
-    };
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| format!("missing bool value for {part}"))?;
-        let k = k.trim();
-        let v = parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
-        match k {
-            "AnnotateFsResize" => g.annotate_fs_resize = v,
-            "RecoverVolumeExpansionFailure" => g.recover = v,
-            "VolumeAttributesClass" => {
-                g.volume_attributes_class = v;
-                g.volume_attributes_class_explicit = true;
-            }
-            "ReleaseLeaderElectionOnExit" => g.release_leader_election_on_exit = v,
-            _ => return Err(format!("unrecognized feature gate: {k}")),
-        }
-    }
-    Ok(g)
+    let g = gates::parse(s, FEATURE_GATES).map_err(|e| e.to_string())?;
+    Ok(Gates {
+        annotate_fs_resize: g.enabled("AnnotateFsResize"),
+        recover: g.enabled("RecoverVolumeExpansionFailure"),
+        volume_attributes_class: g.enabled("VolumeAttributesClass"),
+        volume_attributes_class_explicit: g.explicit("VolumeAttributesClass").is_some(),
+        release_leader_election_on_exit: g.enabled("ReleaseLeaderElectionOnExit"),
+    })
 }
 
 impl ResizerFlags {

@@ -5,10 +5,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::{
-    compat::snapshotter as up,
-    flags::goflags::{parse_go_bool, parse_go_duration},
-};
+use crate::{compat::snapshotter as up, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -65,8 +62,10 @@ pub struct SnapshotterFlags {
 /// Shared flags upstream csi-snapshotter accepts, besides logging.
 pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
 
+use crate::flags::gates::{self, KnownGates};
+
 /// Feature gates csi-snapshotter knows, with their defaults.
-pub const FEATURE_GATES: &[(&str, bool)] = &[("CSIVolumeGroupSnapshot", true), ("ReleaseLeaderElectionOnExit", false)];
+pub const FEATURE_GATES: KnownGates = &[("CSIVolumeGroupSnapshot", true), ("ReleaseLeaderElectionOnExit", false)];
 
 /// The feature gates in effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,20 +77,13 @@ pub struct Gates {
     pub release_leader_election_on_exit: bool,
 }
 
-/// Parses `--feature-gates` (component-base syntax: `Name=bool`, comma separated).
+/// Parses `--feature-gates` ([`gates::parse`]) into the snapshotter's gates.
 pub fn parse_gates(s: &str) -> Result<Gates, String> {
-    let mut g = Gates { volume_group_snapshot: true, release_leader_election_on_exit: false };
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| format!("missing bool value for {part}"))?;
-        let k = k.trim();
-        let v = parse_go_bool(v.trim()).map_err(|_| format!("invalid value of {part}"))?;
-        match k {
-            "CSIVolumeGroupSnapshot" => g.volume_group_snapshot = v,
-            "ReleaseLeaderElectionOnExit" => g.release_leader_election_on_exit = v,
-            _ => return Err(format!("unrecognized feature gate: {k}")),
-        }
-    }
-    Ok(g)
+    let g = gates::parse(s, FEATURE_GATES).map_err(|e| e.to_string())?;
+    Ok(Gates {
+        volume_group_snapshot: g.enabled("CSIVolumeGroupSnapshot"),
+        release_leader_election_on_exit: g.enabled("ReleaseLeaderElectionOnExit"),
+    })
 }
 
 impl SnapshotterFlags {
