@@ -1,0 +1,192 @@
+//! The modify path: a claim's VolumeAttributesClass sync
+//! (`ControllerModifyVolume`), its writes (the claim's `modifyVolumeStatus`
+//! and conditions, the PV's class) and its events; what to do is decided in
+//! [`super::decide`] (`decide/modify.rs`).
+
+use ::kube::runtime::reflector::ObjectRef;
+use k8s_openapi::jiff::Timestamp;
+
+use super::{
+    Resizer,
+    decide::{self, ModifyStep},
+    is_status, set_of,
+};
+use crate::{
+    compat::{self, modifier as mo},
+    kube::{events::EventType, queue::Outcome},
+};
+
+impl Resizer {
+    /// A modification InProgress when the last leader stopped may still be
+    /// applying: its claim is uncertain (its target is kept).
+    pub(super) fn recall_in_progress(&self) {
+        let Some(m) = &self.modify else { return };
+        let mut uncertain = set_of(&m.uncertain);
+        for c in self.claims.state() {
+            let st = c.status.as_ref().and_then(|s| s.modify_volume_status.as_ref());
+            if st.is_some_and(|s| s.status == mo::IN_PROGRESS) {
+                uncertain.insert(decide::claim_key(&c.metadata));
+            }
+        }
+    }
+
+    pub(super) async fn sync_modify(&self, key: String) -> Outcome {
+        let Some(m) = &self.modify else { return Outcome::Done };
+        let (ns, name) = key.split_once('/').unwrap_or(("", &key));
+        let Some(cached) = self.claims.get_named(Some(ns), name) else {
+            set_of(&m.uncertain).remove(&key);
+            m.slow.remove(&key);
+            return Outcome::Done;
+        };
+        let pvc = cached.to_full();
+        let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
+            return Outcome::Done;
+        };
+        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            return Outcome::Done;
+        }
+        let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)).map(|p| p.to_full()) else {
+            tracing::debug!(pv = %pv_name, "PV not among the driver's; no modification");
+            return Outcome::Done;
+        };
+        if pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_none_or(|c| *c.driver != *self.driver.name) {
+            return Outcome::Done;
+        }
+        let slow = match decide::modify_infeasible_same_target(&pvc) {
+            Some(true) => {
+                let was = m.slow.remaining(&key, self.cfg.retry_interval_max).is_some();
+                m.slow.add(&key);
+                was
+            }
+            Some(false) => {
+                m.slow.remove(&key);
+                false
+            }
+            None => false,
+        };
+        let uncertain = set_of(&m.uncertain).contains(&key);
+        let pvc_name = pvc.metadata.name.clone().unwrap_or_default();
+        let (pvc, target) = match decide::plan_modify(&pvc, uncertain, slow) {
+            ModifyStep::Nothing => return Outcome::Done,
+            ModifyStep::HeldBack => {
+                tracing::info!("{}", mo::text_infeasible_skipped(&key));
+                return Outcome::Retry;
+            }
+            ModifyStep::Rollback { had_condition } => {
+                if !had_condition {
+                    return Outcome::Done;
+                }
+                if let Err(e) = self.patch_status(&pvc, decide::modify_rollback_patch(&pvc)).await {
+                    tracing::warn!(error = %e, "Removing the ModifyingVolume condition failed");
+                    return Outcome::Retry;
+                }
+                self.event(&pvc, EventType::Normal, mo::REASON_MODIFY_CANCELED, mo::TEXT_CANCELED);
+                return Outcome::Done;
+            }
+            ModifyStep::Resume { target } => (pvc, target),
+            ModifyStep::Start { target } => {
+                let vac = m.vacs.get(&ObjectRef::new(&target));
+                let problem = match &vac {
+                    None => Some(mo::text_vac_missing(&target)),
+                    Some(v) if v.driver_name != *self.driver.name => Some(format!(
+                        "VAC \"{target}\" is for driver {}, not {}; not modifying",
+                        v.driver_name, self.driver.name
+                    )),
+                    Some(_) => None,
+                };
+                if let Some(msg) = problem {
+                    // Pending until the user changes the class (upstream
+                    // does not retry either: the write ends the sync).
+                    tracing::warn!(vac = %target, "{msg}");
+                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
+                    return match self.patch_status(&pvc, decide::modify_pending_patch(&pvc)).await {
+                        Ok(_) => Outcome::Done,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Marking the modification pending failed");
+                            Outcome::Retry
+                        }
+                    };
+                }
+                let patch = decide::modify_in_progress_patch(&pvc, &target, Timestamp::now());
+                let written = match self.patch_status(&pvc, patch).await {
+                    Ok(w) => w,
+                    // A conflict: the cache was behind; the newer version
+                    // re-queues the claim, and no call was made.
+                    Err(e) if is_status(&e, 409) => {
+                        tracing::debug!("Claim changed meanwhile; syncing again");
+                        return Outcome::Retry;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Marking the modification in progress failed");
+                        return Outcome::Retry;
+                    }
+                };
+                self.event(&written, EventType::Normal, mo::REASON_MODIFY, &mo::text_modifying(&pvc_name, &target));
+                (written, target)
+            }
+        };
+        let Some(vac) = m.vacs.get(&ObjectRef::new(&target)) else {
+            self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &mo::text_vac_missing(&target));
+            return Outcome::Retry;
+        };
+        let mut req = match decide::modify_request(&pv, &pvc, vac.parameters.as_ref(), self.cfg.extra_modify_metadata) {
+            Ok(r) => r,
+            Err(e) => {
+                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e.to_string());
+                return Outcome::Retry;
+            }
+        };
+        if let Some((name, ns)) = decide::modify_secret_ref(&pv) {
+            match crate::kube::secrets::secret_data(&self.client, &name, &ns).await {
+                Ok(s) => req.secrets = s,
+                Err(e) => {
+                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e);
+                    return Outcome::Retry;
+                }
+            }
+        }
+        let resp = self.csi.controller_modify_volume(self.cfg.timeout, req).await;
+        match resp {
+            Ok(_) => {
+                set_of(&m.uncertain).remove(&key);
+                m.slow.remove(&key);
+                if let Err(e) = self.patch_pv(&pv_name, decide::pv_vac_patch(&target)).await {
+                    tracing::warn!(pv = %pv_name, error = %e, "Recording the class on the PV failed");
+                    return Outcome::Retry;
+                }
+                if let Err(e) = self.patch_status(&pvc, decide::modify_success_patch(&pvc, &target)).await {
+                    tracing::warn!(error = %e, "Recording the class on the claim failed");
+                    return Outcome::Retry;
+                }
+                tracing::info!(vac = %target, "Volume modified");
+                self.event(
+                    &pvc,
+                    EventType::Normal,
+                    mo::REASON_MODIFY_SUCCESSFUL,
+                    &mo::text_modified(&pvc_name, &target),
+                );
+                Outcome::Done
+            }
+            Err(status) => {
+                let mut text = compat::grpc_error_text(&status);
+                let failed = decide::modify_failed(status.code());
+                if failed.uncertain {
+                    set_of(&m.uncertain).insert(key.clone());
+                    text.push_str(&mo::text_still_modifying(&target));
+                } else {
+                    set_of(&m.uncertain).remove(&key);
+                }
+                tracing::warn!(vac = %target, error = %text, "Modification failed");
+                let patch = decide::modify_failure_patch(&pvc, &target, &status, Timestamp::now());
+                match self.patch_status(&pvc, patch).await {
+                    // Held back from the next retry on, as upstream.
+                    Ok(_) if failed.hold_back => m.slow.add(&key),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "Recording the modification error failed"),
+                }
+                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &text);
+                Outcome::Retry
+            }
+        }
+    }
+}
