@@ -35,7 +35,8 @@ pub enum TranslateError {
     Topology(String),
 }
 
-/// An in-tree volume plugin with a CSI migration target (all GA).
+/// An in-tree volume plugin with a CSI migration target (all GA); its
+/// names and rules are in `plugins/`, one file per plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Plugin {
     /// `awsElasticBlockStore` → `ebs.csi.aws.com`.
@@ -55,7 +56,7 @@ pub enum Plugin {
 }
 
 impl Plugin {
-    /// Every plugin.
+    /// Every plugin (the order of the registry in `plugins/mod.rs`).
     pub const ALL: [Plugin; 7] = [
         Plugin::AwsEbs,
         Plugin::GcePd,
@@ -68,64 +69,32 @@ impl Plugin {
 
     /// The CSI driver that serves the plugin's volumes.
     pub fn csi_driver(self) -> &'static str {
-        match self {
-            Plugin::AwsEbs => "ebs.csi.aws.com",
-            Plugin::GcePd => "pd.csi.storage.gke.io",
-            Plugin::AzureDisk => "disk.csi.azure.com",
-            Plugin::AzureFile => "file.csi.azure.com",
-            Plugin::Cinder => "cinder.csi.openstack.org",
-            Plugin::Vsphere => "csi.vsphere.vmware.com",
-            Plugin::Portworx => "pxd.portworx.com",
-        }
+        plugins::of(self).csi_driver()
     }
 
     /// The in-tree plugin (and provisioner) name.
     pub fn in_tree_name(self) -> &'static str {
-        match self {
-            Plugin::AwsEbs => "kubernetes.io/aws-ebs",
-            Plugin::GcePd => "kubernetes.io/gce-pd",
-            Plugin::AzureDisk => "kubernetes.io/azure-disk",
-            Plugin::AzureFile => "kubernetes.io/azure-file",
-            Plugin::Cinder => "kubernetes.io/cinder",
-            Plugin::Vsphere => "kubernetes.io/vsphere-volume",
-            Plugin::Portworx => "kubernetes.io/portworx-volume",
-        }
+        plugins::of(self).in_tree_name()
     }
 
     /// The plugin a CSI driver is the migration target of.
     pub fn for_driver(driver: &str) -> Option<Plugin> {
-        Plugin::ALL.into_iter().find(|p| p.csi_driver() == driver)
+        plugins::find(|r| r.csi_driver() == driver)
     }
 
     /// The plugin of an in-tree plugin name.
     pub fn for_in_tree_name(name: &str) -> Option<Plugin> {
-        Plugin::ALL.into_iter().find(|p| p.in_tree_name() == name)
+        plugins::find(|r| r.in_tree_name() == name)
     }
 
     /// The plugin of a PV spec's in-tree source, if it has a migratable one.
     pub fn of_spec(spec: &PersistentVolumeSpec) -> Option<Plugin> {
-        Plugin::ALL.into_iter().find(|p| match p {
-            Plugin::AwsEbs => spec.aws_elastic_block_store.is_some(),
-            Plugin::GcePd => spec.gce_persistent_disk.is_some(),
-            Plugin::AzureDisk => spec.azure_disk.is_some(),
-            Plugin::AzureFile => spec.azure_file.is_some(),
-            Plugin::Cinder => spec.cinder.is_some(),
-            Plugin::Vsphere => spec.vsphere_volume.is_some(),
-            Plugin::Portworx => spec.portworx_volume.is_some(),
-        })
+        plugins::find(|r| r.has_pv_source(spec))
     }
 
     /// The plugin of a pod's inline volume, if it is a migratable one.
     pub fn of_volume(v: &Volume) -> Option<Plugin> {
-        Plugin::ALL.into_iter().find(|p| match p {
-            Plugin::AwsEbs => v.aws_elastic_block_store.is_some(),
-            Plugin::GcePd => v.gce_persistent_disk.is_some(),
-            Plugin::AzureDisk => v.azure_disk.is_some(),
-            Plugin::AzureFile => v.azure_file.is_some(),
-            Plugin::Cinder => v.cinder.is_some(),
-            Plugin::Vsphere => v.vsphere_volume.is_some(),
-            Plugin::Portworx => v.portworx_volume.is_some(),
-        })
+        plugins::find(|r| r.has_inline_source(v))
     }
 }
 

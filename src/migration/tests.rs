@@ -20,50 +20,6 @@ fn plugins_round_trip_names() {
 }
 
 #[test]
-fn ebs_volume_ids() {
-    for (id, want) in [
-        ("vol-1", Some("vol-1")),
-        ("aws://us-east-1a/vol-1", Some("vol-1")),
-        ("aws:///vol-2", Some("vol-2")),
-        ("aws://us-east-1a/snap-1", None),
-        ("aws://us-east-1a/a/vol-1", None),
-    ] {
-        assert_eq!(plugins::ebs_volume_id(id).ok().as_deref(), want, "{id}");
-    }
-}
-
-#[test]
-fn in_tree_ebs_pv_gets_handle_and_csi_topology() {
-    let p = pv(json!({"metadata": {"name": "pv1", "labels": {"topology.kubernetes.io/zone": "us-east-1a"}},
-        "spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-1", "fsType": "xfs"},
-                 "accessModes": ["ReadWriteOnce"]}}));
-    assert!(is_migrated_to(&p, "ebs.csi.aws.com"));
-    assert!(!is_migrated_to(&p, "pd.csi.storage.gke.io"));
-    let csi = in_tree_pv_to_csi(&p).expect("translated");
-    let spec = csi.spec.expect("spec");
-    assert!(spec.aws_elastic_block_store.is_none());
-    let c = spec.csi.expect("csi");
-    assert_eq!((c.driver.as_str(), c.volume_handle.as_str()), ("ebs.csi.aws.com", "vol-1"));
-    let term = &spec.node_affinity.expect("affinity").required.expect("required").node_selector_terms[0];
-    let req = &term.match_expressions.as_ref().expect("reqs")[0];
-    assert_eq!(req.key, "topology.ebs.csi.aws.com/zone");
-    assert_eq!(req.values.as_deref(), Some(&["us-east-1a".to_string()][..]));
-}
-
-#[test]
-fn csi_pv_back_to_in_tree_adds_region() {
-    let p =
-        pv(json!({"metadata": {"name": "pv1"}, "spec": {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-9"},
-        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.ebs.csi.aws.com/zone", "operator": "In", "values": ["eu-west-1b"]}]}]}}}}));
-    let t = csi_pv_to_in_tree(&p).expect("translated");
-    let labels = t.metadata.labels.expect("labels");
-    assert_eq!(labels.get(topology::ZONE_GA).map(String::as_str), Some("eu-west-1b"));
-    assert_eq!(labels.get(topology::REGION_GA).map(String::as_str), Some("eu-west-1"));
-    assert_eq!(t.spec.expect("spec").aws_elastic_block_store.expect("ebs").volume_id, "vol-9");
-}
-
-#[test]
 fn region_parsers() {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert_eq!(topology::aws_region(&s(&["us-east-1a", "us-east-1b"])).ok().as_deref(), Some("us-east-1"));
