@@ -264,3 +264,26 @@ fn every_function_architecture_names_exists() {
         ["Informers::get_filtered"]
     );
 }
+
+/// The most lines of code (not blank, not a comment) a file of `src/` has
+/// outside its tests: a file over it holds more than one concern.
+const MAX_LINES_OF_CODE: usize = 600;
+
+/// Lines of `text` that are neither blank nor only a comment.
+fn lines_of_code(text: &str) -> usize {
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")).count()
+}
+
+#[test]
+fn no_file_in_src_holds_more_than_600_lines_of_code_outside_its_tests() {
+    let src = src_dir();
+    let graph = import_graph(&src);
+    let big: Vec<String> = graph
+        .keys()
+        .map(|f| (f, lines_of_code(&production_text(&src, f, &graph))))
+        .filter(|(_, n)| *n > MAX_LINES_OF_CODE)
+        .map(|(f, n)| format!("src/{f}: {n} lines of code"))
+        .collect();
+    assert!(big.is_empty(), "split these along their concerns:\n{}", big.join("\n"));
+    assert_eq!(lines_of_code("fn a() {}\n\n  // note\n/// doc\nlet b = 1; // c\n"), 2);
+}
