@@ -6,10 +6,8 @@
 //! returned unchanged, so a process running one module answers exactly like
 //! the upstream sidecar it replaces.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex, RwLock},
-};
+use parking_lot::{Mutex, RwLock};
+use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
     Router,
@@ -76,7 +74,7 @@ struct Coalesced {
 impl HealthCheck for Coalesced {
     fn check(&self) -> BoxFuture<'static, HealthReport> {
         let fut = {
-            let mut slot = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = self.in_flight.lock();
             match slot.as_ref() {
                 Some(f) => f.clone(),
                 None => {
@@ -89,7 +87,7 @@ impl HealthCheck for Coalesced {
         let in_flight = self.in_flight.clone();
         async move {
             let report = fut.clone().await;
-            let mut slot = in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = in_flight.lock();
             if slot.as_ref().is_some_and(|f| f.ptr_eq(&fut)) {
                 *slot = None;
             }
@@ -110,13 +108,13 @@ impl HealthRegistry {
     /// Concurrent requests share one run of the check.
     pub fn register(&self, name: &str, check: Arc<dyn HealthCheck>) {
         let check: Arc<dyn HealthCheck> = Arc::new(Coalesced { inner: check, in_flight: Arc::default() });
-        let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
+        let mut checks = self.checks.write();
         checks.retain(|(n, _)| n != name);
         checks.push((name.to_string(), check));
     }
 
     fn snapshot(&self) -> NamedChecks {
-        self.checks.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.checks.read().clone()
     }
 
     /// Runs every check concurrently and aggregates them.

@@ -13,10 +13,11 @@
 //! accepts. Secondary indexes (e.g. VolumeAttachments by PV name) answer
 //! "which objects point at X" without scanning the store.
 
+use parking_lot::RwLock;
 use std::{
     collections::HashMap,
     hash::{BuildHasher, Hash, Hasher},
-    sync::{Arc, RwLock},
+    sync::Arc,
 };
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -143,8 +144,8 @@ impl<K: Resource> Default for Cache<K> {
 }
 
 impl<K: Resource> Cache<K> {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Content<K>> {
-        self.store.content.read().unwrap_or_else(|e| e.into_inner())
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, Content<K>> {
+        self.store.content.read()
     }
 
     fn sees(&self, obj: &K) -> bool {
@@ -202,7 +203,7 @@ impl<K: Resource> Cache<K> {
     }
 
     fn add(&self, name: &'static str, key: Keys<K>) {
-        let mut content = self.store.content.write().unwrap_or_else(|e| e.into_inner());
+        let mut content = self.store.content.write();
         if content.indexes.iter().any(|i| i.name == name) {
             return;
         }
@@ -294,7 +295,7 @@ impl<K: Resource> Writer<K> {
     /// with the content it replaced (client-go's `Replace`).
     pub fn apply(&mut self, event: Event<K>, keep: &dyn Fn(&K) -> bool) -> Vec<Transition<K>> {
         let hasher = &self.cache.store.hasher;
-        let write = || self.cache.store.content.write().unwrap_or_else(|e| e.into_inner());
+        let write = || self.cache.store.content.write();
         match event {
             Event::Apply(o) if keep(&o) => {
                 let new = Arc::new(o);

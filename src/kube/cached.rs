@@ -131,12 +131,12 @@ impl<T: ?Sized + std::hash::Hash + Eq> Interner<T> {
     }
 }
 
-type Table<T> = std::sync::LazyLock<std::sync::Mutex<Interner<T>>>;
-static STRINGS: Table<str> = std::sync::LazyLock::new(|| std::sync::Mutex::new(Interner::new()));
-static LISTS: Table<[Shared]> = std::sync::LazyLock::new(|| std::sync::Mutex::new(Interner::new()));
+type Table<T> = std::sync::LazyLock<parking_lot::Mutex<Interner<T>>>;
+static STRINGS: Table<str> = std::sync::LazyLock::new(|| parking_lot::Mutex::new(Interner::new()));
+static LISTS: Table<[Shared]> = std::sync::LazyLock::new(|| parking_lot::Mutex::new(Interner::new()));
 
-fn lock<T: ?Sized>(table: &Table<T>) -> std::sync::MutexGuard<'_, Interner<T>> {
-    table.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T: ?Sized>(table: &Table<T>) -> parking_lot::MutexGuard<'_, Interner<T>> {
+    table.lock()
 }
 
 fn intern(s: &str) -> Shared {

@@ -13,11 +13,12 @@
 //! event and nothing admitted by the spam filter is dropped. The bookkeeping
 //! ([`Book`]) is pure; the sender does the I/O around it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, HashMap, VecDeque},
     hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -320,7 +321,7 @@ impl Recorder {
 
 impl Inner {
     fn book(&self) -> MutexGuard<'_, Book> {
-        self.book.lock().unwrap_or_else(|e| e.into_inner())
+        self.book.lock()
     }
 
     fn next_pending(&self) -> Option<(Arc<AggregateKey>, PendingEvent)> {
@@ -548,7 +549,7 @@ mod tests {
             let (parts, body) = req.into_parts();
             let sent: serde_json::Value = serde_json::from_slice(&body.collect_bytes().await?).unwrap_or_default();
             let method = parts.method.to_string();
-            self.requests.lock().expect("requests").push((method.clone(), parts.uri.path().to_string(), sent.clone()));
+            self.requests.lock().push((method.clone(), parts.uri.path().to_string(), sent.clone()));
             self.received.fetch_add(1, Ordering::SeqCst);
             if let Ok(permit) = self.gate.acquire().await {
                 permit.forget();
@@ -562,7 +563,7 @@ mod tests {
         }
 
         fn requests(&self) -> Vec<(String, String, serde_json::Value)> {
-            self.requests.lock().expect("requests").clone()
+            self.requests.lock().clone()
         }
     }
 

@@ -22,13 +22,8 @@
 //! and kinds only needed for names, labels or annotations are watched as
 //! metadata ([`Informers::metadata`]).
 
-use std::{
-    any::Any,
-    collections::HashMap,
-    fmt::Debug,
-    sync::{Arc, Mutex, RwLock},
-    time::Duration,
-};
+use parking_lot::{Mutex, RwLock};
+use std::{any::Any, collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
 use ::kube::{
     Api, Client, Resource,
@@ -116,12 +111,12 @@ struct Shared<K: Resource + 'static> {
 }
 
 impl<K: Resource + 'static> Shared<K> {
-    fn views(&self) -> std::sync::RwLockReadGuard<'_, Vec<View<K>>> {
-        self.views.read().unwrap_or_else(|e| e.into_inner())
+    fn views(&self) -> parking_lot::RwLockReadGuard<'_, Vec<View<K>>> {
+        self.views.read()
     }
 
-    fn views_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<View<K>>> {
-        self.views.write().unwrap_or_else(|e| e.into_inner())
+    fn views_mut(&self) -> parking_lot::RwLockWriteGuard<'_, Vec<View<K>>> {
+        self.views.write()
     }
 }
 
@@ -320,7 +315,7 @@ impl Informers {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let kind = kind_key::<K>();
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.lock();
         if let Some(e) = entries.get(&kind) {
             // A programming error as below: one kind, one watch.
             if scope.is_some() && e.scope != scope {
@@ -381,13 +376,12 @@ impl Informers {
     where
         K: Resource<DynamicType = ()> + 'static,
     {
-        self.sources.lock().unwrap_or_else(|e| e.into_inner()).insert(kind_key::<K>(), Box::new(source));
+        self.sources.lock().insert(kind_key::<K>(), Box::new(source));
     }
 
     /// The kinds watched, for tests and logs (`v1/PersistentVolume`, ...).
     pub fn kinds(&self) -> Vec<String> {
-        let mut k: Vec<_> =
-            self.entries.lock().unwrap_or_else(|e| e.into_inner()).values().map(|e| e.kind.clone()).collect();
+        let mut k: Vec<_> = self.entries.lock().values().map(|e| e.kind.clone()).collect();
         k.sort();
         k
     }
@@ -396,11 +390,11 @@ impl Informers {
     /// (each restarted if it ends or dies). Kinds requested later are
     /// started by a later call.
     pub fn start(&self, shutdown: &CancellationToken) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.lock();
         for e in entries.values_mut() {
             let Some(starter) = e.starter.take() else { continue };
             tracing::info!(kind = %e.kind, "Starting watch");
-            let injected = self.sources.lock().unwrap_or_else(|e| e.into_inner()).remove(&e.kind);
+            let injected = self.sources.lock().remove(&e.kind);
             tokio::spawn(starter(self.client.clone(), injected, shutdown.clone()));
         }
     }
@@ -785,7 +779,7 @@ mod contract_tests {
             let (streams, opened) = (self.streams.clone(), self.opened.clone());
             Arc::new(move || {
                 opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                match streams.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+                match streams.lock().pop() {
                     Some(rx) => tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed(),
                     None => futures::stream::pending().boxed(),
                 }
@@ -818,13 +812,13 @@ mod contract_tests {
             let o = c.object();
             let name = o.metadata.name.clone().unwrap_or_default();
             let held = store.get_named(Some("ns"), &name).is_some();
-            log.lock().unwrap_or_else(|e| e.into_inner()).push((what, name, held));
+            log.lock().push((what, name, held));
         });
         seen
     }
 
     fn take(seen: &Seen) -> Vec<(&'static str, String, bool)> {
-        let mut v = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut v = std::mem::take(&mut *seen.lock());
         v.sort();
         v
     }
@@ -852,13 +846,13 @@ mod contract_tests {
         informers.start(&stop);
         script.list(0, &[cm("kept", "1"), cm("changed", "1"), cm("vanished", "1")]);
         inf.synced().await;
-        until("the first list announced", || seen.lock().map(|s| s.len() == 3).unwrap_or(false)).await;
+        until("the first list announced", || seen.lock().len() == 3).await;
         take(&seen);
         // A relist (after 410 Gone): one object changed, one created and one
         // deleted while the watch was down.
         script.list(0, &[cm("kept", "1"), cm("changed", "2"), cm("created", "1")]);
         script.send(0, vec![Event::Apply(cm("marker", "1"))]);
-        until("the relist announced", || seen.lock().map(|s| s.iter().any(|e| e.1 == "marker")).unwrap_or(false)).await;
+        until("the relist announced", || seen.lock().iter().any(|e| e.1 == "marker")).await;
         let got: Vec<_> = take(&seen).into_iter().filter(|e| e.1 != "marker").collect();
         assert_eq!(
             got,
@@ -882,7 +876,7 @@ mod contract_tests {
         inf.synced().await;
         let late = record(&inf);
         script.send(0, vec![Event::Apply(cm("c", "1"))]);
-        until("c announced", || late.lock().map(|s| s.iter().any(|e| e.1 == "c")).unwrap_or(false)).await;
+        until("c announced", || late.lock().iter().any(|e| e.1 == "c")).await;
         assert_eq!(
             take(&late),
             vec![
@@ -906,11 +900,7 @@ mod contract_tests {
         script.list(0, &[cm("a1", "1"), cm("b1", "1"), cm("c1", "1")]);
         starts_a.synced().await;
         starts_b.synced().await;
-        until("both views announced", || {
-            seen_a.lock().map(|s| !s.is_empty()).unwrap_or(false)
-                && seen_b.lock().map(|s| !s.is_empty()).unwrap_or(false)
-        })
-        .await;
+        until("both views announced", || !seen_a.lock().is_empty() && !seen_b.lock().is_empty()).await;
         assert_eq!(take(&seen_a), vec![("applied", "a1".to_string(), true)]);
         assert_eq!(take(&seen_b).into_iter().map(|e| e.1).collect::<Vec<_>>(), vec!["b1".to_string()]);
         assert!(starts_b.store().get_named(Some("ns"), "b1").is_some(), "b's view holds b1");
@@ -953,20 +943,20 @@ mod contract_tests {
         let log = resyncs.clone();
         inf.on_change_with_resync(Duration::from_secs(60), &stop, move |c| {
             if let Change::Resync(o) = c {
-                log.lock().unwrap_or_else(|e| e.into_inner()).push(o.metadata.name.clone().unwrap_or_default());
+                log.lock().push(o.metadata.name.clone().unwrap_or_default());
             }
         });
         informers.start(&stop);
         script.list(0, &[cm("a", "1"), cm("b", "1")]);
         inf.synced().await;
         tokio::time::sleep(Duration::from_secs(59)).await;
-        assert!(resyncs.lock().map(|r| r.is_empty()).unwrap_or(false), "not before the period");
+        assert!(resyncs.lock().is_empty(), "not before the period");
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut got = resyncs.lock().map(|r| r.clone()).unwrap_or_default();
+        let mut got = resyncs.lock().clone();
         got.sort();
         assert_eq!(got, vec!["a", "b"], "each object once per period");
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert_eq!(resyncs.lock().map(|r| r.len()).unwrap_or(0), 4, "and again a period later");
+        assert_eq!(resyncs.lock().len(), 4, "and again a period later");
         stop.cancel();
     }
 
@@ -990,7 +980,7 @@ mod contract_tests {
             senders[1].send(Ok(e)).expect("second stream");
         }
         only_b.synced().await;
-        until("b announced", || seen.lock().map(|s| !s.is_empty()).unwrap_or(false)).await;
+        until("b announced", || !seen.lock().is_empty()).await;
         assert_eq!(take(&seen), vec![("applied", "b".to_string(), true)]);
         assert!(only_a.store().get_named(Some("ns"), "b").is_none(), "a's view still sees only a");
         stop.cancel();
@@ -1014,7 +1004,7 @@ mod contract_tests {
         let late_seen = record(&late);
         script.send(0, vec![Event::Apply(cm("c", "1"))]);
         for (who, log) in [("registered before the list", &early_seen), ("registered after it", &late_seen)] {
-            until("c announced", || log.lock().map(|s| s.iter().any(|e| e.1 == "c")).unwrap_or(false)).await;
+            until("c announced", || log.lock().iter().any(|e| e.1 == "c")).await;
             let names: Vec<String> = take(log).into_iter().map(|e| e.1).collect();
             assert_eq!(names, vec!["a", "b", "c"], "{who}");
         }

@@ -3,9 +3,10 @@
 //! streaming list and on the list fallback alike. Served to a real
 //! `kube::Client` that records what it is asked.
 
+use parking_lot::Mutex;
 use std::{
     convert::Infallible,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -27,7 +28,7 @@ fn recording_client(seen: Seen) -> Client {
         async move {
             let uri = req.uri().to_string();
             let accept = req.headers().get("accept").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-            seen.lock().unwrap().push((uri.clone(), accept));
+            seen.lock().push((uri.clone(), accept));
             let (code, body) = if uri.contains("sendInitialEvents=true") {
                 let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                     "reason": "Invalid", "code": 422, "message": "streaming lists are off"});
@@ -66,10 +67,10 @@ async fn the_metadata_informer_asks_for_partial_object_metadata_only() {
     let stop = CancellationToken::new();
     informers.start(&stop);
     // The streaming list (refused) and the list it falls back to.
-    let listed = || seen.lock().unwrap().iter().any(|(u, _)| !u.contains("watch=true"));
+    let listed = || seen.lock().iter().any(|(u, _)| !u.contains("watch=true"));
     wait_for("the fallback list", Duration::from_secs(30), listed).await;
     stop.cancel();
-    let seen = seen.lock().unwrap().clone();
+    let seen = seen.lock().clone();
     assert!(seen.iter().any(|(u, _)| u.contains("sendInitialEvents=true")), "a streaming list first: {seen:#?}");
     for (uri, accept) in &seen {
         assert!(uri.starts_with("/api/v1/nodes"), "{uri}");

@@ -1,10 +1,8 @@
 //! A plain token bucket (the events recorder's per-object spam filter), and
 //! the refill rule every bucket of the budget shares.
 
-use std::{
-    sync::Mutex,
-    time::{Duration, Instant},
-};
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
 
 /// A token bucket: `qps` tokens per second, at most `burst` saved up.
 #[derive(Debug)]
@@ -23,7 +21,7 @@ impl TokenBucket {
 
     /// Takes a token now, or says how long until one is there.
     pub fn try_take(&self, now: Instant) -> Result<(), Duration> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.lock();
         let (tokens, last) = *s;
         let mut tokens = refill(tokens, now.saturating_duration_since(last), self.qps, self.burst);
         let taken = take(&mut tokens, self.qps);

@@ -1,10 +1,11 @@
 //! The I/O around [`decide`]: campaigning, renewing and releasing a Lease
 //! through the Kubernetes API.
 
+use parking_lot::Mutex;
 use std::{
     future::Future,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::{SystemTime, UNIX_EPOCH},
@@ -394,8 +395,8 @@ impl LeaderElector {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 

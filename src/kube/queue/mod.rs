@@ -18,13 +18,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-use std::{
-    fmt::Debug,
-    future::Future,
-    hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use parking_lot::{Mutex, MutexGuard};
+use std::{fmt::Debug, future::Future, hash::Hash, sync::Arc, time::Duration};
 
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -126,7 +121,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
     fn join(hub: Arc<Mutex<Hub<K>>>, name: &'static str, backoff: Backoff) -> Self {
         let signals = Arc::new(Signals::default());
         let id = {
-            let mut h = hub.lock().unwrap_or_else(|e| e.into_inner());
+            let mut h = hub.lock();
             h.signals.push(signals.clone());
             h.group.new_queue(backoff)
         };
@@ -134,7 +129,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Hub<K>> {
-        self.hub.lock().unwrap_or_else(|e| e.into_inner())
+        self.hub.lock()
     }
 
     /// Queues `key` now (no-op if it is already waiting).

@@ -197,7 +197,7 @@ struct Overlap {
 impl Overlap {
     async fn handle(&self, key: String) -> Outcome {
         let now = {
-            let mut running = self.running.lock().expect("lock");
+            let mut running = self.running.lock();
             let n = running.entry(key.clone()).or_insert(0);
             *n += 1;
             *n
@@ -205,7 +205,7 @@ impl Overlap {
         self.most.fetch_max(now, Ordering::SeqCst);
         // Simulated work, long enough for a second worker to try the key.
         tokio::time::sleep(Duration::from_millis(2)).await;
-        *self.running.lock().expect("lock").entry(key).or_insert(1) -= 1;
+        *self.running.lock().entry(key).or_insert(1) -= 1;
         self.handled.fetch_add(1, Ordering::SeqCst);
         Outcome::Done
     }

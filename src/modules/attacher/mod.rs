@@ -10,9 +10,10 @@
 pub mod config;
 pub mod decide;
 
+use parking_lot::Mutex;
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use ::kube::{
@@ -89,7 +90,7 @@ impl Queues {
             );
         }
         if let Some(name) = work.gone {
-            forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            forced.lock().remove(&name);
         }
         for (queue, key) in [(&self.attach, work.attach), (&self.detach, work.detach), (&self.pv, work.pv)] {
             if let Some(key) = key {
@@ -211,10 +212,10 @@ impl Attacher {
     async fn sync(&self, name: String) -> Outcome {
         let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else {
             // Gone (a reconcile pass may have marked it after the deletion).
-            self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+            self.forced.lock().remove(&name);
             return Outcome::Done;
         };
-        let forced = self.forced.lock().unwrap_or_else(|e| e.into_inner()).contains(&name);
+        let forced = self.forced.lock().contains(&name);
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
             VaAction::Ignore => Outcome::Done,
             VaAction::Attach if self.handler == Handler::Trivial => {
@@ -279,7 +280,7 @@ impl Attacher {
                     tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
                     return Outcome::Retry;
                 }
-                self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+                self.forced.lock().remove(&name);
                 tracing::info!(va = %name, volume = %pv_name, node = %va.spec.node_name, "Attached");
                 Outcome::Done
             }
@@ -332,7 +333,7 @@ impl Attacher {
                 serde_json::json!({"attached": false, "detachError": null, "attachmentMetadata": null}),
             )
             .await;
-        self.forced.lock().unwrap_or_else(|e| e.into_inner()).remove(&name);
+        self.forced.lock().remove(&name);
         if let Some(pv) = va.spec.source.persistent_volume_name.clone() {
             self.pv_queue.add(pv);
         }
@@ -440,7 +441,7 @@ impl Attacher {
                 decide::Reconcile::InSync => {}
                 decide::Reconcile::Resync => {
                     tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
-                    self.forced.lock().unwrap_or_else(|e| e.into_inner()).insert(name.clone());
+                    self.forced.lock().insert(name.clone());
                     attach.add(name);
                 }
                 decide::Reconcile::Detach => detach.add(name),

@@ -31,14 +31,14 @@ fn queues() -> Queues {
 async fn a_deleted_attachment_queues_its_pv_and_is_forgotten() {
     let q = queues();
     let forced = Forced::default();
-    forced.lock().unwrap().insert("va-1".into());
+    forced.lock().insert("va-1".into());
     let mut gone = va("va-1", "pv-1");
     gone.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     gone.metadata.finalizers = None;
     q.va_changed(&Change::Deleted(&gone), FIN, &forced);
     assert_eq!(q.pv.take_ready().await, vec!["pv-1".to_string()], "the PV is synced again");
     assert!(q.attach.take_ready().await.is_empty() && q.detach.take_ready().await.is_empty());
-    assert!(forced.lock().unwrap().is_empty(), "a deleted attachment is no longer forced");
+    assert!(forced.lock().is_empty(), "a deleted attachment is no longer forced");
 
     // An inline volume has no PV to sync.
     let mut inline = va("va-2", "");

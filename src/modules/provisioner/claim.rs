@@ -17,13 +17,12 @@ impl Provisioner {
                 return Outcome::Retry;
             }
         }
-        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget_named(&key, live_uid.as_deref());
+        self.infeasible.lock().forget_named(&key, live_uid.as_deref());
         let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else {
             self.races.forget(&key);
             return Outcome::Done;
         };
-        let in_flight =
-            live_uid.as_ref().and_then(|u| self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).get(u).cloned());
+        let in_flight = live_uid.as_ref().and_then(|u| self.in_flight.lock().get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
         let sc = self.classes.get(&ObjectRef::new(&class_name));
         let pv_name = self.pv_name_of(pvc.metadata.uid.as_deref().unwrap_or_default());
@@ -88,7 +87,7 @@ impl Provisioner {
     pub(super) fn infeasible_wait(&self, uid: &str, sc: &StorageClass) -> Option<std::time::Duration> {
         let class = sc.metadata.name.as_deref().unwrap_or_default();
         let version = sc.metadata.resource_version.as_deref().unwrap_or_default();
-        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).wait(uid, class, version, std::time::Instant::now())
+        self.infeasible.lock().wait(uid, class, version, std::time::Instant::now())
     }
 
     /// The plan of a new provisioning, with its data source checked and
@@ -213,7 +212,7 @@ impl Provisioner {
         // From here on the driver may create a volume: remember it until the
         // PV exists or the driver gave a final answer.
         let entry = InFlight { key: key.to_string(), plan: plan.clone(), secrets: Secrets(request.secrets.clone()) };
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), entry);
+        self.in_flight.lock().insert(uid.clone(), entry);
         let resp = match crate::csi::connection::migrated_scope(migrated, self.create_volume(request.clone())).await {
             Ok(r) => r,
             Err(status) => return self.create_failed(&uid, key, pvc, sc, &status, &failed).await,
@@ -262,7 +261,7 @@ impl Provisioner {
             }
         }
         self.forget_in_flight(&uid);
-        self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).forget(&uid);
+        self.infeasible.lock().forget(&uid);
         tracing::info!(claim = %key, pv = %plan.pv_name, "Provisioned volume");
         if let Some(c) = &self.capacity {
             c.provisioned(&pv, &class);
@@ -308,7 +307,7 @@ impl Provisioner {
                     // Infeasible: slow retry (upstream's "slow set"), which
                     // no claim event or earlier delay brings forward.
                     let delay = self.cfg.retry_interval_max;
-                    self.infeasible.lock().unwrap_or_else(|e| e.into_inner()).record(
+                    self.infeasible.lock().record(
                         uid,
                         key,
                         sc.metadata.name.as_deref().unwrap_or_default(),

@@ -40,11 +40,11 @@ pub(super) struct RecentUids(Mutex<HashMap<String, std::time::Instant>>);
 
 impl RecentUids {
     pub(super) fn contains(&self, uid: &str) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(uid)
+        self.0.lock().contains_key(uid)
     }
 
     pub(super) fn insert(&self, uid: &str) {
-        let mut uids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut uids = self.0.lock();
         uids.retain(|_, at| at.elapsed() < DELETED_MEMORY);
         uids.insert(uid.to_string(), std::time::Instant::now());
     }
@@ -53,13 +53,13 @@ impl RecentUids {
 impl Provisioner {
     /// The `namespace/name` keys of the sources of `kind` of unfinished creates.
     pub(super) fn in_flight_sources(&self, kind: SourceKind) -> Vec<String> {
-        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let in_flight = self.in_flight.lock();
         in_flight.values().filter_map(|f| f.plan.source.as_ref()).filter(|s| s.kind == kind).map(|s| s.key()).collect()
     }
 
     /// In-flight creates of claims named `key` other than the live one.
     pub(super) fn orphans_named(&self, key: &str, live_uid: Option<&str>) -> Vec<(String, InFlight)> {
-        let in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let in_flight = self.in_flight.lock();
         in_flight
             .iter()
             .filter(|(uid, f)| f.key == key && Some(uid.as_str()) != live_uid)
@@ -68,7 +68,7 @@ impl Provisioner {
     }
 
     pub(super) fn forget_in_flight(&self, uid: &str) {
-        let gone = self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        let gone = self.in_flight.lock().remove(uid);
         // A clone source the create held: the protection controller looks again.
         if let (Some(src), Some((_, queue))) = (gone.and_then(|f| f.plan.source), &self.clone_protection)
             && src.kind == SourceKind::Clone

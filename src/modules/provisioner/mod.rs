@@ -24,9 +24,10 @@ pub mod topology;
 pub mod vac;
 mod volume;
 
+use parking_lot::Mutex;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -359,7 +360,7 @@ fn add_handlers(
     let (claims, infeasible) = (queues.claims.clone(), infeasible.clone());
     views.classes.on_change(move |c| {
         let name = c.object().metadata.name.as_deref().unwrap_or_default();
-        for key in infeasible.lock().unwrap_or_else(|e| e.into_inner()).keys_of_class(name) {
+        for key in infeasible.lock().keys_of_class(name) {
             claims.add(key);
         }
     });

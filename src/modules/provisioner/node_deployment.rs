@@ -10,9 +10,9 @@
 //! The decisions are pure and table-tested here; the race's I/O (the
 //! capacity pre-check and the claim write) is the `impl Provisioner` below.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -217,12 +217,12 @@ fn jitter(key: &str, node: &str) -> f64 {
 
 impl Races {
     pub(super) fn forget(&self, key: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.0.lock().remove(key);
     }
 
     /// The wait before the claim's next attempt is due (`None`: due now).
     fn wait(&self, key: &str, uid: &str, nd: &NodeDeployment, now: Instant) -> Option<Duration> {
-        let mut races = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut races = self.0.lock();
         let uid_hash = hash(uid);
         let race = races.entry(key.to_string()).or_insert_with(|| Race {
             uid_hash,
@@ -242,7 +242,7 @@ impl Races {
 
     /// An attempt did not make this node the owner: the next one waits longer.
     fn lost(&self, key: &str, nd: &NodeDeployment, now: Instant) -> Duration {
-        let mut races = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut races = self.0.lock();
         let Some(race) = races.get_mut(key) else { return nd.base_delay };
         race.attempts = race.attempts.saturating_add(1);
         let delay = race_delay(race.attempts, nd.base_delay, nd.max_delay, jitter(key, &nd.node));

@@ -1,10 +1,8 @@
 //! What a change of a bound claim does to the resize queue and to what the
 //! resizer keeps about the claim.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashSet, sync::Arc};
 
 use super::decide;
 use crate::kube::{cached::CachedPvc, informers::Change, queue::WorkQueue};
@@ -26,7 +24,7 @@ pub(super) fn resize_claim_changed(
         Change::Deleted(c) => {
             queue.forget(&key);
             if let Some(uid) = &c.metadata.uid {
-                in_use_errors.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+                in_use_errors.lock().remove(uid);
             }
         }
         Change::Updated { old, new } if !decide::update_needs_sync(old, new, recover) => {}
@@ -56,13 +54,13 @@ mod tests {
         let q =
             WorkQueue::new("test-resize", Backoff { start: Duration::from_millis(1), max: Duration::from_millis(9) });
         let in_use = InUseErrors::default();
-        in_use.lock().unwrap().extend(["uid-1".to_string(), "uid-2".to_string()]);
+        in_use.lock().extend(["uid-1".to_string(), "uid-2".to_string()]);
         let c = claim("uid-1");
         resize_claim_changed(&Change::Added(&c), &q, false, &in_use);
         assert_eq!(q.take_ready().await, vec!["ns/data".to_string()]);
-        assert_eq!(in_use.lock().unwrap().len(), 2, "a live claim keeps its entry");
+        assert_eq!(in_use.lock().len(), 2, "a live claim keeps its entry");
         resize_claim_changed(&Change::Deleted(&c), &q, false, &in_use);
         assert!(q.take_ready().await.is_empty());
-        assert_eq!(*in_use.lock().unwrap(), HashSet::from(["uid-2".to_string()]), "only the deleted claim's UID goes");
+        assert_eq!(*in_use.lock(), HashSet::from(["uid-2".to_string()]), "only the deleted claim's UID goes");
     }
 }

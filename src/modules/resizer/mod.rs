@@ -19,9 +19,10 @@ mod expand;
 mod feed;
 mod modify;
 
+use parking_lot::Mutex;
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -72,7 +73,7 @@ struct SlowSet(Mutex<HashMap<String, Instant>>);
 impl SlowSet {
     /// Time left for `key`, if it is (still) in the set.
     fn remaining(&self, key: &str, retention: Duration) -> Option<Duration> {
-        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = self.0.lock();
         let left = set.get(key).and_then(|t| retention.checked_sub(t.elapsed())).filter(|d| !d.is_zero());
         if left.is_none() {
             set.remove(key);
@@ -80,15 +81,15 @@ impl SlowSet {
         left
     }
     fn add(&self, key: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).entry(key.to_string()).or_insert_with(Instant::now);
+        self.0.lock().entry(key.to_string()).or_insert_with(Instant::now);
     }
     fn remove(&self, key: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.0.lock().remove(key);
     }
 }
 
-fn set_of(m: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn set_of(m: &Mutex<HashSet<String>>) -> parking_lot::MutexGuard<'_, HashSet<String>> {
+    m.lock()
 }
 
 struct Resizer {

@@ -21,11 +21,8 @@ mod group;
 pub mod group_decide;
 mod written;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use k8s_openapi::jiff::Timestamp;
@@ -59,8 +56,8 @@ const CRD_RETRY: Duration = Duration::from_secs(5);
 /// The newest version of each content this process wrote (see `written`).
 type Written = written::Written<VolumeSnapshotContent>;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+pub(crate) fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    m.lock()
 }
 
 struct Snapshotter {

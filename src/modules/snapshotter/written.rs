@@ -4,10 +4,8 @@
 //! own store for the same reason). Their JSON patches are sent here, so
 //! that every answer is remembered.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, sync::Arc};
 
 use ::kube::{
     Api, Resource,

@@ -4,8 +4,9 @@
 //! sleeps and timeouts, and every duration asserted here is exact however
 //! busy the machine is.
 
+use parking_lot::Mutex;
 use std::{
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
@@ -26,11 +27,11 @@ fn spawn(e: &LeaderElector, shutdown: &CancellationToken) -> Running {
         let slot = given.clone();
         let r = e
             .run(shutdown, |token| async move {
-                *slot.lock().unwrap() = Some(token.clone());
+                *slot.lock() = Some(token.clone());
                 token.cancelled().await;
             })
             .await;
-        let cancelled = given.lock().unwrap().as_ref().is_some_and(CancellationToken::is_cancelled);
+        let cancelled = given.lock().as_ref().is_some_and(CancellationToken::is_cancelled);
         (r, cancelled)
     })
 }
@@ -51,7 +52,7 @@ async fn one_leader_then_release_hands_over_at_once() {
     assert_eq!(spec.holder_identity.as_deref(), Some(leader.config().identity.as_str()));
     assert_eq!(spec.lease_duration_seconds, Some(2));
     assert_eq!(spec.lease_transitions, Some(0));
-    let labels = api.lease.lock().unwrap().clone().unwrap().metadata.labels.unwrap();
+    let labels = api.lease.lock().clone().unwrap().metadata.labels.unwrap();
     assert_eq!(labels.get("app").map(String::as_str), Some("csi-sidecar"));
     assert!(leader.health_check().check().await.is_healthy());
 
@@ -180,5 +181,5 @@ async fn invalid_config_is_refused_before_any_call() {
     let e = elector_with(&api, LeaderElectionConfig { renew_deadline: Duration::from_secs(5), ..config("me") });
     let r = e.run(CancellationToken::new(), |_| async {}).await;
     assert!(matches!(r, Err(LeaderError::Config(_))), "{r:?}");
-    assert!(api.lease.lock().unwrap().is_none());
+    assert!(api.lease.lock().is_none());
 }

@@ -2,10 +2,11 @@
 //! with a stale resourceVersion → 409, POST of an existing name → 409
 //! AlreadyExists), served to a real `kube::Client`.
 
+use parking_lot::Mutex;
 use std::{
     convert::Infallible,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
@@ -47,7 +48,7 @@ impl FakeApi {
         let rv = self.rv.fetch_add(1, Ordering::SeqCst) + 1;
         lease.metadata.resource_version = Some(rv.to_string());
         let text = serde_json::to_string(&lease).unwrap();
-        *self.lease.lock().unwrap() = Some(lease);
+        *self.lease.lock() = Some(lease);
         text
     }
 
@@ -57,7 +58,7 @@ impl FakeApi {
         }
         let counter = if *method == Method::GET { &self.gets } else { &self.puts };
         counter.fetch_add(1, Ordering::SeqCst);
-        let current = self.lease.lock().unwrap().clone();
+        let current = self.lease.lock().clone();
         let named = path == format!("{PATH}/lease");
         match (method.as_str(), named, current) {
             ("GET", true, Some(l)) => (200, serde_json::to_string(&l).unwrap()),
@@ -76,7 +77,7 @@ impl FakeApi {
     }
 
     pub(super) fn spec(&self) -> Option<LeaseSpec> {
-        self.lease.lock().unwrap().clone().and_then(|l| l.spec)
+        self.lease.lock().clone().and_then(|l| l.spec)
     }
 
     pub(super) fn holder(&self) -> Option<String> {
@@ -85,7 +86,7 @@ impl FakeApi {
 
     /// Another writer (not an elector of ours) sets the holder.
     pub(super) fn write_as(&self, holder: &str) {
-        let mut lease = self.lease.lock().unwrap().clone().unwrap_or_else(|| Lease {
+        let mut lease = self.lease.lock().clone().unwrap_or_else(|| Lease {
             metadata: ObjectMeta { name: Some("lease".into()), namespace: Some("ns".into()), ..Default::default() },
             spec: None,
         });

@@ -17,9 +17,10 @@
 pub mod decide;
 pub mod index;
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -140,8 +141,8 @@ struct Shared {
 }
 
 impl Handle {
-    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
-        self.shared.tracker.lock().unwrap_or_else(|e| e.into_inner())
+    fn tracker(&self) -> parking_lot::MutexGuard<'_, Tracker> {
+        self.shared.tracker.lock()
     }
 
     /// Queues the desired items `pick` accepts.
@@ -294,7 +295,7 @@ impl Controller {
                     return;
                 }
                 let o = c.object();
-                let mut w = written.lock().unwrap_or_else(|e| e.into_inner());
+                let mut w = written.lock();
                 w.retain(|_, mine| mine.metadata.name != o.metadata.name || (!c.is_deleted() && !caught_up(o, mine)));
                 let mut t = h.tracker();
                 let mut plan = match c {
@@ -345,7 +346,7 @@ impl Controller {
     /// objects queued for deletion; the gauges set.
     fn reconcile(&self) {
         let desired = self.compute_desired();
-        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let written = self.written.lock();
         let mut t = self.handle.tracker();
         let previous = t.desired().len();
         let plan = t.set_desired(desired, &|i| written.contains_key(i));
@@ -374,7 +375,7 @@ impl Controller {
     /// The current object of `item`: this process's last write while the
     /// cache lags behind it, else the cache's (the oldest of duplicates).
     fn current(&self, item: &Item) -> Option<Arc<CSIStorageCapacity>> {
-        if let Some(w) = self.written.lock().unwrap_or_else(|e| e.into_inner()).get(item) {
+        if let Some(w) = self.written.lock().get(item) {
             return Some(w.clone());
         }
         let name = self.handle.tracker().keep(item)?;
@@ -382,11 +383,11 @@ impl Controller {
     }
 
     fn remember(&self, item: &Item, obj: CSIStorageCapacity) {
-        self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(item.clone(), Arc::new(obj));
+        self.written.lock().insert(item.clone(), Arc::new(obj));
     }
 
     fn forget(&self, item: &Item) {
-        self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(item);
+        self.written.lock().remove(item);
     }
 
     /// Syncs one item; `stop` abandons a call or write still waiting (for
