@@ -239,7 +239,7 @@ impl KubeContext {
         // name (hostNetwork pods on one node, or processes on one machine)
         // would both lead. A per-process suffix, as kube-controller-manager
         // uses, keeps identities unique.
-        cfg.identity = leader::sanitize_lease_name(&format!("{}_{}", cfg.identity, instance_suffix()));
+        cfg.identity = leader::sanitize_lease_name(&format!("{}_{}", cfg.identity, names::random_word_hex()));
         if let Some(d) = self.leader.lease_duration {
             cfg.lease_duration = d;
         }
@@ -275,13 +275,4 @@ impl KubeContext {
             .await?;
         Ok(Some(lease.join()))
     }
-}
-
-/// Eight hex digits that differ between processes (pid and start time).
-fn instance_suffix() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    format!("{:08x}", h.finish() as u32)
 }

@@ -54,3 +54,50 @@ pub fn is_dns1123_label(s: &str) -> bool {
 pub fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
+/// 64 random bits: the standard library's per-process random hasher keys
+/// over the process ID, the time and `salt` (no dependency for what needs
+/// only to differ between processes and calls, not to be secret).
+fn random_word(salt: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(salt);
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
+
+/// Eight random hex digits (the identity suffix of a leader-election candidate).
+pub fn random_word_hex() -> String {
+    format!("{:08x}", random_word(0) as u32)
+}
+
+/// A random RFC 4122 version-4 UUID (upstream's `uuid.NewUUID()` in the
+/// provisioning library's event component).
+pub fn random_uuid() -> String {
+    let hi = (random_word(1) & !0xf000) | 0x4000; // version 4
+    let lo = (random_word(2) & !(0xc << 60)) | (0x8 << 60); // variant 10
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod random_tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_version_4_and_differ() {
+        let (a, b) = (random_uuid(), random_uuid());
+        assert_ne!(a, b);
+        let parts: Vec<&str> = a.split('-').collect();
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
+        assert!(parts[2].starts_with('4'), "version 4: {a}");
+        assert!(matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'), "variant 10: {a}");
+        assert_eq!(random_word_hex().len(), 8);
+    }
+}

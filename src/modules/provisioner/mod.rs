@@ -132,29 +132,6 @@ struct Provisioner {
 
 use crate::kube::error_text as api_error_text;
 
-/// A random RFC 4122 version-4 UUID (upstream's `uuid.NewUUID()` in the
-/// event component), from the standard library's random hasher keys.
-fn random_uuid() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let word = |salt: u64| {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(salt);
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-        h.finish()
-    };
-    let (hi, lo) = (word(1), word(2));
-    let hi = (hi & !0xf000) | 0x4000; // version 4
-    let lo = (lo & !(0xc << 60)) | (0x8 << 60); // variant 10
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        hi >> 32,
-        (hi >> 16) & 0xffff,
-        hi & 0xffff,
-        lo >> 48,
-        lo & 0xffff_ffff_ffff
-    )
-}
-
 fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     format!("{}/{}", pvc.namespace.as_deref().unwrap_or_default(), pvc.name.as_deref().unwrap_or_default())
 }
@@ -447,7 +424,7 @@ fn library_event_component(driver: &str) -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_default();
-    up::library_event_component(driver, &host, &random_uuid())
+    up::library_event_component(driver, &host, &crate::kube::names::random_uuid())
 }
 
 /// The work the Lease guards: the caches synced, then every queue's workers,
