@@ -12,8 +12,8 @@ use k8s_openapi::api::{
 };
 
 use super::{
-    InTreePlugin, Plugin, TranslateError, attrs, block_class_to_csi, fstype_param, inline_pv, nonempty, partition,
-    spec_mut, topology, topology_err,
+    InTreePlugin, Names, Plugin, TranslateError, attrs, block_class_to_csi, fstype_param, inline_pv, nonempty,
+    partition, spec_mut, topology, topology_err,
 };
 
 const AWS_TOPOLOGY_KEY: &str = "topology.ebs.csi.aws.com/zone";
@@ -46,16 +46,8 @@ fn iops_param(lower: &str, key: &str, value: &str, params: &mut BTreeMap<String,
 }
 
 impl InTreePlugin for AwsEbs {
-    fn plugin(&self) -> Plugin {
-        Plugin::AwsEbs
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "ebs.csi.aws.com"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/aws-ebs"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::AwsEbs, csi_driver: "ebs.csi.aws.com", in_tree: "kubernetes.io/aws-ebs" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

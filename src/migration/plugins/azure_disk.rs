@@ -12,7 +12,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 
-use super::{InTreePlugin, Plugin, TranslateError, block_class_to_csi, inline_pv, no_param, nonempty, spec_mut};
+use super::{InTreePlugin, Names, Plugin, TranslateError, block_class_to_csi, inline_pv, no_param, nonempty, spec_mut};
 
 const AZURE_DISK_TOPOLOGY_KEY: &str = "topology.disk.csi.azure.com/zone";
 const MANAGED: &str = "Managed";
@@ -75,16 +75,8 @@ fn unzoned_regions_cleared(terms: Vec<TopologySelectorTerm>) -> Vec<TopologySele
 }
 
 impl InTreePlugin for AzureDisk {
-    fn plugin(&self) -> Plugin {
-        Plugin::AzureDisk
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "disk.csi.azure.com"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/azure-disk"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::AzureDisk, csi_driver: "disk.csi.azure.com", in_tree: "kubernetes.io/azure-disk" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

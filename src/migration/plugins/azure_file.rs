@@ -13,7 +13,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 
-use super::{InTreePlugin, Plugin, TranslateError, attrs, inline_pv, spec_mut};
+use super::{InTreePlugin, Names, Plugin, TranslateError, attrs, inline_pv, spec_mut};
 
 const AZURE_FILE_RESOURCE_GROUP: &str = "kubernetes.io/azure-file-resource-group";
 
@@ -39,16 +39,8 @@ fn storage_account(secret_name: &str) -> Option<String> {
 }
 
 impl InTreePlugin for AzureFile {
-    fn plugin(&self) -> Plugin {
-        Plugin::AzureFile
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "file.csi.azure.com"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/azure-file"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::AzureFile, csi_driver: "file.csi.azure.com", in_tree: "kubernetes.io/azure-file" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -11,8 +11,8 @@ use k8s_openapi::api::{
 };
 
 use super::{
-    InTreePlugin, Plugin, TranslateError, block_class_to_csi, fstype_param, inline_pv, nonempty, spec_mut, topology,
-    topology_err,
+    InTreePlugin, Names, Plugin, TranslateError, block_class_to_csi, fstype_param, inline_pv, nonempty, spec_mut,
+    topology, topology_err,
 };
 
 const CINDER_TOPOLOGY_KEY: &str = "topology.cinder.csi.openstack.org/zone";
@@ -21,16 +21,8 @@ const CINDER_TOPOLOGY_KEY: &str = "topology.cinder.csi.openstack.org/zone";
 pub(super) struct Cinder;
 
 impl InTreePlugin for Cinder {
-    fn plugin(&self) -> Plugin {
-        Plugin::Cinder
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "cinder.csi.openstack.org"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/cinder"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::Cinder, csi_driver: "cinder.csi.openstack.org", in_tree: "kubernetes.io/cinder" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -11,7 +11,7 @@ use k8s_openapi::api::{
 };
 
 use super::{
-    InTreePlugin, Plugin, TranslateError, attrs, block_class_to_csi, fstype_param, inline_pv, inner, nonempty,
+    InTreePlugin, Names, Plugin, TranslateError, attrs, block_class_to_csi, fstype_param, inline_pv, inner, nonempty,
     partition, ro_mode, spec_mut, topology, topology_err,
 };
 
@@ -43,16 +43,8 @@ fn partition_attr(partition: Option<i32>) -> String {
 }
 
 impl InTreePlugin for GcePd {
-    fn plugin(&self) -> Plugin {
-        Plugin::GcePd
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "pd.csi.storage.gke.io"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/gce-pd"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::GcePd, csi_driver: "pd.csi.storage.gke.io", in_tree: "kubernetes.io/gce-pd" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -24,16 +24,33 @@ use super::{Plugin, TranslateError, topology};
 
 const CSI_FSTYPE: &str = crate::compat::provisioner::PARAM_FSTYPE;
 
+/// A plugin, its CSI driver and its in-tree name.
+#[derive(Clone, Copy)]
+pub(super) struct Names {
+    pub plugin: Plugin,
+    pub csi_driver: &'static str,
+    pub in_tree: &'static str,
+}
+
 /// One in-tree plugin's names and translation rules.
 pub(super) trait InTreePlugin: Sync {
+    /// The plugin these are the rules of, and its two names.
+    fn names(&self) -> Names;
+
     /// The plugin these are the rules of.
-    fn plugin(&self) -> Plugin;
+    fn plugin(&self) -> Plugin {
+        self.names().plugin
+    }
 
     /// The CSI driver that serves the plugin's volumes.
-    fn csi_driver(&self) -> &'static str;
+    fn csi_driver(&self) -> &'static str {
+        self.names().csi_driver
+    }
 
     /// The in-tree plugin (and provisioner) name.
-    fn in_tree_name(&self) -> &'static str;
+    fn in_tree_name(&self) -> &'static str {
+        self.names().in_tree
+    }
 
     /// Whether a PV spec has this plugin's in-tree source.
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool;

@@ -12,7 +12,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 
-use super::{InTreePlugin, Plugin, TranslateError, inline_pv, nonempty, ro_mode, spec_mut};
+use super::{InTreePlugin, Names, Plugin, TranslateError, inline_pv, nonempty, ro_mode, spec_mut};
 
 const PX_SECRET_NAME: &str = "openstorage.io/auth-secret-name";
 const PX_SECRET_NAMESPACE: &str = "openstorage.io/auth-secret-namespace";
@@ -21,16 +21,8 @@ const PX_SECRET_NAMESPACE: &str = "openstorage.io/auth-secret-namespace";
 pub(super) struct Portworx;
 
 impl InTreePlugin for Portworx {
-    fn plugin(&self) -> Plugin {
-        Plugin::Portworx
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "pxd.portworx.com"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/portworx-volume"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::Portworx, csi_driver: "pxd.portworx.com", in_tree: "kubernetes.io/portworx-volume" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

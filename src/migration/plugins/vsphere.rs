@@ -11,7 +11,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 
-use super::{CSI_FSTYPE, InTreePlugin, Plugin, TranslateError, inline_pv, nonempty, spec_mut, topology};
+use super::{CSI_FSTYPE, InTreePlugin, Names, Plugin, TranslateError, inline_pv, nonempty, spec_mut, topology};
 
 const VSPHERE_ZONE_KEY: &str = "topology.csi.vmware.com/zone";
 const VSPHERE_REGION_KEY: &str = "topology.csi.vmware.com/region";
@@ -21,16 +21,8 @@ const VSPHERE_INITIAL_PATH: &str = "initialvolumefilepath";
 pub(super) struct Vsphere;
 
 impl InTreePlugin for Vsphere {
-    fn plugin(&self) -> Plugin {
-        Plugin::Vsphere
-    }
-
-    fn csi_driver(&self) -> &'static str {
-        "csi.vsphere.vmware.com"
-    }
-
-    fn in_tree_name(&self) -> &'static str {
-        "kubernetes.io/vsphere-volume"
+    fn names(&self) -> Names {
+        Names { plugin: Plugin::Vsphere, csi_driver: "csi.vsphere.vmware.com", in_tree: "kubernetes.io/vsphere-volume" }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {
