@@ -85,7 +85,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
             return fail(e);
         }
     }
-    let has_prober = inv.modules.iter().any(|m| matches!(m, ModuleConfig::Prober(_)));
+    let has_prober = inv.modules.iter().any(|m| m.name() == "prober");
     let plan = match http::listen_plan(&inv.shared, has_prober) {
         Ok(p) => p,
         Err(e) => return fail(e),
@@ -141,7 +141,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
 
     let kube = if inv.modules.iter().any(ModuleConfig::needs_kube) {
         let master = inv.modules.iter().find_map(ModuleConfig::master);
-        let provisioner = inv.modules.iter().any(|m| matches!(m, ModuleConfig::Provisioner(_)));
+        let provisioner = inv.modules.iter().any(|m| m.name() == "provisioner");
         match KubeContext::connect_with(&inv.shared, master, provisioner, &inv.budgets).await {
             Ok(k) => Some(k),
             Err(e) => return fail(e),

@@ -53,16 +53,8 @@ pub fn controller_module(name: &str) -> Option<&'static str> {
 const FEATURE_GATES_FLAG: &str = "feature-gates";
 
 /// The feature gates a module's `--feature-gates` accepts.
-fn known_gates(module: &str) -> Vec<&'static str> {
-    use crate::modules::{attacher, provisioner, resizer, snapshotter};
-    let known = match module {
-        "attacher" => attacher::config::FEATURE_GATES,
-        "provisioner" => provisioner::config::FEATURE_GATES,
-        "resizer" => resizer::config::FEATURE_GATES,
-        "snapshotter" => snapshotter::config::FEATURE_GATES,
-        _ => &[],
-    };
-    crate::flags::gates::names(known).collect()
+fn known_gates(desc: &ModuleDesc) -> Vec<&'static str> {
+    crate::flags::gates::names(desc.feature_gates).collect()
 }
 
 /// A flag name split into (module, flag) when it carries a controller
@@ -77,29 +69,25 @@ fn prefixed(name: &str) -> Option<(&'static str, &str)> {
 }
 
 fn desc(module: &str) -> Option<&'static ModuleDesc> {
-    modules::MODULES.iter().find(|d| d.name == module && d.flags.is_some())
+    modules::MODULES.iter().find(|d| d.name == module)
 }
 
 /// The kind of `flag` in `module`'s segment: its own flags, then the shared
 /// flags it accepts.
 fn module_flag_kind(module: &str, flag: &str) -> Option<FlagKind> {
-    let spec = desc(module)?.flags.as_ref()?;
-    FlagTable::from_info((spec.info)(), |_| true)
+    let desc = desc(module)?;
+    FlagTable::from_info((desc.info)(), |_| true)
         .kind(flag)
-        .or_else(|| shared_table(|n| module_accepts_shared(spec, n)).kind(flag))
+        .or_else(|| shared_table(|n| module_accepts_shared(desc, n)).kind(flag))
 }
 
-/// The kind of a module's own flag `flag` in any built module.
+/// The kind of a module's own flag `flag` in any module.
 fn any_module_own_kind(flag: &str) -> Option<FlagKind> {
-    modules::MODULES
-        .iter()
-        .filter_map(|d| d.flags.as_ref())
-        .find_map(|spec| FlagTable::from_info((spec.info)(), |_| true).kind(flag))
+    modules::MODULES.iter().find_map(|d| FlagTable::from_info((d.info)(), |_| true).kind(flag))
 }
 
 fn own_kind(module: &str, flag: &str) -> Option<FlagKind> {
-    let spec = desc(module)?.flags.as_ref()?;
-    FlagTable::from_info((spec.info)(), |_| true).kind(flag)
+    FlagTable::from_info((desc(module)?.info)(), |_| true).kind(flag)
 }
 
 fn is_help(name: &str) -> bool {
@@ -194,7 +182,7 @@ pub fn parse(program: String, args: &[String]) -> Command {
             for part in f.value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                 let gate = part.split_once('=').map_or(part, |(k, _)| k).trim();
                 let mut known = false;
-                for s in segments.iter_mut().filter(|s| known_gates(s.desc.name).contains(&gate)) {
+                for s in segments.iter_mut().filter(|s| known_gates(s.desc).contains(&gate)) {
                     known = true;
                     match s.args.iter_mut().find(|a| a.starts_with("--feature-gates=")) {
                         Some(a) => a.push_str(&format!(",{part}")),
@@ -264,7 +252,14 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{cli::parse, modules::ModuleConfig};
+    use crate::{
+        cli::parse,
+        modules::{
+            ModuleConfig, attacher::config::AttacherFlags, prober::config::ProberFlags,
+            provisioner::config::ProvisionerFlags, registrar::config::RegistrarFlags, resizer::config::ResizerFlags,
+            snapshotter::config::SnapshotterFlags,
+        },
+    };
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
@@ -299,20 +294,20 @@ mod tests {
         assert!(shared.leader_election);
         assert_eq!(shared.leader_election_namespace.as_deref(), Some("kube-system"));
         for m in &modules {
-            match m {
-                ModuleConfig::Attacher(a) => {
-                    assert_eq!(a.timeout, Duration::from_secs(30));
-                    assert_eq!(a.worker_threads, 100);
-                    assert_eq!(a.feature_gates, "", "Topology is the provisioner's gate");
-                }
-                ModuleConfig::Provisioner(p) => {
-                    assert_eq!(p.timeout, Duration::from_secs(30));
-                    assert_eq!(p.worker_threads, 100, "the provisioner's own default");
-                    assert_eq!(p.feature_gates, "Topology=true");
-                }
-                ModuleConfig::Resizer(r) => assert_eq!(r.timeout, Duration::from_secs(30), "the common --timeout"),
-                ModuleConfig::Snapshotter(s) => assert_eq!(s.timeout, Duration::from_secs(30), "the common --timeout"),
-                other => panic!("unexpected {other:?}"),
+            if let Some(a) = m.flags::<AttacherFlags>() {
+                assert_eq!(a.timeout, Duration::from_secs(30));
+                assert_eq!(a.worker_threads, 100);
+                assert_eq!(a.feature_gates, "", "Topology is the provisioner's gate");
+            } else if let Some(p) = m.flags::<ProvisionerFlags>() {
+                assert_eq!(p.timeout, Duration::from_secs(30));
+                assert_eq!(p.worker_threads, 100, "the provisioner's own default");
+                assert_eq!(p.feature_gates, "Topology=true");
+            } else if let Some(r) = m.flags::<ResizerFlags>() {
+                assert_eq!(r.timeout, Duration::from_secs(30), "the common --timeout");
+            } else if let Some(s) = m.flags::<SnapshotterFlags>() {
+                assert_eq!(s.timeout, Duration::from_secs(30), "the common --timeout");
+            } else {
+                panic!("unexpected {m:?}");
             }
             assert!(m.validate().is_ok(), "{m:?}");
         }
@@ -326,20 +321,24 @@ mod tests {
         ] {
             let (_, modules) = modules_of(order);
             for m in &modules {
-                match m {
-                    ModuleConfig::Attacher(a) => assert_eq!(a.timeout, Duration::from_secs(5), "{order}"),
-                    ModuleConfig::Resizer(r) => assert_eq!(r.timeout, Duration::from_secs(20), "{order}"),
-                    other => panic!("unexpected {other:?}"),
+                if let Some(a) = m.flags::<AttacherFlags>() {
+                    assert_eq!(a.timeout, Duration::from_secs(5), "{order}");
+                } else if let Some(r) = m.flags::<ResizerFlags>() {
+                    assert_eq!(r.timeout, Duration::from_secs(20), "{order}");
+                } else {
+                    panic!("unexpected {m:?}");
                 }
             }
         }
         // Defaults stay each module's own when nothing common is given.
         let (_, modules) = modules_of("csi-sidecars --controllers=attacher,provisioner --provisioner-worker-threads=7");
         for m in &modules {
-            match m {
-                ModuleConfig::Attacher(a) => assert_eq!((a.timeout, a.worker_threads), (Duration::from_secs(15), 10)),
-                ModuleConfig::Provisioner(p) => assert_eq!((p.timeout, p.worker_threads), (Duration::from_secs(10), 7)),
-                other => panic!("unexpected {other:?}"),
+            if let Some(a) = m.flags::<AttacherFlags>() {
+                assert_eq!((a.timeout, a.worker_threads), (Duration::from_secs(15), 10));
+            } else if let Some(p) = m.flags::<ProvisionerFlags>() {
+                assert_eq!((p.timeout, p.worker_threads), (Duration::from_secs(10), 7));
+            } else {
+                panic!("unexpected {m:?}");
             }
         }
     }
@@ -373,12 +372,12 @@ mod tests {
         );
         assert_eq!(modules.iter().map(ModuleConfig::name).collect::<Vec<_>>(), ["registrar", "prober"]);
         for m in &modules {
-            match m {
-                ModuleConfig::Registrar(r) => {
-                    assert_eq!(r.kubelet_registration_path.as_deref(), Some("/var/lib/kubelet/plugins/x/csi.sock"))
-                }
-                ModuleConfig::Prober(p) => assert_eq!(p.probe_timeout, Duration::from_secs(2)),
-                other => panic!("unexpected {other:?}"),
+            if let Some(r) = m.flags::<RegistrarFlags>() {
+                assert_eq!(r.kubelet_registration_path.as_deref(), Some("/var/lib/kubelet/plugins/x/csi.sock"));
+            } else if let Some(p) = m.flags::<ProberFlags>() {
+                assert_eq!(p.probe_timeout, Duration::from_secs(2));
+            } else {
+                panic!("unexpected {m:?}");
             }
         }
         for (controller, module) in CONTROLLERS {

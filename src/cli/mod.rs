@@ -95,8 +95,8 @@ fn shared_table(accepts: impl Fn(&str) -> bool) -> FlagTable {
 }
 
 /// The shared flags a module accepts: its upstream list plus the logging flags.
-fn module_accepts_shared(spec: &modules::FlagSpec, name: &str) -> bool {
-    spec.shared.iter().any(|group| group.contains(&name)) || shared::LOGGING.contains(&name)
+fn module_accepts_shared(desc: &ModuleDesc, name: &str) -> bool {
+    desc.shared.iter().any(|group| group.contains(&name)) || shared::LOGGING.contains(&name)
 }
 
 fn is_help(name: &str) -> bool {
@@ -168,11 +168,8 @@ pub fn parse(argv: &[String]) -> Command {
         let Some(desc) = modules::lookup(name) else {
             return usage_error(None, format!("unknown module {name:?}; '{PROGRAM} --list' shows the modules"));
         };
-        let Some(spec) = &desc.flags else {
-            return not_built(desc);
-        };
-        let own = FlagTable::from_info((spec.info)(), |_| true);
-        let shared = shared_table(|n| module_accepts_shared(spec, n));
+        let own = FlagTable::from_info((desc.info)(), |_| true);
+        let shared = shared_table(|n| module_accepts_shared(desc, n));
         let tail = &rest[1..];
         let t = match goflags::tokenize(tail, |n| {
             own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool))
@@ -192,19 +189,6 @@ pub fn parse(argv: &[String]) -> Command {
     build(program, top.flags, segments)
 }
 
-fn not_built(desc: &ModuleDesc) -> Command {
-    let ready: Vec<_> = modules::MODULES.iter().filter(|m| m.flags.is_some()).map(|m| m.name).collect();
-    Command::Exit {
-        code: 1,
-        text: format!(
-            "{PROGRAM}: module {} (replaces {}) is not built in this version of csi-sidecar; available modules: {}\n",
-            desc.name,
-            desc.replaces,
-            ready.join(", ")
-        ),
-    }
-}
-
 fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> Command {
     let mut shared_given: Vec<SharedGiven> =
         top_flags.into_iter().map(|flag| SharedGiven { flag, origin: "top level" }).collect();
@@ -215,14 +199,11 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
 
     for seg in &segments {
         let desc = seg.desc;
-        let Some(spec) = &desc.flags else {
-            return not_built(desc);
-        };
         if configs.iter().any(|c: &ModuleConfig| c.name() == desc.name) {
             return usage_error(None, format!("module {} given twice", desc.name));
         }
-        let own = FlagTable::from_info((spec.info)(), |_| true);
-        let shared = shared_table(|n| module_accepts_shared(spec, n));
+        let own = FlagTable::from_info((desc.info)(), |_| true);
+        let shared = shared_table(|n| module_accepts_shared(desc, n));
         let kind_of = |n: &str| own.kind(n).or(shared.kind(n)).or(is_help(n).then_some(FlagKind::Bool));
         let t = match goflags::tokenize(&seg.args, kind_of) {
             Ok(t) => t,
@@ -242,7 +223,7 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
         let (own_flags, shared_flags): (Vec<_>, Vec<_>) = flags.into_iter().partition(|f| own.kind(&f.name).is_some());
         let own_args = goflags::to_argh_args(&own_flags, |n| own.kind(n));
         let own_refs: Vec<&str> = own_args.iter().map(String::as_str).collect();
-        match (spec.parse)(desc.name, &own_refs) {
+        match desc.configure(&own_refs) {
             Ok(cfg) => configs.push(cfg),
             Err(e) => return usage_error(Some(desc.name), e.output.trim_end()),
         }
@@ -258,7 +239,7 @@ fn build(program: String, top_flags: Vec<GivenFlag>, segments: Vec<Segment>) -> 
         // The API budget is the module's own: its values need not agree.
         let (own_budget, shared_flags): (Vec<_>, Vec<_>) =
             shared_flags.into_iter().partition(|f| BUDGET_FLAGS.contains(&f.name.as_str()));
-        if module_accepts_shared(spec, BUDGET_FLAGS[0]) {
+        if module_accepts_shared(desc, BUDGET_FLAGS[0]) {
             budgets.push((desc.name, own_budget));
         }
         shared_given.extend(shared_flags.into_iter().map(|flag| SharedGiven { flag, origin: desc.name }));
@@ -313,13 +294,12 @@ fn parse_shared(flags: &[GivenFlag]) -> Result<SharedFlags, String> {
     SharedFlags::from_args(&[PROGRAM], &refs).map_err(|e| e.output.trim_end().to_string())
 }
 
-/// `--list`: every module, its upstream names and whether it is built.
+/// `--list`: every module and its upstream names.
 pub fn list() -> String {
     let mut out = String::new();
     for m in modules::MODULES {
-        let state = if m.flags.is_some() { "" } else { " (not built yet)" };
         out.push_str(&format!(
-            "{:<12} replaces {:<22} names: {:<45} {}{state}\n",
+            "{:<12} replaces {:<22} names: {:<45} {}\n",
             m.name,
             m.replaces,
             std::iter::once(m.name).chain(m.binary_names.iter().copied()).collect::<Vec<_>>().join(", "),
@@ -352,33 +332,29 @@ pub const BUDGET_HELP: &str = "\nAPI budget: every module has its own --kube-api
      other request waits, and the process never sends more than the sum of the modules' budgets.\n";
 
 fn module_help(title: &str, desc: &ModuleDesc) -> String {
-    let Some(spec) = &desc.flags else {
-        return format!("{}: not built yet\n", desc.name);
-    };
     let mut out =
         format!("Usage: {title} [flags]\n\n{}: {} (replaces {})\n\nFlags:\n", desc.name, desc.summary, desc.replaces);
-    FlagTable::from_info((spec.info)(), |_| true).render(&mut out);
+    FlagTable::from_info((desc.info)(), |_| true).render(&mut out);
     out.push_str("\nShared flags:\n");
-    shared_table(|n| module_accepts_shared(spec, n)).render(&mut out);
+    shared_table(|n| module_accepts_shared(desc, n)).render(&mut out);
     out
 }
 
-/// The README's flag reference: each built module's own flags, then every
+/// The README's flag reference: each module's own flags, then every
 /// shared flag with the modules that accept it, as Markdown. A test keeps
 /// README.md equal to this.
 pub fn flag_reference_markdown() -> String {
-    let built: Vec<_> = modules::MODULES.iter().filter_map(|m| m.flags.as_ref().map(|f| (m, f))).collect();
     let cell = |t: &str| t.replace('|', "\\|");
     let flag = |name: &str, kind: &FlagKind| format!("`--{name}{}`", if *kind == FlagKind::Value { "=…" } else { "" });
     let mut out = String::new();
-    for (desc, spec) in &built {
+    for desc in modules::MODULES {
         out.push_str(&format!(
             "#### {} (`{}`, replaces {})\n\n| Flag | Meaning |\n|---|---|\n",
             desc.name,
             desc.binary_names.join("`, `"),
             desc.replaces
         ));
-        for (name, (kind, text)) in &FlagTable::from_info((spec.info)(), |_| true).0 {
+        for (name, (kind, text)) in &FlagTable::from_info((desc.info)(), |_| true).0 {
             out.push_str(&format!("| {} | {} |\n", flag(name, kind), cell(text)));
         }
         out.push('\n');
@@ -386,7 +362,7 @@ pub fn flag_reference_markdown() -> String {
     out.push_str("#### Shared flags\n\n| Flag | Meaning | Accepted by |\n|---|---|---|\n");
     for (name, (kind, text)) in &shared_table(|_| true).0 {
         let users: Vec<&str> =
-            built.iter().filter(|(_, spec)| module_accepts_shared(spec, name)).map(|(d, _)| d.name).collect();
+            modules::MODULES.iter().filter(|d| module_accepts_shared(d, name)).map(|d| d.name).collect();
         if !users.is_empty() {
             out.push_str(&format!("| {} | {} | {} |\n", flag(name, kind), cell(text), users.join(", ")));
         }

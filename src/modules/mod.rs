@@ -10,34 +10,58 @@ pub mod resizer;
 pub mod snapshotter;
 pub mod views;
 
-use argh::{ArgsInfo, FromArgs};
+use std::{any::Any, fmt, time::Duration};
 
-/// A parsed module configuration, ready to run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ModuleConfig {
-    /// livenessprobe.
-    Prober(prober::config::ProberFlags),
-    /// node-driver-registrar.
-    Registrar(registrar::config::RegistrarFlags),
-    /// external-provisioner.
-    Provisioner(Box<provisioner::config::ProvisionerFlags>),
-    /// external-attacher.
-    Attacher(Box<attacher::config::AttacherFlags>),
-    /// external-resizer.
-    Resizer(Box<resizer::config::ResizerFlags>),
-    /// csi-snapshotter.
-    Snapshotter(Box<snapshotter::config::SnapshotterFlags>),
+use argh::{ArgsInfo, FromArgs};
+use futures::future::BoxFuture;
+
+use crate::flags::gates::KnownGates;
+
+/// A module: its parsed flags, which know how to check and run it. Each
+/// module's flags struct implements this in the module's own folder.
+pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
+    /// Checks that need no I/O, run before anything starts. Upstream exits
+    /// with status 1 for these.
+    fn validate(&self) -> Result<(), ModuleError>;
+
+    /// A module that asks the process to exit at once with this status,
+    /// before anything starts (registrar `--mode=kubelet-registration-probe`).
+    fn early_exit(&self) -> Option<u8> {
+        None
+    }
+
+    /// The per-call timeout this module wants for driver discovery.
+    fn discovery_timeout(&self) -> Duration;
+
+    /// Whether the module needs the Kubernetes client and informer cache.
+    fn needs_kube(&self) -> bool;
+
+    /// `--master`, where the module has it.
+    fn master(&self) -> Option<&str> {
+        None
+    }
+
+    /// Runs the module until shutdown.
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>>;
 }
 
-/// How a module's own flags are parsed.
-pub struct FlagSpec {
-    /// argh's description of the module's own flags.
-    pub info: fn() -> argh::CommandInfoWithArgs,
-    /// Parses normalised arguments into the module's configuration.
-    pub parse: fn(&str, &[&str]) -> Result<ModuleConfig, argh::EarlyExit>,
-    /// The shared flags (besides logging) upstream accepts for this sidecar.
-    /// Groups of shared flag names (see `flags::shared::CONTROLLER`).
-    pub shared: &'static [&'static [&'static str]],
+/// Equality of two modules' flags behind `dyn Module`; every flags struct
+/// with `PartialEq` has it.
+pub trait DynEq {
+    /// Whether `other` is the same flags type with equal values.
+    fn dyn_eq(&self, other: &dyn Any) -> bool;
+}
+
+impl<T: PartialEq + Any> DynEq for T {
+    fn dyn_eq(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// A parsed module configuration, ready to run: its table row and its flags.
+pub struct ModuleConfig {
+    desc: &'static ModuleDesc,
+    module: Box<dyn Module>,
 }
 
 /// One row of the module table.
@@ -50,107 +74,101 @@ pub struct ModuleDesc {
     pub replaces: &'static str,
     /// One line for `--list`.
     pub summary: &'static str,
-    /// `None` while the module is not built yet.
-    pub flags: Option<FlagSpec>,
+    /// argh's description of the module's own flags.
+    pub info: fn() -> argh::CommandInfoWithArgs,
+    /// Parses normalised arguments into the module's flags
+    /// ([`parse_flags`] of the module's flags struct).
+    pub parse: ParseFlags,
+    /// The shared flags (besides logging) upstream accepts for this sidecar.
+    /// Groups of shared flag names (see `flags::shared::CONTROLLER`).
+    pub shared: &'static [&'static [&'static str]],
+    /// The gates the module's `--feature-gates` knows (KEP-4958's common
+    /// `--feature-gates` gives each module its own).
+    pub feature_gates: KnownGates,
 }
 
-/// Every module, built or planned.
+/// Parses a module's normalised arguments (command name, arguments) into its flags.
+pub type ParseFlags = fn(&str, &[&str]) -> Result<Box<dyn Module>, argh::EarlyExit>;
+
+/// [`ModuleDesc::parse`] for a flags struct `T`.
+pub fn parse_flags<T: FromArgs + Module>(command: &str, args: &[&str]) -> Result<Box<dyn Module>, argh::EarlyExit> {
+    T::from_args(&[command], args).map(|flags| Box::new(flags) as Box<dyn Module>)
+}
+
+/// Every module.
 pub static MODULES: &[ModuleDesc] = &[
     ModuleDesc {
         name: "provisioner",
         binary_names: &["csi-provisioner"],
         replaces: "external-provisioner",
         summary: "dynamic provisioning and deletion of volumes",
-        flags: Some(FlagSpec {
-            info: provisioner::config::ProvisionerFlags::get_args_info,
-            parse: |cmd, args| {
-                provisioner::config::ProvisionerFlags::from_args(&[cmd], args)
-                    .map(|f| ModuleConfig::Provisioner(Box::new(f)))
-            },
-            shared: provisioner::config::SHARED_FLAGS,
-        }),
+        info: provisioner::config::ProvisionerFlags::get_args_info,
+        parse: parse_flags::<provisioner::config::ProvisionerFlags>,
+        shared: provisioner::config::SHARED_FLAGS,
+        feature_gates: provisioner::config::FEATURE_GATES,
     },
     ModuleDesc {
         name: "attacher",
         binary_names: &["csi-attacher"],
         replaces: "external-attacher",
         summary: "ControllerPublish/Unpublish for VolumeAttachments",
-        flags: Some(FlagSpec {
-            info: attacher::config::AttacherFlags::get_args_info,
-            parse: |cmd, args| {
-                attacher::config::AttacherFlags::from_args(&[cmd], args).map(|f| ModuleConfig::Attacher(Box::new(f)))
-            },
-            shared: attacher::config::SHARED_FLAGS,
-        }),
+        info: attacher::config::AttacherFlags::get_args_info,
+        parse: parse_flags::<attacher::config::AttacherFlags>,
+        shared: attacher::config::SHARED_FLAGS,
+        feature_gates: attacher::config::FEATURE_GATES,
     },
     ModuleDesc {
         name: "registrar",
         binary_names: &["csi-node-driver-registrar", "node-driver-registrar"],
         replaces: "node-driver-registrar",
         summary: "registers the driver with the kubelet's plugin manager",
-        flags: Some(FlagSpec {
-            info: registrar::config::RegistrarFlags::get_args_info,
-            parse: |cmd, args| registrar::config::RegistrarFlags::from_args(&[cmd], args).map(ModuleConfig::Registrar),
-            shared: registrar::config::SHARED_FLAGS,
-        }),
+        info: registrar::config::RegistrarFlags::get_args_info,
+        parse: parse_flags::<registrar::config::RegistrarFlags>,
+        shared: registrar::config::SHARED_FLAGS,
+        feature_gates: &[],
     },
     ModuleDesc {
         name: "prober",
         binary_names: &["livenessprobe"],
         replaces: "livenessprobe",
         summary: "answers /healthz from the driver's Probe",
-        flags: Some(FlagSpec {
-            info: prober::config::ProberFlags::get_args_info,
-            parse: |cmd, args| prober::config::ProberFlags::from_args(&[cmd], args).map(ModuleConfig::Prober),
-            shared: prober::config::SHARED_FLAGS,
-        }),
+        info: prober::config::ProberFlags::get_args_info,
+        parse: parse_flags::<prober::config::ProberFlags>,
+        shared: prober::config::SHARED_FLAGS,
+        feature_gates: &[],
     },
     ModuleDesc {
         name: "resizer",
         binary_names: &["csi-resizer"],
         replaces: "external-resizer",
         summary: "volume expansion and VolumeAttributesClass changes",
-        flags: Some(FlagSpec {
-            info: resizer::config::ResizerFlags::get_args_info,
-            parse: |cmd, args| {
-                resizer::config::ResizerFlags::from_args(&[cmd], args).map(|f| ModuleConfig::Resizer(Box::new(f)))
-            },
-            shared: resizer::config::SHARED_FLAGS,
-        }),
+        info: resizer::config::ResizerFlags::get_args_info,
+        parse: parse_flags::<resizer::config::ResizerFlags>,
+        shared: resizer::config::SHARED_FLAGS,
+        feature_gates: resizer::config::FEATURE_GATES,
     },
     ModuleDesc {
         name: "snapshotter",
         binary_names: &["csi-snapshotter"],
         replaces: "csi-snapshotter",
         summary: "CreateSnapshot/DeleteSnapshot/ListSnapshots for VolumeSnapshotContents",
-        flags: Some(FlagSpec {
-            info: snapshotter::config::SnapshotterFlags::get_args_info,
-            parse: |cmd, args| {
-                snapshotter::config::SnapshotterFlags::from_args(&[cmd], args)
-                    .map(|f| ModuleConfig::Snapshotter(Box::new(f)))
-            },
-            shared: snapshotter::config::SHARED_FLAGS,
-        }),
+        info: snapshotter::config::SnapshotterFlags::get_args_info,
+        parse: parse_flags::<snapshotter::config::SnapshotterFlags>,
+        shared: snapshotter::config::SHARED_FLAGS,
+        feature_gates: snapshotter::config::FEATURE_GATES,
     },
 ];
+
+impl ModuleDesc {
+    /// Parses normalised arguments into this module's configuration.
+    pub fn configure(&'static self, args: &[&str]) -> Result<ModuleConfig, argh::EarlyExit> {
+        (self.parse)(self.name, args).map(|module| ModuleConfig { desc: self, module })
+    }
+}
 
 /// The module a name selects: its subcommand name or an upstream binary name.
 pub fn lookup(name: &str) -> Option<&'static ModuleDesc> {
     MODULES.iter().find(|m| m.name == name || m.binary_names.contains(&name))
-}
-
-impl ModuleConfig {
-    /// The module's table name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ModuleConfig::Prober(_) => "prober",
-            ModuleConfig::Registrar(_) => "registrar",
-            ModuleConfig::Provisioner(_) => "provisioner",
-            ModuleConfig::Attacher(_) => "attacher",
-            ModuleConfig::Resizer(_) => "resizer",
-            ModuleConfig::Snapshotter(_) => "snapshotter",
-        }
-    }
 }
 
 /// What a module gets from the host: the shared services, never its own.
@@ -188,81 +206,84 @@ pub enum ModuleError {
 }
 
 impl ModuleConfig {
-    /// Checks that need no I/O, run before anything starts. Upstream exits
-    /// with status 1 for these.
+    /// The module's table name.
+    pub fn name(&self) -> &'static str {
+        self.desc.name
+    }
+
+    /// The module's row of [`MODULES`].
+    pub fn desc(&self) -> &'static ModuleDesc {
+        self.desc
+    }
+
+    /// The module's typed flags, when they are a `T`.
+    pub fn flags<T: Module>(&self) -> Option<&T> {
+        (&*self.module as &dyn Any).downcast_ref::<T>()
+    }
+
+    /// See [`Module::validate`].
     pub fn validate(&self) -> Result<(), ModuleError> {
-        match self {
-            ModuleConfig::Prober(_) => Ok(()),
-            ModuleConfig::Registrar(r) => registrar::validate(r),
-            ModuleConfig::Provisioner(p) => {
-                p.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "provisioner", message })
-            }
-            ModuleConfig::Attacher(a) => {
-                a.validate().map_err(|message| ModuleError::Config { module: "attacher", message })
-            }
-            ModuleConfig::Resizer(r) => {
-                r.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "resizer", message })
-            }
-            ModuleConfig::Snapshotter(s) => {
-                s.validate().map(|_| ()).map_err(|message| ModuleError::Config { module: "snapshotter", message })
-            }
-        }
+        self.module.validate()
     }
 
-    /// A module that asks the process to exit at once with this status,
-    /// before anything starts (registrar `--mode=kubelet-registration-probe`).
+    /// See [`Module::early_exit`].
     pub fn early_exit(&self) -> Option<u8> {
-        match self {
-            ModuleConfig::Registrar(r) => registrar::early_exit(r),
-            ModuleConfig::Prober(_)
-            | ModuleConfig::Provisioner(_)
-            | ModuleConfig::Attacher(_)
-            | ModuleConfig::Resizer(_)
-            | ModuleConfig::Snapshotter(_) => None,
-        }
+        self.module.early_exit()
     }
 
-    /// The per-call timeout this module wants for driver discovery.
-    pub fn discovery_timeout(&self) -> std::time::Duration {
-        match self {
-            ModuleConfig::Prober(p) => p.probe_timeout,
-            ModuleConfig::Registrar(r) => r.timeout,
-            ModuleConfig::Provisioner(p) => p.timeout,
-            ModuleConfig::Attacher(a) => a.timeout,
-            ModuleConfig::Resizer(r) => r.timeout,
-            ModuleConfig::Snapshotter(s) => s.timeout,
-        }
+    /// See [`Module::discovery_timeout`].
+    pub fn discovery_timeout(&self) -> Duration {
+        self.module.discovery_timeout()
     }
 
-    /// Whether the module needs the Kubernetes client and informer cache.
+    /// See [`Module::needs_kube`].
     pub fn needs_kube(&self) -> bool {
-        matches!(
-            self,
-            ModuleConfig::Provisioner(_)
-                | ModuleConfig::Attacher(_)
-                | ModuleConfig::Resizer(_)
-                | ModuleConfig::Snapshotter(_)
-        )
+        self.module.needs_kube()
     }
 
-    /// `--master`, where the module has it.
+    /// See [`Module::master`].
     pub fn master(&self) -> Option<&str> {
-        match self {
-            ModuleConfig::Provisioner(p) => p.master.as_deref(),
-            ModuleConfig::Resizer(r) => r.master.as_deref(),
-            _ => None,
-        }
+        self.module.master()
     }
 
     /// Runs the module until shutdown.
-    pub async fn run(self, ctx: ModuleContext) -> Result<(), ModuleError> {
-        match self {
-            ModuleConfig::Prober(c) => prober::run(c, ctx).await,
-            ModuleConfig::Registrar(c) => registrar::run(c, ctx).await,
-            ModuleConfig::Provisioner(c) => provisioner::run(*c, ctx).await,
-            ModuleConfig::Attacher(c) => attacher::run(*c, ctx).await,
-            ModuleConfig::Resizer(c) => resizer::run(*c, ctx).await,
-            ModuleConfig::Snapshotter(c) => snapshotter::run(*c, ctx).await,
+    pub fn run(self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        self.module.run(ctx)
+    }
+}
+
+impl fmt::Debug for ModuleConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple(self.name()).field(&self.module).finish()
+    }
+}
+
+impl PartialEq for ModuleConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name() && DynEq::dyn_eq(&*self.module, &*other.module as &dyn Any)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_parses_its_defaults_into_a_config_of_its_own() {
+        for desc in MODULES {
+            let config = desc.configure(&[]).unwrap_or_else(|e| panic!("{}: {}", desc.name, e.output));
+            assert_eq!(config.name(), desc.name);
+            assert!(std::ptr::eq(config.desc(), desc));
+            assert_eq!(lookup(desc.name).map(|d| d.name), Some(desc.name));
+            assert_eq!(config, desc.configure(&[]).unwrap_or_else(|e| panic!("{}", e.output)));
+            assert!(format!("{config:?}").starts_with(desc.name), "{config:?}");
         }
+        let prober = lookup("prober").and_then(|d| d.configure(&[]).ok()).expect("prober");
+        let registrar = lookup("registrar").and_then(|d| d.configure(&[]).ok()).expect("registrar");
+        assert_ne!(prober, registrar);
+        assert!(prober.flags::<prober::config::ProberFlags>().is_some());
+        assert!(prober.flags::<registrar::config::RegistrarFlags>().is_none());
+        let slower = lookup("prober").and_then(|d| d.configure(&["--probe-timeout", "5s"]).ok()).expect("prober");
+        assert_ne!(prober, slower, "equal names, different flags");
     }
 }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
+    time::Duration,
 };
 
 use ::kube::{
@@ -21,6 +22,7 @@ use ::kube::{
     api::{Patch, PatchParams},
     runtime::reflector::ObjectRef,
 };
+use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{
         core::v1::PersistentVolume,
@@ -44,7 +46,7 @@ use crate::{
         informers::Change,
         queue::{Backoff, Outcome, WorkQueue},
     },
-    modules::{ModuleContext, ModuleError},
+    modules::{Module, ModuleContext, ModuleError},
 };
 use config::AttacherFlags;
 use decide::{Handler, VaAction, VolumeSource};
@@ -456,6 +458,25 @@ async fn add_finalizer(
     finalizer: &str,
 ) -> Result<(), ::kube::Error> {
     crate::kube::finalizers::add(api, pv, finalizer).await
+}
+
+/// The module's entry points for the host.
+impl Module for AttacherFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        AttacherFlags::validate(self).map_err(|message| ModuleError::Config { module: NAME, message })
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        true
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
 }
 
 /// Runs the attacher until shutdown (or until its Lease is lost).

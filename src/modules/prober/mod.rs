@@ -15,7 +15,7 @@ use futures::{FutureExt, future::BoxFuture};
 use crate::{
     csi::Connection,
     http::{HealthCheck, HealthReport},
-    modules::{ModuleContext, ModuleError},
+    modules::{Module, ModuleContext, ModuleError},
 };
 use config::ProberFlags;
 
@@ -38,6 +38,25 @@ impl HealthCheck for ProbeCheck {
             report
         }
         .boxed()
+    }
+}
+
+/// The module's entry points for the host.
+impl Module for ProberFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        Ok(())
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.probe_timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        false
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
     }
 }
 

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use std::{
     collections::HashMap,
     sync::Arc,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use ::kube::core::PartialObjectMeta;
@@ -37,6 +37,7 @@ use ::kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::reflector::ObjectRef,
 };
+use futures::future::BoxFuture;
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
     storage::v1::{CSINode, StorageClass, VolumeAttributesClass},
@@ -62,7 +63,7 @@ use crate::{
         reference_grant::ReferenceGrant,
         snapshot_api::{VolumeSnapshot, VolumeSnapshotContent},
     },
-    modules::{ModuleContext, ModuleError, views},
+    modules::{Module, ModuleContext, ModuleError, views},
 };
 use config::ProvisionerFlags;
 use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};
@@ -463,6 +464,29 @@ async fn work(
             }
         },
     );
+}
+
+/// The module's entry points for the host.
+impl Module for ProvisionerFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        ProvisionerFlags::validate(self).map(|_| ()).map_err(|message| ModuleError::Config { module: NAME, message })
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        true
+    }
+
+    fn master(&self) -> Option<&str> {
+        self.master.as_deref()
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
 }
 
 /// Runs the provisioner until shutdown (or until its Lease is lost).

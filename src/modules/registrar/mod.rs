@@ -34,7 +34,7 @@ use crate::{
         registration_server::{self, RegistrationServer},
     },
     http::{HealthCheck, HealthReport},
-    modules::{ModuleContext, ModuleError},
+    modules::{Module, ModuleContext, ModuleError},
 };
 use config::RegistrarFlags;
 use decide::Registration;
@@ -175,6 +175,29 @@ async fn serve_once(socket_path: &Path, info: PluginInfo, shutdown: &Cancellatio
         tracing::error!(error = %e, "Failed to remove the registration socket");
     }
     Ok(ended)
+}
+
+/// The module's entry points for the host.
+impl Module for RegistrarFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        validate(self)
+    }
+
+    fn early_exit(&self) -> Option<u8> {
+        early_exit(self)
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        false
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
 }
 
 /// Discovers the driver, then keeps its registration socket served until shutdown.

@@ -30,6 +30,7 @@ use ::kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
+use futures::future::BoxFuture;
 use k8s_openapi::api::{
     core::v1::{PersistentVolume, PersistentVolumeClaim},
     storage::v1::VolumeAttributesClass,
@@ -51,7 +52,7 @@ use crate::{
         informers::{Change, Informer, Informers},
         queue::{Backoff, WorkQueue},
     },
-    modules::{ModuleContext, ModuleError},
+    modules::{Module, ModuleContext, ModuleError},
 };
 use config::{Gates, ResizerFlags};
 
@@ -190,6 +191,29 @@ fn offline_only(driver: &DriverInfo) -> bool {
         .plugin_capabilities
         .iter()
         .any(|c| matches!(&c.r#type, Some(Type::VolumeExpansion(v)) if v.r#type == Exp::Online as i32))
+}
+
+/// The module's entry points for the host.
+impl Module for ResizerFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        ResizerFlags::validate(self).map(|_| ()).map_err(|message| ModuleError::Config { module: NAME, message })
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        true
+    }
+
+    fn master(&self) -> Option<&str> {
+        self.master.as_deref()
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
 }
 
 /// Runs the resizer until shutdown (or until its Lease is lost).

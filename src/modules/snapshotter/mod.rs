@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use ::kube::{Api, Client, runtime::reflector::ObjectRef};
+use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -43,7 +44,7 @@ use crate::{
         queue::{Backoff, Outcome, WorkQueue},
         snapshot_api::{self, VolumeSnapshotClass, VolumeSnapshotContent},
     },
-    modules::{ModuleContext, ModuleError},
+    modules::{Module, ModuleContext, ModuleError},
 };
 use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};
@@ -509,6 +510,25 @@ fn feed<K: decide::Content + Send + Sync + 'static>(
             _ => q.add(name),
         }
     });
+}
+
+/// The module's entry points for the host.
+impl Module for SnapshotterFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        SnapshotterFlags::validate(self).map(|_| ()).map_err(|message| ModuleError::Config { module: NAME, message })
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        true
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
 }
 
 /// Runs the snapshotter until shutdown (or until its Lease is lost).
