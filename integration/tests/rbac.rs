@@ -1193,8 +1193,8 @@ impl Cycle {
 
     /// A pre-bound PV (with a controller-expand secret) of an expandable
     /// class: its claim is expanded (PV and claim status), the Lease is
-    /// renewed, and a class that does not exist gives a repeated (aggregated)
-    /// event. The driver expands offline only, so pods are watched, and it
+    /// renewed, and a class that does not exist, named again after another
+    /// one, gives a repeated (aggregated) event. The driver expands offline only, so pods are watched, and it
     /// can modify, so VolumeAttributesClasses are watched.
     async fn run_resizer(&mut self) -> Result<(), Failure> {
         let client = self.ns.client().clone();
@@ -1250,20 +1250,41 @@ impl Cycle {
             )));
         }
         self.lease_renewed(&sanitize(&format!("external-resizer-{}", sanitize(&self.driver_name)))).await?;
-        // A class that does not exist: the same Warning again and again,
-        // aggregated (events PATCH).
+        // A class that does not exist: a Warning and a Pending mark, no retry
+        // (as upstream). The same class named again after another one gives
+        // the same Warning again, aggregated (events PATCH).
+        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        let missing_failures = async |class: &str| -> Option<Vec<Event>> {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let text = format!("VAC \"{class}\" does not exist.");
+            Some(
+                list.items
+                    .into_iter()
+                    .filter(|e| {
+                        e.reason.as_deref() == Some("VolumeModifyFailed") && e.message.as_deref() == Some(&text)
+                    })
+                    .collect(),
+            )
+        };
+        for class in ["missing", "missing-too"] {
+            let patch = serde_json::json!({"spec": {"volumeAttributesClassName": class}});
+            pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                .await
+                .map_err(|e| self.fail(format!("set the class {class}: {e}")))?;
+            self.until(&format!("a VolumeModifyFailed event for {class}"), async |_| {
+                (!missing_failures(class).await?.is_empty()).then_some(())
+            })
+            .await?;
+        }
         let patch = serde_json::json!({"spec": {"volumeAttributesClassName": "missing"}});
         pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
             .await
-            .map_err(|e| self.fail(format!("set the class: {e}")))?;
-        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+            .map_err(|e| self.fail(format!("set the class missing again: {e}")))?;
         // Aggregated: one Event whose count grows. Without the PATCH the
         // recorder creates a new Event per repeat instead.
         let aggregated = self
             .until("a repeated VolumeModifyFailed event", async |_| {
-                let list = events.list(&ListParams::default()).await.ok()?;
-                let failed: Vec<_> =
-                    list.items.iter().filter(|e| e.reason.as_deref() == Some("VolumeModifyFailed")).collect();
+                let failed = missing_failures("missing").await?;
                 if failed.len() >= 2 {
                     return Some(Err(failed.len()));
                 }
