@@ -70,7 +70,7 @@ use csi_sidecar_integration::{
         SIDECAR_USER, create_namespace, median, mib, settled_snapshot, sidecar, sidecar_kubeconfig, snapshot,
         start_mock_driver, wait_for,
     },
-    cluster::{ControlPlane, launcher_bin},
+    cluster::{ControlPlane, try_launcher_bin},
     kube_support::{pvc, storage_class},
     process::{Proc, status_kib},
     sidecar_bin,
@@ -193,7 +193,7 @@ async fn world(dir: &Path, n: usize, timeout: Duration) -> Result<World> {
     let mut flags = vec!["--snapshots".to_string()];
     flags.extend(audit.launcher_args.iter().cloned());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &flags)?;
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &flags)?;
     let admin = cp.client().await;
     let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
     let csi = dir.join("csi.sock");

@@ -114,7 +114,7 @@ fn pv_of(i: usize, node: &str) -> PersistentVolume {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Args = argh::from_env();
-    let cp = ControlPlane::start();
+    let cp = ControlPlane::try_start()?;
     let admin = cp.client().await;
     let dir = tempfile::tempdir()?;
     let csi = dir.path().join("csi.sock");

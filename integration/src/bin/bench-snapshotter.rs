@@ -28,7 +28,7 @@ use csi_sidecar_integration::{
         Qps, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig, start_mock_driver,
         synced_sidecar, wait_for,
     },
-    cluster::{ControlPlane, launcher_bin},
+    cluster::{ControlPlane, try_launcher_bin},
     kube_support::{pvc, storage_class},
     process::status_kib,
     snapshots::{SnapApis, obj, ready},
@@ -193,7 +193,7 @@ async fn run(args: Args) -> Result<()> {
     let qps: Vec<Qps> = args.qps.split(',').filter(|s| !s.trim().is_empty()).map(Qps::parse).collect::<Result<_>>()?;
     let tmp = tempfile::tempdir()?;
     eprintln!("starting the control plane with snapshot-controller ...");
-    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"])?;
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
     let admin: Client = cp.client().await;
     let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
     let csi = tmp.path().join("csi.sock");

@@ -20,7 +20,7 @@ use anyhow::{Result, anyhow, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::median,
-    cluster::{ControlPlane, launcher_bin},
+    cluster::{ControlPlane, try_launcher_bin},
     component_bin, free_port,
     kube_support::{NEVER_PULLED_IMAGE, pvc, storage_class},
     process::{Proc, status_kib},
@@ -63,7 +63,7 @@ async fn wait<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> Resul
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Args = argh::from_env();
-    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"])?;
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--nodes", "1"])?;
     let node = cp.info().nodes.first().cloned().ok_or_else(|| anyhow!("no node"))?;
     let client = cp.client().await;
     let dir = tempfile::tempdir()?;

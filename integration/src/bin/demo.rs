@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    cluster::{ControlPlane, launcher_bin},
+    cluster::{ControlPlane, try_launcher_bin},
     component_bin, free_port, http,
     kube_support::{NEVER_PULLED_IMAGE, TestNamespace, create, pvc, storage_class},
     process::Proc,
@@ -99,8 +99,8 @@ async fn main() -> anyhow::Result<()> {
     step(
         "starting a real control plane and a real node on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (1.36.3), a kubelet (kubemark's hollow kubelet), the snapshot-controller (v8.7.0) and its CRDs",
     );
-    let cp =
-        ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1", "--snapshots"]).context("control plane")?;
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--nodes", "1", "--snapshots"])
+        .context("control plane")?;
     let node = cp.info().nodes.first().cloned().context("the launcher's node")?;
     println!(
         "ready in {} ms; node {} Ready; kubeconfig {}",

@@ -6,20 +6,26 @@ use super::*;
 
 /// The `cluster` launcher binary: `$CSI_SIDECAR_CLUSTER_BIN`, else `cluster` next to
 /// the running executable (tests run from `target/<profile>/deps/`; cargo builds
-/// the package's binaries before its integration tests).
-pub fn launcher_bin() -> PathBuf {
+/// the package's binaries before its integration tests). The error is one line
+/// naming what to build or set (the benchmarks and the demo print it and exit).
+pub fn try_launcher_bin() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os(BIN_ENV) {
-        return PathBuf::from(p);
+        return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().expect("current executable");
+    let exe = std::env::current_exe()?;
     let candidates: Vec<PathBuf> = exe.ancestors().skip(1).take(2).map(|d| d.join("cluster")).collect();
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
-        panic!(
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        anyhow::anyhow!(
             "the `cluster` launcher is not built next to {}: run `cargo build -p csi-sidecar-integration` \
-             (or set {BIN_ENV})",
+             (or set {BIN_ENV} to its path)",
             exe.display()
         )
     })
+}
+
+/// [`try_launcher_bin`] for tests, which fail with its error.
+pub fn launcher_bin() -> PathBuf {
+    try_launcher_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A thread forwarding the launcher's remaining stdout lines (it ends with the
@@ -92,7 +98,7 @@ impl ControlPlane {
     /// Starts a dedicated control plane: spawns `cluster serve --quiet` and waits for
     /// its JSON line (several seconds).
     pub fn try_start() -> Result<ControlPlane> {
-        Self::spawn_launcher(&launcher_bin(), &[])
+        Self::spawn_launcher(&try_launcher_bin()?, &[])
     }
 
     /// Starts `program serve --quiet <extra>` as the launcher.
