@@ -21,6 +21,7 @@ pub mod params;
 mod protection;
 pub mod sources;
 pub mod topology;
+pub mod topology_index;
 pub mod vac;
 mod volume;
 
@@ -71,6 +72,7 @@ use in_flight::{InFlight, RecentUids, Secrets};
 use params::SecretRef;
 use protection::{run_cloning_protection, run_snapshot_sweep};
 use sources::{CloneProtection, PlanSource, SourceKind};
+use topology_index::ClusterTopology;
 
 const NAME: &str = "provisioner";
 
@@ -89,8 +91,9 @@ struct Provisioner {
     pvs: Cache<CachedPv>,
     classes: Cache<StorageClass>,
     attachments: Option<Cache<CachedVa>>,
-    /// Node labels (metadata-only watch) and CSINodes, with a topology-aware driver.
-    topology: Option<(Cache<PartialObjectMeta<Node>>, Cache<CSINode>)>,
+    /// Node labels (metadata-only watch), CSINodes and the index of the
+    /// driver's nodes kept from them, with a topology-aware driver.
+    topology: Option<Arc<ClusterTopology>>,
     /// By claim UID.
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// Claims whose CreateVolume was infeasible: not called again before
@@ -184,16 +187,7 @@ impl Provisioner {
             let name = pvc.metadata.name.as_deref().unwrap_or_default();
             return nd.requirements(name, &allowed, self.cfg.strict_topology, self.cfg.immediate_topology);
         }
-        let Some((nodes, csinodes)) = &self.topology else { return Ok(None) };
-        let driver = self.driver.name.to_string();
-        let labels = |n: &str| nodes.get(&ObjectRef::new(n)).map(|m| m.metadata.labels.clone().unwrap_or_default());
-        let keys_of = |c: &CSINode| {
-            c.spec.drivers.iter().find(|d| d.name == driver).map(|d| d.topology_keys.clone().unwrap_or_default())
-        };
-        let keys = |n: &str| csinodes.get(&ObjectRef::new(n)).map(|c| keys_of(&c).unwrap_or_default());
-        let driver_nodes =
-            csinodes.state().iter().filter(|c| keys_of(c).is_some()).filter_map(|c| c.metadata.name.clone()).collect();
-        let view = topology::ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes };
+        let Some(cluster) = &self.topology else { return Ok(None) };
         let allowed = topology::flatten_allowed(&allowed_terms(sc));
         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).map(String::as_str);
         let req = topology::Request {
@@ -204,7 +198,7 @@ impl Provisioner {
             allowed: &allowed,
             pvc_name: pvc.metadata.name.as_deref().unwrap_or_default(),
         };
-        topology::requirements(&req, &view)
+        cluster.requirements(&req)
     }
 
     async fn create_volume(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse, tonic::Status> {
@@ -236,9 +230,14 @@ struct Views {
     snapshots: Option<Informer<VolumeSnapshot>>,
     /// With a protection controller: claims of any driver waiting for a source.
     waiting: Option<Informer<CachedPvc>>,
-    /// With a topology-aware driver (not a node deployment): Node labels and CSINodes.
-    topology: Option<(Informer<PartialObjectMeta<Node>>, Informer<CSINode>)>,
+    /// With a topology-aware driver (not a node deployment): Node labels,
+    /// CSINodes and the index of the driver's nodes kept from them.
+    topology: Option<TopologyViews>,
 }
+
+/// Node labels (a metadata-only watch), CSINodes, and the index of the
+/// driver's nodes kept from both.
+type TopologyViews = (Informer<PartialObjectMeta<Node>>, Informer<CSINode>, Arc<ClusterTopology>);
 
 impl Views {
     /// Registers the views. Nothing here awaits, so another module of the
@@ -288,8 +287,11 @@ impl Views {
             waiting,
             // Nodes are only read for their labels: a metadata-only watch.
             // A node deployment watches neither (its topology is the driver's answer).
-            topology: (topology_aware && node.is_none())
-                .then(|| (informers.metadata::<Node>(), informers.get::<CSINode>())),
+            topology: (topology_aware && node.is_none()).then(|| {
+                let (nodes, csinodes) = (informers.metadata::<Node>(), informers.get::<CSINode>());
+                let index = ClusterTopology::new(nodes.store(), csinodes.store(), name);
+                (nodes, csinodes, Arc::new(index))
+            }),
         }
     }
 
@@ -306,7 +308,7 @@ impl Views {
             // The selected node's labels and CSINode: a claim read before
             // these caches synced would find its node missing and be handed
             // back to the scheduler.
-            if let Some((nodes, csinodes)) = &self.topology {
+            if let Some((nodes, csinodes, _)) = &self.topology {
                 tokio::join!(nodes.synced(), csinodes.synced());
             }
         });
@@ -332,6 +334,15 @@ fn add_handlers(
     driver: &str,
     shutdown: &CancellationToken,
 ) {
+    if let Some((nodes, csinodes, cluster)) = &views.topology {
+        // A Node or CSINode event: that node's entry again, from both
+        // caches (so the order of the two watches' events does not matter).
+        let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| m.name.clone().unwrap_or_default();
+        let c = cluster.clone();
+        nodes.on_change(move |n| c.update(&name(&n.object().metadata)));
+        let c = cluster.clone();
+        csinodes.on_change(move |n| c.update(&name(&n.object().metadata)));
+    }
     let claims = queues.claims.clone();
     views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
     // A changed class: its claims with an infeasible create may try again.
@@ -551,7 +562,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         pvs: views.volumes.store(),
         classes: views.classes.store(),
         attachments: views.attachments.as_ref().map(|i| i.store()),
-        topology: views.topology.as_ref().map(|(n, c)| (n.store(), c.store())),
+        topology: views.topology.as_ref().map(|(_, _, t)| t.clone()),
         in_flight: Mutex::default(),
         infeasible,
         volume_deleted: RecentUids::default(),

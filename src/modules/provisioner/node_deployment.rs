@@ -21,7 +21,10 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 
-use super::topology::{self, ClusterView, Request, TopologyError};
+use super::{
+    topology::{self, ClusterView, Request, TopologyError},
+    topology_index::TopologyIndex,
+};
 use crate::{
     compat::provisioner as up,
     csi::proto::csi::v1::{self as csi, NodeGetInfoResponse},
@@ -97,7 +100,9 @@ impl NodeDeployment {
         let node = self.node.as_str();
         let labels = |n: &str| (n == node).then(|| segment.clone());
         let node_keys = |n: &str| (n == node).then(|| keys.clone());
-        let view = ClusterView { node_labels: &labels, node_keys: &node_keys, driver_nodes: vec![self.node.clone()] };
+        let mut index = TopologyIndex::default();
+        index.set_node(node, Some(keys.clone()), Some(&segment));
+        let view = ClusterView { node_labels: &labels, node_keys: &node_keys, driver_nodes: &index };
         let req =
             Request { late_binding: true, selected_node: Some(node), strict, immediate_topology, allowed, pvc_name };
         topology::requirements(&req, &view)

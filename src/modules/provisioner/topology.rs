@@ -9,6 +9,16 @@ use crate::csi::proto::csi::v1::{Topology, TopologyRequirement};
 /// A topology segment: key → value.
 pub type Segment = BTreeMap<String, String>;
 
+/// The nodes whose CSINode lists the driver, as a whole (answered from an
+/// index: [`super::topology_index::TopologyIndex`]).
+pub trait DriverNodes {
+    /// Every distinct segment, sorted, of the nodes whose topology keys are
+    /// `keys` (as a set) and whose labels carry all of them.
+    fn segments(&self, keys: &[String]) -> Vec<Segment>;
+    /// The topology keys of one node with at least one (`None`: none has).
+    fn some_keys(&self) -> Option<Vec<String>>;
+}
+
 /// What the cluster looks like, as far as topology goes.
 pub struct ClusterView<'a> {
     /// Node name → labels.
@@ -16,8 +26,8 @@ pub struct ClusterView<'a> {
     /// Node name → the driver's topology keys in that node's CSINode
     /// (`None`: no CSINode; `Some(empty)`: the driver has no keys there).
     pub node_keys: &'a dyn Fn(&str) -> Option<Vec<String>>,
-    /// Every node name that has a CSINode listing the driver.
-    pub driver_nodes: Vec<String>,
+    /// The nodes that have a CSINode listing the driver.
+    pub driver_nodes: &'a dyn DriverNodes,
 }
 
 /// Why no requirements could be built.
@@ -112,13 +122,7 @@ fn selected_segment(view: &ClusterView<'_>, node: &str) -> Result<(Vec<String>, 
 
 /// Every distinct segment of nodes that carry all of `keys`.
 fn aggregate(view: &ClusterView<'_>, keys: &[String]) -> Vec<Segment> {
-    dedup(
-        view.driver_nodes
-            .iter()
-            .filter(|n| (view.node_keys)(n).is_some_and(|k| k.iter().collect::<BTreeSet<_>>() == keys.iter().collect()))
-            .filter_map(|n| node_segment(view, n, keys))
-            .collect(),
-    )
+    view.driver_nodes.segments(keys)
 }
 
 fn rotate_to(mut segments: Vec<Segment>, first: usize) -> Vec<Segment> {
@@ -174,7 +178,7 @@ pub fn requirements(req: &Request<'_>, view: &ClusterView<'_>) -> Result<Option<
             let requisite = if !req.allowed.is_empty() {
                 req.allowed.to_vec()
             } else if req.immediate_topology {
-                let keys = view.driver_nodes.iter().find_map(|n| (view.node_keys)(n).filter(|k| !k.is_empty()));
+                let keys = view.driver_nodes.some_keys();
                 let Some(keys) = keys else {
                     return Err(TopologyError::Retry("no available topology found".into()));
                 };
@@ -198,7 +202,21 @@ pub fn requirements(req: &Request<'_>, view: &ClusterView<'_>) -> Result<Option<
 
 #[cfg(test)]
 mod tests {
+    use super::super::topology_index::TopologyIndex;
     use super::*;
+
+    type Labels<'a> = &'a dyn Fn(&str) -> Option<BTreeMap<String, String>>;
+    type Keys<'a> = &'a dyn Fn(&str) -> Option<Vec<String>>;
+
+    /// The index of `names` (the nodes with a CSINode listing the driver),
+    /// their labels and keys as `labels` and `keys` give them.
+    fn index_of<'n>(names: impl IntoIterator<Item = &'n str>, labels: Labels<'_>, keys: Keys<'_>) -> TopologyIndex {
+        let mut index = TopologyIndex::default();
+        for n in names {
+            index.set_node(n, keys(n), labels(n).as_ref());
+        }
+        index
+    }
 
     const K: &str = "topology.example.com/zone";
 
@@ -220,7 +238,8 @@ mod tests {
         let (zones, names) = view(nodes);
         let labels = |n: &str| zones.iter().find(|(x, _)| x == n).map(|(_, z)| [(K.to_string(), z.clone())].into());
         let keys = |n: &str| zones.iter().any(|(x, _)| x == n).then(|| vec![K.to_string()]);
-        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: names };
+        let index = index_of(names.iter().map(String::as_str), &labels, &keys);
+        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: &index };
         let back = |t: &Vec<Topology>| {
             t.iter().map(|t| t.segments.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).collect()
         };
@@ -281,15 +300,18 @@ mod tests {
             "keyless" => Some(vec![]),
             _ => Some(vec![K.to_string(), "rack".to_string()]),
         };
-        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: vec!["bare".into()] };
+        let bare = index_of(["bare"], &labels, &keys);
+        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: &bare };
         let allowed = [seg("b"), seg("c")];
         let one_key = |n: &str| (n == "n1").then(|| vec![K.to_string()]);
         let only_bare = |_: &str| Some(BTreeMap::new());
-        let immediate = ClusterView { node_labels: &only_bare, node_keys: &one_key, driver_nodes: vec!["n1".into()] };
+        let n1 = index_of(["n1"], &only_bare, &one_key);
+        let immediate = ClusterView { node_labels: &only_bare, node_keys: &one_key, driver_nodes: &n1 };
         let zone_a = |_: &str| Some([(K.to_string(), "a".to_string())].into());
-        let strict = ClusterView { node_labels: &zone_a, node_keys: &one_key, driver_nodes: vec![] };
+        let none = TopologyIndex::default();
+        let strict = ClusterView { node_labels: &zone_a, node_keys: &one_key, driver_nodes: &none };
         let no_keys = |_: &str| None;
-        let keyless = ClusterView { node_labels: &only_bare, node_keys: &no_keys, driver_nodes: vec![] };
+        let keyless = ClusterView { node_labels: &only_bare, node_keys: &no_keys, driver_nodes: &none };
         let rows: Vec<(&str, Request<'_>, &ClusterView<'_>, TopologyError)> = vec![
             (
                 "no Node",
@@ -340,6 +362,51 @@ mod tests {
         ];
         for (what, r, view, want) in rows {
             assert_eq!(requirements(&r, view).map(|_| ()), Err(want), "{what}");
+        }
+    }
+
+    /// `f` over a view of `nodes` (name, zone; each with a CSINode giving the
+    /// driver the one key `K`), and how many nodes and index entries the
+    /// view visited for it.
+    fn with_counted_view<R>(nodes: &[(String, String)], f: impl FnOnce(&ClusterView<'_>) -> R) -> (R, usize) {
+        use std::{cell::Cell, collections::HashMap};
+        let zones: HashMap<&str, &str> = nodes.iter().map(|(n, z)| (n.as_str(), z.as_str())).collect();
+        let visits = Cell::new(0);
+        let labels = |n: &str| {
+            visits.set(visits.get() + 1);
+            zones.get(n).map(|z| [(K.to_string(), z.to_string())].into())
+        };
+        let keys = |n: &str| {
+            visits.set(visits.get() + 1);
+            zones.contains_key(n).then(|| vec![K.to_string()])
+        };
+        let index = index_of(nodes.iter().map(|(n, _)| n.as_str()), &labels, &keys);
+        visits.set(0);
+        let before = index.work();
+        let v = ClusterView { node_labels: &labels, node_keys: &keys, driver_nodes: &index };
+        let r = f(&v);
+        (r, visits.get() + (index.work() - before) as usize)
+    }
+
+    /// Issue 25 item 9: one provisioning attempt against 5 000 nodes in 50
+    /// zones looks up the selected node and the 50 segments, not every node
+    /// (before the index it copied every driver node's keys and labels).
+    #[test]
+    fn an_attempt_visits_the_segments_not_every_node() {
+        let nodes: Vec<(String, String)> =
+            (0..5000).map(|i| (format!("node-{i}"), format!("zone-{}", i % 50))).collect();
+        let rows = [
+            ("WaitForFirstConsumer, a selected node", req(true, Some("node-7"), false, false, &[])),
+            ("Immediate, --immediate-topology", req(false, None, false, true, &[])),
+        ];
+        for (what, r) in rows {
+            let (got, visits) = with_counted_view(&nodes, |v| requirements(&r, v));
+            let got = got.unwrap().unwrap();
+            assert_eq!(got.requisite.len(), 50, "{what}");
+            assert!(
+                visits <= 2 * 50 + 10,
+                "{what}: one attempt against 5 000 nodes visited {visits} nodes and index entries"
+            );
         }
     }
 
