@@ -78,6 +78,10 @@ pub struct Request {
     pub program: String,
     /// An Event write (what a budget defers), not work a user waits for.
     pub event: bool,
+    /// `<verb> <resource>[/<subresource>] <code>`, e.g.
+    /// `patch persistentvolumeclaims/status 200` (what a request was, for
+    /// breakdowns).
+    pub kind: String,
 }
 
 /// One audit event line → the request, once complete (stage
@@ -92,7 +96,15 @@ fn parse_line(line: &str) -> Option<Request> {
     let uri = v["requestURI"].as_str().unwrap_or("");
     let write = !matches!(v["verb"].as_str(), Some("get" | "list" | "watch"));
     let event = write && uri.split('?').next().unwrap_or("").split('/').any(|s| s == "events");
-    Some(Request { at, program: agent.split('/').next().unwrap_or("").to_string(), event })
+    let object = &v["objectRef"];
+    let resource = match (object["resource"].as_str(), object["subresource"].as_str()) {
+        (Some(r), Some(sub)) => format!("{r}/{sub}"),
+        (Some(r), None) => r.to_string(),
+        (None, _) => "(non-resource)".to_string(),
+    };
+    let code = v["responseStatus"]["code"].as_i64().unwrap_or(0);
+    let kind = format!("{} {resource} {code}", v["verb"].as_str().unwrap_or("?"));
+    Some(Request { at, program: agent.split('/').next().unwrap_or("").to_string(), event, kind })
 }
 
 /// `2026-12-02T17:30:00.123456Z` → seconds since the Unix epoch (UTC only,
@@ -147,11 +159,20 @@ mod tests {
 
     #[test]
     fn an_audit_line_gives_the_time_and_the_program() {
-        let line = r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","requestURI":"/api/v1/namespaces/n/persistentvolumeclaims/c/status","userAgent":"csi-resizer/0.1.0 (linux/amd64) csi-sidecar","requestReceivedTimestamp":"1970-01-01T00:00:02.000000Z"}"#;
-        let want = Request { at: 2.0, program: "csi-resizer".into(), event: false };
+        let line = r#"{"kind":"Event","stage":"ResponseComplete","verb":"patch","requestURI":"/api/v1/namespaces/n/persistentvolumeclaims/c/status","objectRef":{"resource":"persistentvolumeclaims","subresource":"status"},"responseStatus":{"code":409},"userAgent":"csi-resizer/0.1.0 (linux/amd64) csi-sidecar","requestReceivedTimestamp":"1970-01-01T00:00:02.000000Z"}"#;
+        let want = Request {
+            at: 2.0,
+            program: "csi-resizer".into(),
+            event: false,
+            kind: "patch persistentvolumeclaims/status 409".into(),
+        };
         assert_eq!(parse_line(line), Some(want.clone()));
-        let event = line.replace("persistentvolumeclaims/c/status", "events").replace("patch", "create");
-        assert_eq!(parse_line(&event), Some(Request { event: true, ..want }));
+        let event = line
+            .replace("persistentvolumeclaims/c/status", "events")
+            .replace("patch", "create")
+            .replace(r#""resource":"persistentvolumeclaims","subresource":"status""#, r#""resource":"events""#);
+        let kind = "create events 409".to_string();
+        assert_eq!(parse_line(&event), Some(Request { event: true, kind, ..want }));
         assert_eq!(parse_line("not json"), None);
     }
 

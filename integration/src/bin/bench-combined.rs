@@ -346,12 +346,18 @@ async fn measure(w: &World, procs: &mut [Proc], n: usize, timeout: Duration) -> 
     let after = settled_snapshot(&w.admin, None).await?;
     let by_module = w.audit.count_since(mark, module_of)?;
     let wall = done.iter().copied().fold(0.0, f64::max);
-    let critical = w
-        .audit
-        .requests()?
-        .iter()
-        .filter(|r| !r.event && r.at >= start_epoch && r.at <= start_epoch + wall && module_of(&r.program) != "other")
-        .count() as f64;
+    let requests: Vec<_> = w.audit.requests()?.into_iter().filter(|r| r.at >= start_epoch).collect();
+    let critical =
+        requests.iter().filter(|r| !r.event && r.at <= start_epoch + wall && module_of(&r.program) != "other").count()
+            as f64;
+    // What each module's requests were (stderr: the table keeps the totals).
+    let mut kinds: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in &requests {
+        *kinds.entry((module_of(&r.program), r.kind.clone())).or_default() += 1;
+    }
+    for ((module, kind), count) in &kinds {
+        eprintln!("  {module}: {kind}: {count}");
+    }
     let per = |m: &str| by_module.get(m).copied().unwrap_or(0.0) / n as f64;
     Ok(Outcome {
         wall,
