@@ -103,7 +103,10 @@ fn parse_line(line: &str) -> Option<Request> {
         (None, _) => "(non-resource)".to_string(),
     };
     let code = v["responseStatus"]["code"].as_i64().unwrap_or(0);
-    let kind = format!("{} {resource} {code}", v["verb"].as_str().unwrap_or("?"));
+    let mut kind = format!("{} {resource} {code}", v["verb"].as_str().unwrap_or("?"));
+    if let Some(message) = v["responseStatus"]["message"].as_str().filter(|_| code >= 400) {
+        kind.push_str(&format!(" ({message})"));
+    }
     Some(Request { at, program: agent.split('/').next().unwrap_or("").to_string(), event, kind })
 }
 
