@@ -141,8 +141,8 @@ pub fn parse_gates(s: &str) -> Result<Gates, String> {
 }
 
 impl ProvisionerFlags {
-    /// Start-up checks (upstream exits 1 for these).
-    pub fn validate(&self) -> Result<Vec<String>, String> {
+    /// Start-up checks (upstream exits 1 for these); the gates in effect.
+    pub fn validate(&self) -> Result<Gates, String> {
         if self.volume_name_prefix.is_empty() {
             return Err("volume name prefix cannot be of length 0".into());
         }
@@ -152,8 +152,7 @@ impl ProvisionerFlags {
         if self.enable_capacity && self.capacity_poll_interval.is_zero() {
             return Err("--capacity-poll-interval must be greater than 0".into());
         }
-        parse_gates(&self.feature_gates)?;
-        Ok(Vec::new())
+        parse_gates(&self.feature_gates)
     }
 }
 

@@ -505,10 +505,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let config = |message: String| ModuleError::Config { module: NAME, message };
     let kube: KubeContext =
         ctx.kube.clone().ok_or_else(|| ModuleError::Fatal { module: NAME, message: "no Kubernetes client".into() })?;
-    for note in cfg.validate().map_err(config)? {
-        tracing::warn!("{note}");
-    }
-    let gates = config::parse_gates(&cfg.feature_gates).map_err(config)?;
+    let gates = cfg.validate().map_err(config)?;
     let node_name = node_deployment::node_name(cfg.node_deployment, std::env::var(up::NODE_NAME_ENV).ok().as_deref())
         .map_err(config)?;
     if node_name.is_some() && kube.leader.enabled {
