@@ -66,11 +66,14 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 /// A module's view of the shared services: its Kubernetes clients send its
 /// upstream program name (`csi-attacher`, ...) as `User-Agent`, which the
 /// apiserver records as the field manager of its writes.
-fn module_context(ctx: &ModuleContext, name: &str) -> Result<ModuleContext, crate::kube::client::ClientError> {
+fn module_context(
+    ctx: &ModuleContext,
+    desc: &crate::modules::ModuleDesc,
+) -> Result<ModuleContext, crate::kube::client::ClientError> {
     let mut ctx = ctx.clone();
-    let program = crate::modules::lookup(name).and_then(|d| d.binary_names.first().copied()).unwrap_or(name);
+    let program = desc.binary_names.first().copied().unwrap_or(desc.name);
     if let Some(kube) = ctx.kube.as_mut() {
-        *kube = kube.for_module(name, program)?;
+        *kube = kube.for_module(desc.name, program)?;
     }
     Ok(ctx)
 }
@@ -153,7 +156,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();
-        let ctx = match module_context(&ctx, name) {
+        let ctx = match module_context(&ctx, m.desc()) {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
