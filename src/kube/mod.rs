@@ -13,6 +13,7 @@ pub mod group_snapshot_api;
 pub mod informers;
 pub mod leader;
 pub mod names;
+pub mod own_writes;
 pub mod quantity;
 pub mod queue;
 pub mod reference_grant;

@@ -44,14 +44,21 @@ pub fn by_type(old: &[PersistentVolumeClaimCondition], new: &[PersistentVolumeCl
 /// empty, `$setElementOrder/conditions` listing `new`'s types in order: the
 /// merged list keeps the order decided on (a condition added after the ones
 /// it follows, as a whole list would have it), without re-adding a type
-/// that is gone meanwhile; conditions only the live claim has stay.
+/// that is gone meanwhile; conditions only the live claim has stay. When
+/// nothing changes, the conditions are left out: an order alone naming
+/// types the live claim no longer has is refused by the apiserver's merge
+/// (a 500, "no elements in any of the given slices").
 pub fn with_conditions(
     mut status: Value,
     old: &[PersistentVolumeClaimCondition],
     new: &[PersistentVolumeClaimCondition],
 ) -> Value {
+    let changes = by_type(old, new);
+    if changes.as_array().is_some_and(Vec::is_empty) {
+        return status;
+    }
     if let Some(map) = status.as_object_mut() {
-        map.insert("conditions".into(), by_type(old, new));
+        map.insert("conditions".into(), changes);
         if !new.is_empty() {
             let order: Vec<Value> = new.iter().map(|c| json!({ "type": c.type_ })).collect();
             map.insert("$setElementOrder/conditions".into(), Value::Array(order));
@@ -113,7 +120,11 @@ mod tests {
     fn the_order_decided_on_goes_with_the_conditions() {
         let resizing = cond("Resizing", None);
         let fs = cond("FileSystemResizePending", Some("waiting"));
-        let s = with_conditions(json!({ "capacity": {} }), std::slice::from_ref(&resizing), &[resizing.clone(), fs]);
+        let s = with_conditions(
+            json!({ "capacity": {} }),
+            std::slice::from_ref(&resizing),
+            &[resizing.clone(), fs.clone()],
+        );
         assert_eq!(
             s["$setElementOrder/conditions"],
             json!([{"type": "Resizing"}, {"type": "FileSystemResizePending"}])
@@ -126,5 +137,8 @@ mod tests {
             json!({"conditions": [{"type": "Resizing", "$patch": "delete"}]}),
             "no order for an empty list"
         );
+        let unchanged =
+            with_conditions(json!({ "capacity": {} }), std::slice::from_ref(&fs), std::slice::from_ref(&fs));
+        assert_eq!(unchanged, json!({ "capacity": {} }), "nothing decided: the conditions left alone");
     }
 }

@@ -37,9 +37,15 @@ impl Resizer {
         let (ns, name) = key.split_once('/').unwrap_or(("", &key));
         let Some(cached) = self.claims.get_named(Some(ns), name) else {
             self.forget(&key);
+            self.own_writes.forget(&key);
             return Outcome::Done;
         };
         let pvc = cached.to_full();
+        if self.own_writes.is_stale(&key, pvc.metadata.resource_version.as_deref()) {
+            // Our own later write is on its way through the watch; it queues the claim again.
+            tracing::debug!("Cached claim predates our own write; waiting for the watch");
+            return Outcome::Done;
+        }
         let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
             return Outcome::Done;
         };

@@ -50,6 +50,7 @@ use crate::{
         cached::{CachedPod, CachedPv, CachedPvc},
         events::{EventType, Recorder, reference},
         informers::{Change, Informer, Informers},
+        own_writes::OwnWrites,
         queue::{Backoff, WorkQueue},
     },
     modules::{Module, ModuleContext, ModuleError},
@@ -114,6 +115,9 @@ struct Resizer {
     in_use_errors: feed::InUseErrors,
     /// The modify controller's state, when it runs.
     modify: Option<ModifyState>,
+    /// Claim versions our own status writes replaced: a sync that finds one
+    /// in the cache waits for the watch to bring our newer write.
+    own_writes: OwnWrites,
 }
 
 /// What the modify controller keeps.
@@ -152,7 +156,13 @@ impl Resizer {
     ) -> Result<PersistentVolumeClaim, ::kube::Error> {
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
-        self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await
+        let written = self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
+        self.own_writes.wrote(
+            &format!("{ns}/{name}"),
+            pvc.metadata.resource_version.as_deref(),
+            written.metadata.resource_version.as_deref(),
+        );
+        Ok(written)
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
@@ -253,6 +263,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         final_errors: Mutex::default(),
         slow: SlowSet::default(),
         in_use_errors,
+        own_writes: OwnWrites::default(),
         modify: wiring.vacs.as_ref().map(|v| ModifyState {
             vacs: v.store(),
             uncertain: Mutex::default(),

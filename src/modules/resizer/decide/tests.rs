@@ -490,7 +490,7 @@ fn modify_patches_and_request() {
     failed.status.as_mut().unwrap().conditions = Some(conds);
     let later = Timestamp::from_second(200).unwrap();
     let again = modify_failure_patch(&failed, "gold", &bad, later);
-    assert_eq!(again["status"]["conditions"], json!([]), "same reason and message: nothing to write");
+    assert_eq!(again["status"].get("conditions"), None, "same reason and message: nothing to write");
     let other = tonic::Status::invalid_argument("iops still too high");
     let again = modify_failure_patch(&failed, "gold", &other, later);
     let written = again["status"]["conditions"].as_array().unwrap();
