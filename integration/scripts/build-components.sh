@@ -27,8 +27,9 @@
 #             integration/tests/migration_corpus.rs; built only when named,
 #             from integration/go/kube)
 #             snapshot-controller (the common snapshot controller; built only
-#             when named, from integration/go/snapshotter; the snapshot CRDs of
-#             the same release are copied next to it, into crd/)
+#             when named, from integration/go/helm, so that it reuses the
+#             packages helm and kubectl compiled; the snapshot CRDs of the
+#             same release are copied next to it, into crd/)
 #
 # Environment:
 #   CSI_SIDECAR_CACHE        cache root (default $HOME/.cache/csi-sidecar)
@@ -57,8 +58,9 @@ usage() {
 	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
 }
 
-# module_of COMPONENT -> wrapper module directory name under integration/go
-module_of() {
+# build_of COMPONENT -> the build that makes it: the components of one build
+# share one go build, its tags and its ldflags (its recipe)
+build_of() {
 	case $1 in
 	etcd) echo etcd ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
@@ -66,6 +68,22 @@ module_of() {
 	snapshot-controller) echo snapshotter ;;
 	*) return 1 ;;
 	esac
+}
+
+# dir_of BUILD -> wrapper module directory name under integration/go. The
+# snapshotter build is a second go build in the helm module (its own ldflags):
+# one go.mod gives both one version of every shared dependency, so it links
+# the packages the helm build compiled from the Go build cache.
+dir_of() {
+	case $1 in
+	snapshotter) echo helm ;;
+	*) echo "$1" ;;
+	esac
+}
+
+# module_of COMPONENT -> wrapper module directory name under integration/go
+module_of() {
+	dir_of "$(build_of "$1")"
 }
 
 # package_of COMPONENT -> import path (or relative package) to build
@@ -100,10 +118,11 @@ modver() {
 	' "$1"
 }
 
-# Per-module build recipe: sets VERSION, TAGS and LDFLAGS.
+# Per-build recipe: sets VERSION, TAGS and LDFLAGS.
 recipe() {
-	local mod=$1 gomod="$GO_DIR/$1/go.mod"
-	case $mod in
+	local build=$1 gomod
+	gomod="$GO_DIR/$(dir_of "$1")/go.mod"
+	case $build in
 	etcd)
 		VERSION=$(modver "$gomod" go.etcd.io/etcd/server/v3)
 		[[ -n $VERSION ]] || die "no go.etcd.io/etcd/server/v3 requirement in $gomod"
@@ -148,7 +167,7 @@ recipe() {
 		TAGS=""
 		LDFLAGS="-s -w -X main.version=$VERSION"
 		;;
-	*) die "unknown module $mod" ;;
+	*) die "unknown build $build" ;;
 	esac
 }
 
@@ -160,7 +179,7 @@ version_of() {
 	esac
 }
 
-# key_of COMPONENT -> cache key (needs recipe to have run for its module)
+# key_of COMPONENT -> cache key (needs recipe to have run for its build)
 key_of() {
 	local comp=$1 mod f hash files
 	mod=$(module_of "$comp")
@@ -183,12 +202,13 @@ bin_path() {
 	printf '%s/bin/%s-%s/%s\n' "$CACHE_ROOT" "$comp" "$(key_of "$comp")" "$comp"
 }
 
-# build_module MODULE COMPONENT... : one go build for all missing components of
-# a module, so that shared packages are compiled once.
-build_module() {
-	local mod=$1
+# build_components BUILD COMPONENT... : one go build for all missing components
+# of a build, so that shared packages are compiled once.
+build_components() {
+	local build=$1 mod
 	shift
-	recipe "$mod"
+	mod=$(dir_of "$build")
+	recipe "$build"
 	local comp dest missing=() pkgs=()
 	for comp in "$@"; do
 		dest=$(bin_path "$comp")
@@ -220,14 +240,14 @@ build_module() {
 	done
 	if ((${#todo[@]})); then
 		local tmp start nice_cmd=()
-		tmp=$(mktemp -d "$CACHE_ROOT/bin/.tmp-$mod.XXXXXX")
+		tmp=$(mktemp -d "$CACHE_ROOT/bin/.tmp-$build.XXXXXX")
 		TMP_DIRS+=("$tmp")
 		((NICENESS == 0)) || nice_cmd=(nice -n "$NICENESS")
 		log "building ${todo[*]} ($mod module, $VERSION, $GO_VERSION) ..."
 		start=$SECONDS
-		local build=(go build -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/")
-		[[ -z $TAGS ]] || build+=(-tags="$TAGS")
-		(cd "$GO_DIR/$mod" && "${nice_cmd[@]}" "${build[@]}" "${pkgs[@]}") >&2 ||
+		local gobuild=(go build -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/")
+		[[ -z $TAGS ]] || gobuild+=(-tags="$TAGS")
+		(cd "$GO_DIR/$mod" && "${nice_cmd[@]}" "${gobuild[@]}" "${pkgs[@]}") >&2 ||
 			die "go build failed for ${todo[*]} (module integration/go/$mod)"
 		log "built ${todo[*]} in $((SECONDS - start))s"
 		for comp in "${todo[@]}"; do
@@ -295,24 +315,24 @@ if [[ -n $print_path ]]; then
 fi
 ((${#components[@]})) || components=("${DEFAULT_COMPONENTS[@]}")
 for comp in "${components[@]}"; do
-	module_of "$comp" >/dev/null || die "unknown component '$comp' (known: ${ALL_COMPONENTS[*]})"
+	build_of "$comp" >/dev/null || die "unknown component '$comp' (known: ${ALL_COMPONENTS[*]})"
 done
 
 command -v go >/dev/null || die "go is not on PATH (Go >= 1.26 is needed)"
 GO_VERSION=$(go env GOVERSION)
 GO_PLATFORM=$(go env GOOS)/$(go env GOARCH)
 
-for mod in etcd kube helm snapshotter; do
+for build in etcd kube helm snapshotter; do
 	wanted=()
 	for comp in "${components[@]}"; do
-		if [[ $(module_of "$comp") == "$mod" ]]; then
+		if [[ $(build_of "$comp") == "$build" ]]; then
 			wanted+=("$comp")
 		fi
 	done
-	((${#wanted[@]} == 0)) || build_module "$mod" "${wanted[@]}"
+	((${#wanted[@]} == 0)) || build_components "$build" "${wanted[@]}"
 done
 
 if [[ -n $print_path ]]; then
-	recipe "$(module_of "$print_path")"
+	recipe "$(build_of "$print_path")"
 	bin_path "$print_path" >&3
 fi
