@@ -96,6 +96,16 @@ pub fn free_port() -> u16 {
     port
 }
 
+/// Makes `path` a stale unix socket, as a process that died leaves: a
+/// socket file that nobody listens on. The socket is bound but never listens
+/// (a connect is refused at once), then closed; a dropped listener instead
+/// keeps accepting while a child that another test thread is spawning holds
+/// a copy of its descriptor (until that child's exec).
+pub fn stale_unix_socket(path: &Path) -> std::io::Result<()> {
+    let socket = tokio::net::UnixSocket::new_stream()?;
+    socket.bind(path)
+}
+
 /// Polls `cond` every 50 ms until it holds or `timeout` passes; on timeout
 /// panics with `what` and the last observed state.
 pub async fn wait_until<T: std::fmt::Debug>(
