@@ -19,29 +19,25 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build"
 cargo build --workspace --bins
 
-step "cargo test"
+step "cargo test --no-run (the test executables)"
+# Built first, run below several at a time: each integration test binary
+# boots its own control plane and mostly waits on it.
+TEST_ARTIFACTS="$PWD/target/test-artifacts.json"
+mkdir -p target
+cargo test --workspace --no-run --message-format=json-render-diagnostics >"$TEST_ARTIFACTS"
+
+step "tests (${CSI_SIDECAR_TEST_JOBS:-3} executables at once; output in target/test-logs/)"
 # Integration tests share one control plane per test binary. Keep its run
-# directories (component logs) so a failure can be diagnosed; print their log
-# tails on failure, remove them on success.
+# directories (component logs) so a failure can be diagnosed; the runner
+# prints a failing executable's log tails, then its failed tests' output
+# (last: CI shows the end). They are removed on success.
 export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR="$PWD/target/test-cluster-runs"
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
-# The test output also goes to a file, so that on failure the failing tests'
-# own output is printed again after the component logs: CI shows the end.
-TEST_LOG="$PWD/target/cargo-test.log"
-if ! cargo test --workspace --no-fail-fast 2>&1 | tee "$TEST_LOG"; then
-	for d in "$CSI_SIDECAR_CLUSTER_DIR"/*/; do
-		[[ -d "$d" ]] || continue
-		printf '\n----- control-plane run %s -----\n' "$d" >&2
-		for f in "$d"logs/*.log; do
-			[[ -f "$f" ]] || continue
-			printf -- '--- %s (last 30 lines)\n' "$f" >&2
-			tail -n 30 "$f" >&2
-		done
-	done
-	printf '\n===== failing tests (their output, from %s) =====\n' "target/cargo-test.log" >&2
-	# Each test binary's "failures:" section: the failed tests' output, then their names.
-	awk '/^failures:$/ {on = 1} on {print} /^test result:/ {on = 0}' "$TEST_LOG" | tail -n 400 >&2
-	grep -E '^test .* \.\.\. FAILED$|^error: test failed|^error: could not compile' "$TEST_LOG" >&2 || true
-	exit 1
+if command -v python3 >/dev/null; then
+	python3 integration/scripts/run-tests.py "$TEST_ARTIFACTS"
+else
+	# No python3: cargo runs them one after another.
+	echo "test.sh: python3 is missing; cargo test runs the executables one at a time" >&2
+	cargo test --workspace --no-fail-fast
 fi
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"

@@ -12,6 +12,7 @@ pub mod failover;
 pub mod fault_driver;
 pub mod http;
 pub mod kube_support;
+pub mod ports;
 pub mod process;
 pub mod snapshots;
 pub mod yaml;
@@ -88,9 +89,21 @@ pub fn component_bin(component: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1 for another process to bind, which no other
+/// test process picks meanwhile (see [`ports`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    let [port] = ports::free_ports::<1>().expect("free port");
+    port
+}
+
+/// Makes `path` a stale unix socket, as a process that died leaves: a
+/// socket file that nobody listens on. The socket is bound but never listens
+/// (a connect is refused at once), then closed; a dropped listener instead
+/// keeps accepting while a child that another test thread is spawning holds
+/// a copy of its descriptor (until that child's exec).
+pub fn stale_unix_socket(path: &Path) -> std::io::Result<()> {
+    let socket = tokio::net::UnixSocket::new_stream()?;
+    socket.bind(path)
 }
 
 /// Polls `cond` every 50 ms until it holds or `timeout` passes; on timeout

@@ -163,7 +163,7 @@ async fn a_stale_socket_is_replaced_and_a_stray_file_is_refused() {
     let env = Env::new();
     let sock = env.reg_socket();
     // A stale socket from a previous run.
-    drop(std::os::unix::net::UnixListener::bind(&sock).expect("stale socket"));
+    csi_sidecar_integration::stale_unix_socket(&sock).expect("stale socket");
     assert!(std::os::unix::net::UnixStream::connect(&sock).is_err(), "nobody listens on a stale socket");
     let _driver = env.driver("csi-mock-driver");
     let reg = env.registrar();

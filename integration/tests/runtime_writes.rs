@@ -66,7 +66,13 @@ where
 async fn fresh_pv(client: &Client, prefix: &str) -> (Api<PersistentVolume>, PersistentVolume) {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let name = unique_name(prefix);
-    let pv = create(&pvs, &csi_pv(&name, "finalizers.csi.example.com", &name, "1Mi")).await;
+    let mut pv = csi_pv(&name, "finalizers.csi.example.com", &name, "1Mi");
+    // A class of its own: the PV binder never binds it to another test's
+    // claim (class "").
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.storage_class_name = Some(name.clone());
+    }
+    let pv = create(&pvs, &pv).await;
     (pvs, pv)
 }
 
@@ -216,6 +222,14 @@ async fn adding_a_finalizer_already_present_writes_nothing() {
     let client = ControlPlane::shared().client().await;
     let (pvs, created) = fresh_pv(&client, "fin-present").await;
     let name = created.metadata.name.clone().expect("name");
+    // kube-controller-manager writes a new PV too (its pv-protection
+    // finalizer, phase Available): once it has, only the requests below can
+    // change the resourceVersion.
+    let created = wait_for(&pvs, &name, T, |pv| {
+        finalizers_of(pv).iter().any(|f| f == PV_PROTECTION)
+            && pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available")
+    })
+    .await;
     finalizers::add(&pvs, &created, OURS).await.expect("first add");
     let live = wait_for(&pvs, &name, T, |pv| finalizers_of(pv).iter().any(|f| f == OURS)).await;
 

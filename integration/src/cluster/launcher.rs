@@ -192,15 +192,10 @@ impl Drop for Component {
     }
 }
 
-/// Picks `n` distinct free loopback ports (all bound at once, then released).
+/// Picks `N` distinct free loopback ports for the components ([`crate::ports`]:
+/// no other test process picks them meanwhile).
 pub(super) fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners: Vec<std::net::TcpListener> =
-        (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
-    let mut ports = [0u16; N];
-    for (p, l) in ports.iter_mut().zip(&listeners) {
-        *p = l.local_addr()?.port();
-    }
-    Ok(ports)
+    crate::ports::free_ports::<N>().context("pick free loopback ports")
 }
 
 pub(super) async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
