@@ -296,7 +296,8 @@ async fn condition_patches_merge_by_type_on_the_real_apiserver() {
     let cond = |t: &str| Cond { type_: t.into(), status: "True".into(), ..Default::default() };
     let types = |v: &[&str]| v.iter().map(|t| cond(t)).collect::<Vec<_>>();
     // (what, live before the write, the decision's old copy, its new list, live after)
-    let cases: [(&str, &[&str], &[&str], &[&str], &[&str]); 7] = [
+    type Types = &'static [&'static str];
+    let cases: [(&str, Types, Types, Types, Types); 7] = [
         ("nothing decided, gone meanwhile", &[], &["Resizing"], &["Resizing"], &[]),
         ("the last condition removed", &["Resizing"], &["Resizing"], &[], &[]),
         (
