@@ -41,9 +41,7 @@ impl Resizer {
             return Outcome::Done;
         };
         let pvc = cached.to_full();
-        if self.own_writes.is_stale(&key, pvc.metadata.resource_version.as_deref()) {
-            // Our own later write is on its way through the watch; it queues the claim again.
-            tracing::debug!("Cached claim predates our own write; waiting for the watch");
+        if self.superseded_by_own_write(&key, &pvc) {
             return Outcome::Done;
         }
         let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {

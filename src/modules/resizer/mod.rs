@@ -158,11 +158,22 @@ impl Resizer {
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
         let written = self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
         self.own_writes.wrote(
-            &format!("{ns}/{name}"),
+            &decide::claim_key(&pvc.metadata),
             pvc.metadata.resource_version.as_deref(),
             written.metadata.resource_version.as_deref(),
         );
         Ok(written)
+    }
+
+    /// Whether the cached `pvc` is a version our own status write replaced:
+    /// the watch still owes us the newer one, and that event queues the
+    /// claim again, so the sync stops here.
+    fn superseded_by_own_write(&self, key: &str, pvc: &PersistentVolumeClaim) -> bool {
+        let stale = self.own_writes.is_stale(key, pvc.metadata.resource_version.as_deref());
+        if stale {
+            tracing::debug!("Cached claim predates our own write; waiting for the watch");
+        }
+        stale
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
