@@ -23,6 +23,8 @@
 #             kube-scheduler hollow-node (the real node: the scheduler and
 #             kubemark's hollow kubelet in a main of our own; built only when
 #             named, from integration/go/kube)
+#             kubelet (the real kubelet, cmd/kubelet, for the real node with
+#             containerd; built only when named, from integration/go/kube)
 #             csi-translate (k8s.io/csi-translation-lib over a corpus, for
 #             integration/tests/migration_corpus.rs; built only when named,
 #             from integration/go/kube)
@@ -44,7 +46,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node helm kubectl snapshot-controller csi-translate)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
@@ -63,7 +65,7 @@ usage() {
 build_of() {
 	case $1 in
 	etcd) echo etcd ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
 	*) return 1 ;;
@@ -90,7 +92,7 @@ module_of() {
 package_of() {
 	case $1 in
 	etcd) echo . ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler) echo "k8s.io/kubernetes/cmd/$1" ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) echo "k8s.io/kubernetes/cmd/$1" ;;
 	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | kubectl) echo "./cmd/$1" ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;

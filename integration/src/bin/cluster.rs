@@ -59,6 +59,10 @@ struct Serve {
     /// also run kube-scheduler and N hollow kubelets (built by build-components.sh kube-scheduler hollow-node); default 0
     #[argh(option, default = "0")]
     nodes: u32,
+    /// also run a real node: containerd (Debian's) and the kubelet (build-components.sh kubelet), importing the
+    /// image archives of DIR (integration/scripts/node-images.sh --out DIR); needs root
+    #[argh(option)]
+    real_node: Option<PathBuf>,
 }
 
 /// Issue a client certificate signed by the cluster's client CA and write a
@@ -116,6 +120,7 @@ fn main() {
                 apiserver_args: s.apiserver_arg,
                 snapshots: s.snapshots,
                 nodes: s.nodes,
+                real_node_images: s.real_node,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

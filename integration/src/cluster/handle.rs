@@ -206,6 +206,23 @@ impl ControlPlane {
         }
     }
 
+    /// One control plane per test binary with kube-scheduler, the workload
+    /// controllers and a real node (containerd and the kubelet, `cluster
+    /// serve --real-node DIR`, the node in `info().real_node`), started on
+    /// first use, with the images of [`node_images`].
+    pub fn with_real_node() -> &'static ControlPlane {
+        static REAL: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let cp = REAL.get_or_init(|| {
+            let images = node_images().map_err(|e| format!("{e:#}"))?;
+            ControlPlane::spawn_launcher(&launcher_bin(), &["--real-node", &images.display().to_string()])
+                .map_err(|e| format!("{e:#}"))
+        });
+        match cp {
+            Ok(cp) => cp,
+            Err(e) => panic!("starting the control plane with a real node failed: {e}"),
+        }
+    }
+
     /// What the launcher reported.
     pub fn info(&self) -> &ClusterInfo {
         &self.info
@@ -320,6 +337,44 @@ impl Drop for ControlPlane {
         }
         self.stop_within(Duration::from_secs(60));
     }
+}
+
+/// Builds the real node's images (`integration/scripts/node-images.sh`)
+/// once per test process, with the csi-sidecar binary the tests run, into
+/// `target/node-images/<pid>` (those of exited processes are removed);
+/// returns the directory.
+pub fn node_images() -> Result<PathBuf> {
+    static IMAGES: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    IMAGES
+        .get_or_init(|| {
+            let parent = workspace_root().join("target").join("node-images");
+            // Directories of test processes that are gone.
+            for old in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+                let pid = old.file_name().to_string_lossy().into_owned();
+                if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(&pid).exists() {
+                    let _ = std::fs::remove_dir_all(old.path());
+                }
+            }
+            let dir = parent.join(std::process::id().to_string());
+            let out = Command::new("bash")
+                .arg(workspace_root().join("integration/scripts/node-images.sh"))
+                .arg("--out")
+                .arg(&dir)
+                .arg("--sidecar-binary")
+                .arg(crate::sidecar_bin())
+                .output()
+                .map_err(|e| format!("run node-images.sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "node-images.sh failed ({}):\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(dir)
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
 }
 
 #[cfg(test)]

@@ -30,6 +30,12 @@ pub struct ServeOptions {
     /// cache); kube-controller-manager then also runs the node lifecycle
     /// controller, which lifts the not-ready taint of a new node.
     pub nodes: u32,
+    /// Run a real node (containerd and the kubelet, `cluster serve
+    /// --real-node DIR`) with the image archives of this directory
+    /// (`integration/scripts/node-images.sh --out DIR`); kube-scheduler and
+    /// the controllers that run workloads (Deployments, DaemonSets, the
+    /// garbage collector, ServiceAccounts, the root CA ConfigMap) come with it.
+    pub real_node_images: Option<PathBuf>,
 }
 
 impl Default for ServeOptions {
@@ -44,6 +50,7 @@ impl Default for ServeOptions {
             apiserver_args: Vec::new(),
             snapshots: false,
             nodes: 0,
+            real_node_images: None,
         }
     }
 }
@@ -246,9 +253,12 @@ pub(super) async fn wait_ready(
     }
 }
 
-/// The running components, stopped in reverse start order.
+/// The running components, stopped in reverse start order, and what a real
+/// node left on the host, removed after them.
+#[derive(Default)]
 pub(super) struct Running {
     pub(crate) comps: Vec<Component>,
+    pub(crate) footprints: Vec<super::real_node::Footprint>,
 }
 
 impl Running {
@@ -259,6 +269,13 @@ impl Running {
         let mut clean = true;
         while let Some(mut c) = self.comps.pop() {
             clean &= c.stop(grace, log).await;
+        }
+        for footprint in self.footprints.drain(..) {
+            let left = tokio::task::spawn_blocking(move || footprint.clean()).await.unwrap_or_default();
+            for l in &left {
+                log.error(&format!("the real node left {l}"));
+            }
+            clean &= left.is_empty();
         }
         clean
     }
@@ -288,6 +305,7 @@ pub(super) async fn start_components(
     nodes_base: Option<PathBuf>,
 ) -> Result<ClusterInfo> {
     let apiserver_args = &opts.apiserver_args;
+    let real_node = opts.real_node_images.is_some();
     let pki = run_dir.join("pki");
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir)?;
@@ -348,7 +366,14 @@ pub(super) async fn start_components(
         format!("--service-account-key-file={}", p("sa.pub")),
         format!("--service-account-signing-key-file={}", p("sa.key")),
         "--service-cluster-ip-range=10.0.0.0/24".into(),
-        "--disable-admission-plugins=ServiceAccount".into(),
+        // Pods get their ServiceAccount token volume only on a real node
+        // (elsewhere no pod runs, and the admission would want the
+        // ServiceAccount controller).
+        if real_node {
+            "--enable-admission-plugins=ServiceAccount".into()
+        } else {
+            "--disable-admission-plugins=ServiceAccount".into()
+        },
         "--endpoint-reconciler-type=none".into(),
         "--allow-privileged=true".into(),
         "-v=1".into(),
@@ -370,11 +395,14 @@ pub(super) async fn start_components(
         format!("--kubeconfig={kc}"),
         format!("--authentication-kubeconfig={kc}"),
         format!("--authorization-kubeconfig={kc}"),
-        if opts.nodes > 0 {
+        if real_node {
+            format!("--controllers={KCM_CONTROLLERS},node-lifecycle-controller,{KCM_WORKLOAD_CONTROLLERS}")
+        } else if opts.nodes > 0 {
             format!("--controllers={KCM_CONTROLLERS},node-lifecycle-controller")
         } else {
             format!("--controllers={KCM_CONTROLLERS}")
         },
+        format!("--root-ca-file={}", p("ca.crt")),
         "--leader-elect=false".into(),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={kcm_port}"),
@@ -401,12 +429,23 @@ pub(super) async fn start_components(
         log.info(&format!("snapshot CRDs and snapshot-controller ready at {} ms", t0.elapsed().as_millis()));
     }
     let mut nodes = Vec::new();
-    if opts.nodes > 0 {
+    let mut real = None;
+    if opts.nodes > 0 || real_node {
         world::start_scheduler(&kubeconfig, &log_dir, running).await?;
         log.info(&format!("kube-scheduler ready at {} ms", t0.elapsed().as_millis()));
+    }
+    if opts.nodes > 0 {
         let base = nodes_base.as_deref().ok_or_else(|| anyhow!("no directory for the nodes"))?;
         nodes = world::start_nodes(opts.nodes, base, &kubeconfig, &admin, &log_dir, running).await?;
         log.info(&format!("{} hollow nodes Ready at {} ms", nodes.len(), t0.elapsed().as_millis()));
+    }
+    if let Some(images) = &opts.real_node_images {
+        let base = nodes_base.as_deref().ok_or_else(|| anyhow!("no directory for the nodes"))?;
+        let client_ca = pki.join("client-ca.crt");
+        let inputs = super::real_node::NodeInputs { base, images, client_ca: &client_ca, kubeconfig: &kubeconfig };
+        let node = super::real_node::start_real_node(inputs, &admin, &log_dir, running, log).await?;
+        log.info(&format!("real node {} Ready at {} ms", node.name, t0.elapsed().as_millis()));
+        real = Some(node);
     }
 
     let pid = |name: &str| running.comps.iter().find(|c| c.name == name).map(Component::pid).unwrap_or(0);
@@ -430,6 +469,7 @@ pub(super) async fn start_components(
         },
         startup_ms: StartupMs { pki: pki_ms, etcd: etcd_ms, apiserver: api_ms, kcm: kcm_ms },
         nodes,
+        real_node: real,
     })
 }
 
@@ -599,10 +639,10 @@ pub async fn serve(opts: ServeOptions) -> Result<i32> {
         Some((stdin_tx, cmd_tx))
     };
 
-    let mut running = Running { comps: Vec::new() };
+    let mut running = Running::default();
     // The nodes' root directories hold sockets: a short path outside the run
     // directory, removed at every teardown (the kubelet leaves them behind).
-    let nodes_base = if opts.nodes > 0 { Some(world::nodes_base()?) } else { None };
+    let nodes_base = if opts.nodes > 0 || opts.real_node_images.is_some() { Some(world::nodes_base()?) } else { None };
     let remove_nodes_base = || {
         if let Some(b) = &nodes_base {
             let _ = std::fs::remove_dir_all(b);

@@ -50,11 +50,13 @@ use crate::{component_bin, workspace_root};
 mod handle;
 mod launcher;
 mod pki;
+mod real_node;
 mod world;
 
 pub use handle::*;
 pub use launcher::*;
 pub use pki::*;
+pub use real_node::{Footprint, REAL_NODE_NAME, RealNodeInfo};
 pub use world::NodeInfo;
 use world::{SNAPSHOT_CONTROLLER, install_snapshot_crds, start_snapshot_controller};
 
@@ -80,6 +82,10 @@ const CLIENT_CA_CN: &str = "csi-sidecar-itest-client-ca";
 const KCM_CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolume-attach-detach-controller,\
                                persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,\
                                persistentvolume-expander-controller";
+/// What a real node's workloads need besides the volume controllers.
+const KCM_WORKLOAD_CONTROLLERS: &str = "deployment-controller,replicaset-controller,daemonset-controller,\
+                                        garbage-collector-controller,serviceaccount-controller,\
+                                        root-ca-certificate-publisher-controller";
 
 /// What the launcher reports when the cluster is ready (the JSON line on its
 /// stdout, also written to `<run_dir>/cluster.json`). All paths are absolute.
@@ -110,6 +116,9 @@ pub struct ClusterInfo {
     /// The hollow nodes (`cluster serve --nodes N`), Ready when reported.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeInfo>,
+    /// The real node (`cluster serve --real-node DIR`), Ready when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub real_node: Option<RealNodeInfo>,
 }
 
 /// Loopback ports of a cluster.

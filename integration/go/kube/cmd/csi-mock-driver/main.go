@@ -22,6 +22,9 @@
 //	--attach-limit N              NodeGetInfo.max_volumes_per_node and the number of
 //	                              volumes ControllerPublish accepts (0 = no limit)
 //	--verbose                     also log requests and responses as JSON
+//	--adopt-volumes               node calls (stage, publish, unpublish, unstage,
+//	                              stats, expand) on a volume this instance did not
+//	                              create adopt it (see below)
 //
 // Every call is logged as one line on stderr:
 //
@@ -56,6 +59,14 @@
 //   - With --enable-topology volumes and NodeGetInfo carry the segment
 //     io.kubernetes.storage.mock/node=some-mock-node (the key is derived from the
 //     constant name io.kubernetes.storage.mock, not from --name).
+//   - Adopted volumes (--adopt-volumes): two instances of the driver, one in a
+//     controller pod and one in a node pod as a chart deploys them, do not
+//     share their in-memory volumes, so the node instance would answer NotFound
+//     for every volume the controller instance created. With --adopt-volumes the
+//     node instance, on a node call for a volume ID it has not adopted yet,
+//     creates a volume of its own named "adopted-<ID>" (CreateVolume is
+//     idempotent by name, so a restarted instance adopts the same name again)
+//     and serves the call on it; the caller keeps seeing its own ID.
 //   - All state is in memory and lost on exit. Calls are served one at a time
 //     (the upstream service shares maps between its state and its responses,
 //     which would race under concurrent calls).
@@ -118,6 +129,57 @@ type translator struct {
 	external string // what callers see: --node-id
 	verbose  bool
 	topology string // --topology-value: replaces service.TopologyValue in responses
+	// --adopt-volumes: the service creating adopted volumes, and the
+	// caller's volume ID -> the service's.
+	adopter service.Service
+	adopted map[string]string
+}
+
+// adopt rewrites the volume ID of a node call to the ID of this instance's
+// volume "adopted-<ID>", creating it on first use (--adopt-volumes).
+func (t *translator) adopt(ctx context.Context, id *string) error {
+	if t.adopter == nil || *id == "" {
+		return nil
+	}
+	if local, ok := t.adopted[*id]; ok {
+		*id = local
+		return nil
+	}
+	mount := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	resp, err := t.adopter.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name:               "adopted-" + *id,
+		VolumeCapabilities: []*csi.VolumeCapability{mount},
+	})
+	if err != nil {
+		return status.Errorf(codes.Internal, "adopting volume %s: %v", *id, err)
+	}
+	local := resp.GetVolume().GetVolumeId()
+	logf("adopted volume %s as %s", *id, local)
+	t.adopted[*id] = local
+	*id = local
+	return nil
+}
+
+// adoptNodeCall applies adopt to the node calls that name a volume.
+func (t *translator) adoptNodeCall(ctx context.Context, req any) error {
+	switch r := req.(type) {
+	case *csi.NodeStageVolumeRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	case *csi.NodeUnstageVolumeRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	case *csi.NodePublishVolumeRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	case *csi.NodeUnpublishVolumeRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	case *csi.NodeGetVolumeStatsRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	case *csi.NodeExpandVolumeRequest:
+		return t.adopt(ctx, &r.VolumeId)
+	}
+	return nil
 }
 
 // segment rewrites the mock's fixed topology value to --topology-value.
@@ -271,6 +333,9 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	if err := t.translateRequest(req); err != nil {
 		return nil, err
 	}
+	if err := t.adoptNodeCall(ctx, req); err != nil {
+		return nil, err
+	}
 	resp, err := handler(ctx, req)
 	if err != nil {
 		return nil, err
@@ -306,6 +371,7 @@ func main() {
 		permissiveTargetPath    = flag.Bool("permissive-target-path", false, "NodePublishVolume: accept an existing target path")
 		nodeVolumeConditionReqd = flag.Bool("node-volume-condition", false, "advertise the node VOLUME_CONDITION capability")
 		verbose                 = flag.Bool("verbose", false, "log requests and responses as JSON")
+		adoptVolumes            = flag.Bool("adopt-volumes", false, "node calls on a volume this instance did not create adopt it (a node instance beside a controller instance)")
 	)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -359,6 +425,10 @@ func main() {
 	}
 
 	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose, topology: *topologyValue}
+	if *adoptVolumes {
+		tr.adopter = svc
+		tr.adopted = map[string]string{}
+	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(tr.intercept))
 	csi.RegisterIdentityServer(srv, svc)
 	csi.RegisterControllerServer(srv, svc)
