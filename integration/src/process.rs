@@ -34,9 +34,6 @@ impl Proc {
         env: &[(&str, Option<&str>)],
         log_dir: &Path,
     ) -> Proc {
-        let log = log_dir.join(format!("{name}.log"));
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
         let mut cmd = Command::new(program);
         for (k, v) in env {
             match v {
@@ -44,8 +41,23 @@ impl Proc {
                 None => cmd.env_remove(k),
             };
         }
+        Self::spawn_command(name, cmd.args(args), log_dir)
+    }
+
+    /// [`Proc::spawn`] as another user and group, without supplementary
+    /// groups (the caller must be root).
+    pub fn spawn_as(name: &str, program: &Path, args: &[String], (uid, gid): (u32, u32), log_dir: &Path) -> Proc {
+        use std::os::unix::process::CommandExt;
+        // With a uid and no explicit groups, std drops the supplementary groups.
+        Self::spawn_command(name, Command::new(program).args(args).uid(uid).gid(gid), log_dir)
+    }
+
+    fn spawn_command(name: &str, cmd: &mut Command, log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let program = PathBuf::from(cmd.get_program());
         let child = cmd
-            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

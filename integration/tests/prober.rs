@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
+use csi_sidecar::csi::dial_error::{self, Access, Identity, Stat};
 use csi_sidecar_integration::{
     component_bin,
     fault_driver::{FaultDriver, ProbeAnswer, Script, Transport},
     free_port,
     http::{Reply, get},
     process::Proc,
-    symlinked_bin, wait_until,
+    sidecar_bin, symlinked_bin, wait_until,
 };
 use tonic::Code;
 
@@ -171,4 +172,94 @@ async fn real_driver_killed_and_restarted() {
 
     let _driver = Proc::spawn("csi-mock-driver-2", &driver_bin, &args, p.socket.parent().expect("dir"));
     healthz_until(&p, (200, "ok")).await;
+}
+
+/// The non-root user of csi-sidecar's image.
+const SIDECAR_USER: u32 = 65532;
+
+/// Why csi-sidecar cannot be run here as [`SIDECAR_USER`], if it cannot.
+fn cannot_run_as_sidecar_user() -> Option<String> {
+    if dial_error::identity().uid != 0 {
+        return Some("not running as root, so csi-sidecar cannot be started as another user".into());
+    }
+    let bin = std::fs::canonicalize(sidecar_bin()).expect("csi-sidecar binary");
+    let o = dial_error::observe(&bin);
+    let who = Identity { uid: SIDECAR_USER, gid: SIDECAR_USER, groups: Vec::new() };
+    let reachable = |s: &Stat| matches!(s, Stat::Found(f) if dial_error::permits(f, &who, Access::Search));
+    // Execute permission is the same bit as search permission.
+    if !o.directories.iter().all(|(_, s)| reachable(s)) || !reachable(&o.socket) {
+        return Some(format!("uid {SIDECAR_USER} cannot execute {}", bin.display()));
+    }
+    None
+}
+
+/// The production failure: the driver (root) creates its socket
+/// `srwxr-xr-x root:root` and csi-sidecar runs as a non-root user. /healthz
+/// keeps upstream's 500 and `rpc error` form, and the text (and the log)
+/// names the path, mode, owner and user; a directory on the path that the
+/// user may not search is named too; fixing the modes makes it healthy.
+#[tokio::test]
+async fn a_socket_the_sidecar_may_not_open_is_explained() {
+    if let Some(why) = cannot_run_as_sidecar_user() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    chmod(tmp.path(), 0o755);
+    let dir = tmp.path().join("csi");
+    std::fs::create_dir(&dir).expect("mkdir");
+    chmod(&dir, 0o755);
+    let socket = dir.join("csi.sock");
+    let _driver = FaultDriver::start(&socket, Transport::Grpc, Script::default());
+    chmod(&socket, 0o755);
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = vec![
+        format!("--csi-address={}", socket.display()),
+        format!("--http-endpoint={addr}"),
+        "--probe-timeout=2s".into(),
+    ];
+    let bin = symlinked_bin(tmp.path(), "livenessprobe");
+    let p = Proc::spawn_as("livenessprobe", &bin, &args, (SIDECAR_USER, SIDECAR_USER), tmp.path());
+    let prober = Prober { proc: p, addr, _dir: tmp, socket: socket.clone() };
+
+    let denied = format!(
+        "rpc error: code = Unavailable desc = cannot connect to the CSI driver socket {}: permission denied: the socket is srwxr-xr-x owned by 0:0 and csi-sidecar runs as uid {SIDECAR_USER} gid {SIDECAR_USER} (no supplementary groups); it needs write permission on the socket",
+        socket.display()
+    );
+    wait_until("/healthz explains the socket's permissions", Duration::from_secs(30), async || {
+        let r = get(&prober.addr, "/healthz").await;
+        (matches!(&r, Ok(r) if r.status == 500 && r.body.starts_with(&denied)), r)
+    })
+    .await
+    .expect("reply");
+    wait_until("the log explains it too", Duration::from_secs(10), async || {
+        let logs = prober.proc.logs();
+        let line = logs.lines().find(|l| l.contains("Health check failed")).unwrap_or_default().to_string();
+        (line.contains(&denied), line)
+    })
+    .await;
+
+    // A directory on the path that the user may not search.
+    chmod(&dir, 0o750);
+    let dir_denied = format!(
+        "rpc error: code = Unavailable desc = cannot connect to the CSI driver socket {}: permission denied: the directory {} is drwxr-x--- owned by 0:0 and csi-sidecar runs as uid {SIDECAR_USER}",
+        socket.display(),
+        dir.display()
+    );
+    wait_until("/healthz names the directory", Duration::from_secs(30), async || {
+        let r = get(&prober.addr, "/healthz").await;
+        (matches!(&r, Ok(r) if r.status == 500 && r.body.starts_with(&dir_denied)), r)
+    })
+    .await
+    .expect("reply");
+
+    // Permissions fixed: the same process becomes healthy.
+    chmod(&dir, 0o755);
+    chmod(&socket, 0o777);
+    healthz_until(&prober, (200, "ok")).await;
 }

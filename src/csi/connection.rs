@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use super::{
     address::{AddressError, CsiAddress},
+    dial_error::dial_error,
     driver::{DriverInfo, validate_plugin_info},
     proto::csi::v1::{self as csi, plugin_capability},
     redact::{Redact, redacted_debug},
@@ -100,7 +101,10 @@ impl Connection {
             let path = path.clone();
             let counter = counter.clone();
             async move {
-                let stream = UnixStream::connect(&path).await?;
+                // The error names the path, its mode and owner and the
+                // process's user (dial_error), for every module's log and
+                // the prober's /healthz body.
+                let stream = UnixStream::connect(&path).await.map_err(|e| dial_error(&path, e))?;
                 counter.send_modify(|n| *n += 1);
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
@@ -268,10 +272,12 @@ impl Connection {
         let mut delay = RETRY_MIN;
         let mut last_report = Instant::now();
         loop {
-            let attempt = if self.inner.address.path().exists() {
-                self.discover_once(timeout, probe).await
-            } else {
-                Err("socket does not exist yet".to_string())
+            // No call (and no sample in the call metrics) before the socket
+            // can be seen; the error says why it cannot.
+            let path = self.inner.address.path();
+            let attempt = match std::fs::metadata(path) {
+                Ok(_) => self.discover_once(timeout, probe).await,
+                Err(e) => Err(dial_error(path, e).to_string()),
             };
             match attempt {
                 Ok(info) => return Some(info),
@@ -374,5 +380,46 @@ mod probe_tests {
         assert!(matches!(probe_verdict(&Err(Status::deadline_exceeded("slow"))), ProbeVerdict::NotReady(_)));
         assert!(matches!(probe_verdict(&Err(Status::unavailable("down"))), ProbeVerdict::Failed(_)));
         assert!(matches!(probe_verdict(&Err(Status::unimplemented("no"))), ProbeVerdict::Failed(_)));
+    }
+}
+
+#[cfg(test)]
+mod dial_tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use super::*;
+
+    fn owner(path: &std::path::Path) -> String {
+        let m = std::fs::metadata(path).expect("stat");
+        format!("{}:{}", m.uid(), m.gid())
+    }
+
+    /// A failed connect reaches the caller's `Status` with the path, the
+    /// file's mode and owner.
+    #[tokio::test]
+    async fn a_failed_connect_explains_itself_in_the_status() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("file.sock");
+        std::fs::write(&file, "").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        let stale = tmp.path().join("stale.sock");
+        tokio::net::UnixSocket::new_stream().expect("socket").bind(&stale).expect("bind");
+        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let table = [
+            (file.clone(), format!("it is a regular file (-rw-r----- owned by {}), not a socket", owner(&file))),
+            (
+                stale.clone(),
+                format!(
+                    "connection refused: the socket file exists (srwxr-xr-x owned by {}) but nothing listens on it (the driver exited or has not started serving yet)",
+                    owner(&stale)
+                ),
+            ),
+        ];
+        for (path, why) in table {
+            let conn = Connection::new(&path.display().to_string()).expect("address");
+            let status = conn.probe(Duration::from_secs(10)).await.expect_err("no driver");
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            assert_eq!(status.message(), format!("cannot connect to the CSI driver socket {}: {why}", path.display()));
+        }
     }
 }

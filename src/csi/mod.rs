@@ -3,6 +3,7 @@
 pub mod address;
 pub mod calls;
 pub mod connection;
+pub mod dial_error;
 pub mod driver;
 pub mod proto;
 pub mod redact;
