@@ -3,11 +3,11 @@
 //! (integration/scripts/node-images.sh). Needs root, containerd, runc, the
 //! CNI plugins and umoci (.ci/run installs them).
 
-use std::time::Duration;
+use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use csi_sidecar_integration::{
     cluster::ControlPlane,
-    kube_support::{TestNamespace, create, wait_for},
+    kube_support::{TestNamespace, create, pvc, wait_deleted, wait_for},
 };
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount, Volume};
 use kube::api::ObjectMeta;
@@ -114,4 +114,534 @@ pub fn container_logs(pod_logs: &std::path::Path, namespace: &str, pod: &str, co
         }
     }
     out
+}
+
+mod chart {
+    //! The chart installed with helm on the real node, as a user would.
+
+    use std::{
+        collections::BTreeSet,
+        path::PathBuf,
+        process::Command,
+        time::{Duration, Instant},
+    };
+
+    use csi_sidecar_integration::{
+        cluster::{ControlPlane, RealNodeInfo},
+        component_bin,
+        kube_support::wait_for,
+        workspace_root,
+    };
+    use k8s_openapi::api::{
+        apps::v1::{DaemonSet, Deployment},
+        core::v1::{Pod, ServiceAccount},
+    };
+    use kube::{Api, api::ListParams};
+
+    use super::{container_logs, pod_phase};
+
+    pub const RELEASE: &str = "mock";
+    pub const NAMESPACE: &str = "csi-mock";
+    pub const DRIVER: &str = "io.kubernetes.storage.mock";
+    pub const STORAGE_CLASS: &str = "csi-mock";
+    const CHART_README: &str = "manifests/helm/csi-sidecar/README.md";
+    const INSTALL_MARKER: &str = "<!-- helm-install: run by integration/tests/real_node.rs -->";
+
+    /// The `helm install` line of the chart's README (the fenced block after
+    /// [`INSTALL_MARKER`]), as words.
+    pub fn readme_install_line() -> Vec<String> {
+        let text = std::fs::read_to_string(workspace_root().join(CHART_README)).expect("the chart's README");
+        let after =
+            text.split(INSTALL_MARKER).nth(1).unwrap_or_else(|| panic!("{CHART_README} has no {INSTALL_MARKER}"));
+        let block = after.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("a ```sh block");
+        let line = block.replace("\\\n", " ");
+        let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        assert_eq!(words.first().map(String::as_str), Some("helm"), "{CHART_README}: {line}");
+        words
+    }
+
+    /// helm, run from the workspace root against the cluster.
+    pub struct Helm {
+        bin: PathBuf,
+        kubeconfig: PathBuf,
+        home: tempfile::TempDir,
+    }
+
+    impl Helm {
+        pub fn new(cp: &ControlPlane) -> Helm {
+            Helm {
+                bin: component_bin("helm"),
+                kubeconfig: cp.kubeconfig().to_path_buf(),
+                home: tempfile::tempdir().expect("a helm home"),
+            }
+        }
+
+        /// Runs `helm <args>`; panics with its output unless it succeeds.
+        pub fn run(&self, args: &[String]) -> String {
+            let h = self.home.path();
+            let out = Command::new(&self.bin)
+                .args(args)
+                .current_dir(workspace_root())
+                .env("KUBECONFIG", &self.kubeconfig)
+                .env("HELM_CACHE_HOME", h.join("cache"))
+                .env("HELM_CONFIG_HOME", h.join("config"))
+                .env("HELM_DATA_HOME", h.join("data"))
+                .output()
+                .expect("run helm");
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "helm {} failed ({}):\n{text}", args.join(" "), out.status);
+            text
+        }
+    }
+
+    /// What only this test world needs on top of a user's line: its kubelet
+    /// directory, the loopback API server for host-network pods, quick
+    /// driver liveness checks.
+    pub fn world_args(api_port: u16, layout: &str) -> Vec<String> {
+        let env = serde_json::json!([
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": api_port.to_string()},
+        ]);
+        [
+            "--set-json".to_string(),
+            format!("extraEnv={env}"),
+            "--set".into(),
+            format!("layout={layout}"),
+            "--set".into(),
+            "driver.livenessProbe.initialDelaySeconds=1,driver.livenessProbe.periodSeconds=2,\
+             driver.livenessProbe.timeoutSeconds=2,driver.livenessProbe.failureThreshold=2"
+                .into(),
+        ]
+        .into()
+    }
+
+    /// The README's line with the world's kubelet directory.
+    pub fn install_args(node: &RealNodeInfo) -> Vec<String> {
+        readme_install_line()
+            .into_iter()
+            .skip(1)
+            .map(|w| w.replace("/var/lib/kubelet", &node.root_dir.display().to_string()))
+            .collect()
+    }
+
+    pub async fn wait_rollout(client: &kube::Client, within: Duration) {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let name = format!("{RELEASE}-csi-sidecar-controller");
+        wait_for(&deployments, &name, within, |d| {
+            let (spec, status) = (d.spec.as_ref(), d.status.clone().unwrap_or_default());
+            let want = spec.and_then(|s| s.replicas).unwrap_or(1);
+            status.observed_generation == d.metadata.generation
+                && status.updated_replicas == Some(want)
+                && status.available_replicas == Some(want)
+                && status.replicas == Some(want)
+                && status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Available" && c.status == "True")
+        })
+        .await;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+        let name = format!("{RELEASE}-csi-sidecar-node");
+        wait_for(&daemonsets, &name, within, |d| {
+            let s = d.status.clone().unwrap_or_default();
+            s.observed_generation == d.metadata.generation
+                && s.desired_number_scheduled == 1
+                && s.number_ready == 1
+                && s.updated_number_scheduled == Some(1)
+                && s.number_available == Some(1)
+        })
+        .await;
+    }
+
+    /// The running pods of a component (`controller` or `node`).
+    pub async fn pods_of(client: &kube::Client, component: &str) -> Vec<Pod> {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let lp = ListParams::default()
+            .labels(&format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"));
+        pods.list(&lp)
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_phase(p) == "Running")
+            .collect()
+    }
+
+    /// The node's processes whose command line contains `needle`, with their
+    /// command lines.
+    pub fn host_processes(needle: &str) -> Vec<(u32, Vec<String>)> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> =
+                raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into()).collect();
+            if args.iter().any(|a| a.contains(needle)) {
+                found.push((pid, args));
+            }
+        }
+        found
+    }
+
+    /// `Uid:` of /proc/<pid>/status (real, effective, ...).
+    pub fn uid_of(pid: u32) -> String {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or("").split_whitespace().next().unwrap_or("").into()
+    }
+
+    /// Whether the process's root filesystem is mounted read-only.
+    pub fn root_is_read_only(pid: u32) -> bool {
+        let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+        info.lines().any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.get(4) == Some(&"/") && f.get(5).is_some_and(|o| o.split(',').any(|x| x == "ro"))
+        })
+    }
+
+    /// Liveness probe results the kubelet counted for `container`
+    /// (`/metrics/probes`), as (successful, failed).
+    pub async fn liveness_counts(cp: &ControlPlane, node: &RealNodeInfo, pod: &str, container: &str) -> (f64, f64) {
+        let kc = kube::config::Kubeconfig::read_from(cp.kubeconfig()).expect("kubeconfig");
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+        config.cluster_url = format!("https://127.0.0.1:{}", node.kubelet_port).parse().expect("url");
+        // The kubelet serves a self-signed certificate of its own.
+        config.accept_invalid_certs = true;
+        let client = kube::Client::try_from(config).expect("kubelet client");
+        let req = http::Request::get("/metrics/probes").body(Vec::new()).expect("request");
+        let text = client.request_text(req).await.expect("the kubelet's /metrics/probes");
+        let mut counts = (0.0, 0.0);
+        for line in text.lines().filter(|l| l.starts_with("prober_probe_total{")) {
+            let has = |k: &str, v: &str| line.contains(&format!("{k}=\"{v}\""));
+            if has("pod", pod) && has("container", container) && has("probe_type", "Liveness") {
+                let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                if has("result", "successful") {
+                    counts.0 += n;
+                } else {
+                    counts.1 += n;
+                }
+            }
+        }
+        counts
+    }
+
+    /// The CSI calls a driver container logged (`<method> -> <code>` lines).
+    pub fn driver_calls(node: &RealNodeInfo, pod: &str) -> Vec<String> {
+        container_logs(&node.pod_logs_dir, NAMESPACE, pod, "driver")
+            .lines()
+            .filter_map(|l| l.split("csi-mock-driver: ").nth(1))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Names of every object of the release the API still has.
+    pub async fn release_objects(client: &kube::Client) -> BTreeSet<String> {
+        let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+        let mut names = BTreeSet::new();
+        macro_rules! collect {
+            ($($k:ty),*) => {$(
+                for o in Api::<$k>::all(client.clone()).list(&lp).await.expect("list").items {
+                    names.insert(format!("{} {}", stringify!($k), o.metadata.name.unwrap_or_default()));
+                }
+            )*};
+        }
+        use k8s_openapi::api::{
+            apps::v1::ReplicaSet,
+            rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+            storage::v1::{CSIDriver, StorageClass},
+        };
+        collect!(
+            Deployment,
+            DaemonSet,
+            ReplicaSet,
+            Pod,
+            ServiceAccount,
+            ClusterRole,
+            ClusterRoleBinding,
+            Role,
+            RoleBinding,
+            CSIDriver,
+            StorageClass
+        );
+        names
+    }
+
+    pub async fn wait_until(what: &str, within: Duration, mut check: impl AsyncFnMut() -> Result<(), String>) {
+        let start = Instant::now();
+        loop {
+            match check().await {
+                Ok(()) => return,
+                Err(last) if start.elapsed() > within => panic!("timed out after {within:?}: {what}: {last}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    pub fn published_dir(node: &RealNodeInfo, pod_uid: &str, pv: &str) -> PathBuf {
+        node.root_dir.join("pods").join(pod_uid).join("volumes").join("kubernetes.io~csi").join(pv).join("mount")
+    }
+}
+
+/// The chart, installed with helm exactly as its README says, on the real
+/// node: both layouts, a workload writing into its volume, the driver's
+/// liveness probe restarting a hung driver, the controller pod replaced in a
+/// burst, an upgrade from the drop-in to the combined layout with a volume
+/// in use, and an uninstall that leaves nothing of the release.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
+    use chart::*;
+    use k8s_openapi::api::{
+        coordination::v1::Lease,
+        core::v1::{PersistentVolume, PersistentVolumeClaim},
+        storage::v1::{CSINode, VolumeAttachment},
+    };
+    use kube::{
+        Api,
+        api::{DeleteParams, ListParams},
+    };
+
+    let cp = ControlPlane::with_real_node();
+    let node = cp.info().real_node.clone().expect("the launcher reports the real node");
+    let client = cp.client().await;
+    let helm = Helm::new(cp);
+    let api_port = cp.info().ports.apiserver;
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+
+    // 1. The README's line, drop-in layout.
+    let mut install = install_args(&node);
+    install.extend(world_args(api_port, "drop-in"));
+    helm.run(&install);
+    wait_rollout(&client, minutes(3)).await;
+
+    // The registrar registered the driver through the chart's hostPath
+    // mounts: the kubelet wrote the CSINode.
+    wait_for(&Api::<CSINode>::all(client.clone()), &node.name, minutes(1), |n| {
+        n.spec.drivers.iter().any(|d| d.name == DRIVER && d.node_id == node.name)
+    })
+    .await;
+
+    // The image's symlinked names are what the kubelet started, as the
+    // chart's users and file systems.
+    // (The node pod's containers run as root: the kubelet's registration
+    // directory is root's; its prober listens on 9899.)
+    for (argv0, only, uid) in [
+        ("/csi-provisioner", "", "65532"),
+        ("/csi-attacher", "", "65532"),
+        ("/livenessprobe", ":9898", "65532"),
+        ("/livenessprobe", ":9899", "0"),
+        ("/csi-node-driver-registrar", "", "0"),
+    ] {
+        let procs: Vec<_> = host_processes(argv0)
+            .into_iter()
+            .filter(|(_, a)| a[0] == argv0 && a.iter().any(|w| w.contains(only)))
+            .collect();
+        assert_eq!(procs.len(), 1, "processes started as {argv0} {only}: {procs:?}");
+        for (pid, args) in procs {
+            assert_eq!(uid_of(pid), uid, "{args:?} runs as uid {}", uid_of(pid));
+            assert!(root_is_read_only(pid), "{args:?}: the root filesystem is writable");
+        }
+    }
+    // The kubelet's liveness probes pass against csi-sidecar's /healthz.
+    let ctrl = pods_of(&client, "controller").await.remove(0);
+    let ctrl_name = ctrl.metadata.name.clone().unwrap_or_default();
+    let node_pod = pods_of(&client, "node").await.remove(0);
+    let node_pod_name = node_pod.metadata.name.clone().unwrap_or_default();
+    for (pod, container) in [
+        (&ctrl_name, "csi-provisioner"),
+        (&ctrl_name, "driver"),
+        (&node_pod_name, "node-driver-registrar"),
+        (&node_pod_name, "driver"),
+    ] {
+        wait_until(&format!("two passing liveness probes of {pod}/{container}"), minutes(1), async || {
+            match liveness_counts(cp, &node, pod, container).await {
+                (ok, 0.0) if ok >= 2.0 => Ok(()),
+                counts => Err(format!("(successful, failed) = {counts:?}")),
+            }
+        })
+        .await;
+    }
+
+    // 2. A workload writes into its volume; the file is in the directory
+    // the kubelet published on the node.
+    let ns = TestNamespace::new(&client, "workload").await;
+    wait_for(&ns.api::<k8s_openapi::api::core::v1::ServiceAccount>(), "default", minutes(1), |_| true).await;
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let pods: Api<Pod> = ns.api();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    create(&claims, &pvc("data", Some(STORAGE_CLASS), "1Gi")).await;
+    create(
+        &pods,
+        &volume_pod("writer", "data", "echo hello > /data/hello && until [ -f /data/stop ]; do sleep 0.2; done"),
+    )
+    .await;
+    let running = wait_for(&pods, "writer", minutes(2), |p| pod_phase(p) == "Running").await;
+    let uid = running.metadata.uid.clone().unwrap_or_default();
+    let pv = claims.get("data").await.expect("claim").spec.and_then(|s| s.volume_name).expect("bound");
+    let dir = published_dir(&node, &uid, &pv);
+    wait_until("the pod's file in the published directory", minutes(1), async || {
+        match std::fs::read_to_string(dir.join("hello")) {
+            Ok(t) if t == "hello\n" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    std::fs::write(dir.join("stop"), "").expect("write into the published directory");
+    wait_for(&pods, "writer", minutes(1), |p| pod_phase(p) == "Succeeded").await;
+    pods.delete("writer", &DeleteParams::default()).await.expect("delete pod");
+    claims.delete("data", &DeleteParams::default()).await.expect("delete claim");
+    wait_deleted(&pvs, &pv, minutes(2)).await;
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    wait_until("no VolumeAttachment of the deleted volume", minutes(1), async || {
+        let left: Vec<_> = vas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter(|v| v.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str()))
+            .collect();
+        if left.is_empty() { Ok(()) } else { Err(format!("{} left", left.len())) }
+    })
+    .await;
+    assert!(!dir.exists(), "{} is still there after the pod was deleted", dir.display());
+    let ctrl_calls = driver_calls(&node, &ctrl_name);
+    let count = |calls: &[String], call: &str| calls.iter().filter(|c| c.starts_with(&format!("{call} -> OK"))).count();
+    assert_eq!(count(&ctrl_calls, "/csi.v1.Controller/CreateVolume"), 1, "{ctrl_calls:#?}");
+    assert_eq!(count(&ctrl_calls, "/csi.v1.Controller/ControllerPublishVolume"), 1, "{ctrl_calls:#?}");
+    assert_eq!(count(&ctrl_calls, "/csi.v1.Controller/ControllerUnpublishVolume"), 1, "{ctrl_calls:#?}");
+    assert_eq!(count(&ctrl_calls, "/csi.v1.Controller/DeleteVolume"), 1, "{ctrl_calls:#?}");
+    let node_calls = driver_calls(&node, &node_pod_name);
+    for call in ["NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"] {
+        assert_eq!(count(&node_calls, &format!("/csi.v1.Node/{call}")), 1, "{node_calls:#?}");
+    }
+
+    // 3. A hung driver: csi-sidecar's /healthz fails, the kubelet's
+    // liveness probe restarts the driver container.
+    let node_uid = node_pod.metadata.uid.clone().unwrap_or_default();
+    let driver_pid = host_processes("/csi-mock-driver")
+        .into_iter()
+        .filter(|(_, a)| a[0] == "/csi-mock-driver")
+        .find(|(pid, _)| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .unwrap_or_default()
+                .contains(&format!("pod{node_uid}"))
+        })
+        .map(|(pid, _)| pid)
+        .expect("the node pod's driver process");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(driver_pid as i32), nix::sys::signal::Signal::SIGSTOP)
+        .expect("stop the driver");
+    let node_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    wait_for(&node_pods, &node_pod_name, minutes(2), |p| {
+        let statuses = p.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+        statuses.iter().any(|c| c.name == "driver" && c.restart_count >= 1 && c.ready)
+    })
+    .await;
+    let (_, failed) = liveness_counts(cp, &node, &node_pod_name, "driver").await;
+    assert!(failed >= 2.0, "the kubelet counted {failed} failed liveness probes of the hung driver");
+    assert!(!Path::new(&format!("/proc/{driver_pid}")).exists(), "the hung driver {driver_pid} still runs");
+
+    // 4. The controller pod deleted during a burst of 20 claims: the
+    // replacement takes the Lease, every claim is Bound exactly once.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let lease_name = DRIVER.replace('.', "-");
+    let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default();
+    let before = holder(&leases.get(&lease_name).await.expect("the provisioner's Lease"));
+    let burst: Vec<String> = (0..20).map(|i| format!("burst-{i}")).collect();
+    for name in &burst {
+        create(&claims, &pvc(name, Some(STORAGE_CLASS), "1Gi")).await;
+    }
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .delete(&ctrl_name, &DeleteParams::default())
+        .await
+        .expect("delete the controller pod");
+    for name in &burst {
+        wait_for(&claims, name, minutes(3), |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .await;
+    }
+    let after = wait_for(&leases, &lease_name, minutes(1), |l| !holder(l).is_empty() && holder(l) != before).await;
+    assert_ne!(holder(&after), before, "the replacement took the Lease");
+    let mine: Vec<PersistentVolume> = pvs
+        .list(&ListParams::default())
+        .await
+        .expect("list PVs")
+        .items
+        .into_iter()
+        .filter(|pv| {
+            pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.namespace.as_deref()) == Some(ns.name())
+        })
+        .collect();
+    let bound_to: BTreeSet<String> =
+        mine.iter().filter_map(|pv| pv.spec.as_ref()?.claim_ref.as_ref()?.name.clone()).collect();
+    assert_eq!(mine.len(), 20, "PVs for the burst: {bound_to:?}");
+    assert_eq!(bound_to.len(), 20, "each claim has exactly one PV");
+    wait_rollout(&client, minutes(3)).await;
+
+    // 5. helm upgrade to the combined layout with a volume in use.
+    create(&claims, &pvc("in-use", Some(STORAGE_CLASS), "1Gi")).await;
+    create(&pods, &volume_pod("user", "in-use", "echo kept > /data/kept && sleep 3600")).await;
+    let user = wait_for(&pods, "user", minutes(2), |p| pod_phase(p) == "Running").await;
+    let in_use_pv = claims.get("in-use").await.expect("claim").spec.and_then(|s| s.volume_name).expect("bound");
+    let kept = published_dir(&node, user.metadata.uid.as_deref().unwrap_or(""), &in_use_pv).join("kept");
+    wait_until("the in-use file", minutes(1), async || if kept.exists() { Ok(()) } else { Err("missing".into()) })
+        .await;
+    let pvs_before = pvs.list(&ListParams::default()).await.expect("list PVs").items.len();
+    let mut upgrade: Vec<String> =
+        install.iter().map(|w| if w == "install" { "upgrade".into() } else { w.clone() }).collect();
+    upgrade.retain(|w| w != "--create-namespace");
+    upgrade.extend(world_args(api_port, "combined"));
+    helm.run(&upgrade);
+    wait_rollout(&client, minutes(3)).await;
+    let combined = pods_of(&client, "controller").await.remove(0);
+    let names: Vec<String> =
+        combined.spec.map(|s| s.containers.into_iter().map(|c| c.name).collect()).unwrap_or_default();
+    assert_eq!(names, ["driver", "csi-sidecar"], "the combined layout's controller pod");
+    let user_now = pods.get("user").await.expect("the pod using the volume");
+    assert_eq!(pod_phase(&user_now), "Running");
+    assert_eq!(user_now.metadata.uid, user.metadata.uid, "the pod using the volume was not replaced");
+    assert_eq!(std::fs::read_to_string(&kept).ok().as_deref(), Some("kept\n"), "the file in the volume in use");
+    assert_eq!(
+        pvs.list(&ListParams::default()).await.expect("list").items.len(),
+        pvs_before,
+        "PVs changed by the upgrade"
+    );
+    create(&claims, &pvc("after-upgrade", Some(STORAGE_CLASS), "1Gi")).await;
+    wait_for(&claims, "after-upgrade", minutes(2), |c| {
+        c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+    })
+    .await;
+    let combined_calls = driver_calls(&node, combined.metadata.name.as_deref().unwrap_or(""));
+    assert_eq!(count(&combined_calls, "/csi.v1.Controller/CreateVolume"), 1, "{combined_calls:#?}");
+
+    // 6. Everything deleted: no PV left; helm uninstall leaves nothing.
+    pods.delete("user", &DeleteParams::default()).await.expect("delete pod");
+    wait_deleted(&pods, "user", minutes(2)).await;
+    claims.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete claims");
+    wait_until("every PV of the test deleted", minutes(3), async || {
+        let left = pvs.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items.len();
+        if left == 0 { Ok(()) } else { Err(format!("{left} PVs left")) }
+    })
+    .await;
+    helm.run(&["uninstall".into(), RELEASE.into(), "--namespace".into(), NAMESPACE.into(), "--wait".into()]);
+    wait_until("no object of the release", minutes(2), async || {
+        let left = release_objects(&client).await;
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    })
+    .await;
+    ns.delete().await;
+}
+
+/// A host-network pod on the real node running `script` with claim
+/// `claim` mounted at /data.
+fn volume_pod(name: &str, claim: &str, script: &str) -> Pod {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, VolumeMount};
+    let mut pod = busybox_pod(name, script);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = Some(vec![Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        spec.containers[0].volume_mounts =
+            Some(vec![VolumeMount { name: "data".into(), mount_path: "/data".into(), ..Default::default() }]);
+    }
+    pod
 }

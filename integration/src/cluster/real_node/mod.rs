@@ -48,6 +48,9 @@ pub struct RealNodeInfo {
     pub containerd_socket: PathBuf,
     /// The images imported into containerd (full references).
     pub images: Vec<String>,
+    /// The kubelet's HTTPS port on 127.0.0.1 (client certificates of the
+    /// cluster's client CA; `/metrics/probes`, `/pods`).
+    pub kubelet_port: u16,
     /// The kubelet's `/healthz` on 127.0.0.1.
     pub kubelet_healthz_port: u16,
     /// PIDs.
@@ -189,6 +192,7 @@ pub(super) async fn start_real_node(
         pod_logs_dir: dirs.pod_logs(),
         containerd_socket: socket,
         images: images_now,
+        kubelet_port: port,
         kubelet_healthz_port: healthz_port,
         kubelet_pid,
         containerd_pid,

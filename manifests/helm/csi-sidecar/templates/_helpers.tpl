@@ -73,6 +73,9 @@ app.kubernetes.io/component: {{ .component }}
 {{/* An HTTP livenessProbe; call with (dict "path" ... "port" ... "probe" <values>). */}}
 {{- define "csi-sidecar.httpProbe" -}}
 httpGet:
+  {{- with .host }}
+  host: {{ . }}
+  {{- end }}
   path: {{ .path }}
   port: {{ .port }}
 initialDelaySeconds: {{ .probe.initialDelaySeconds }}
@@ -83,7 +86,9 @@ failureThreshold: {{ .probe.failureThreshold }}
 
 {{/*
 The CSI driver container; call with (dict "root" $ "side" "controller"|"node"
-"probePort" <port name or ""> "probePath" <path>).
+"probePort" <port number or 0> "probePath" <path>). The port is a number:
+a probe's named port is looked up among its own container's ports, and
+the prober's port belongs to csi-sidecar's container.
 */}}
 {{- define "csi-sidecar.driverContainer" -}}
 {{- $root := .root -}}
@@ -125,7 +130,7 @@ The CSI driver container; call with (dict "root" $ "side" "controller"|"node"
   {{- end }}
   {{- if .probePort }}
   livenessProbe:
-    {{- include "csi-sidecar.httpProbe" (dict "path" .probePath "port" .probePort "probe" $d.livenessProbe) | nindent 4 }}
+    {{- include "csi-sidecar.httpProbe" (dict "path" .probePath "port" .probePort "host" $root.Values.httpBindAddress "probe" $d.livenessProbe) | nindent 4 }}
   {{- end }}
   volumeMounts:
     - name: socket-dir
@@ -161,8 +166,10 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
     {{- range .args }}
     - {{ . | quote }}
     {{- end }}
-  {{- if .env }}
+  {{- if or .env $root.Values.extraEnv }}
   env:
+  {{- end }}
+  {{- if .env }}
     - name: POD_NAMESPACE
       valueFrom:
         fieldRef:
@@ -179,6 +186,9 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
           fieldPath: metadata.name
     {{- end }}
   {{- end }}
+  {{- with $root.Values.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   ports:
     {{- range .ports }}
     - name: {{ .name }}
@@ -187,7 +197,7 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
     {{- end }}
   {{- if .probe }}
   livenessProbe:
-    {{- include "csi-sidecar.httpProbe" (dict "path" .probe.path "port" .probe.port "probe" .pod.livenessProbe) | nindent 4 }}
+    {{- include "csi-sidecar.httpProbe" (dict "path" .probe.path "port" .probe.port "host" $root.Values.httpBindAddress "probe" .pod.livenessProbe) | nindent 4 }}
   {{- end }}
   {{- with .pod.resources }}
   resources:
@@ -208,6 +218,10 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
 
 {{/* Pod-level scheduling and security fields of a pod's values. */}}
 {{- define "csi-sidecar.podSpecCommon" -}}
+{{- if .pod.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
 {{- with .pod.podSecurityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}

@@ -22,9 +22,8 @@
 //	--attach-limit N              NodeGetInfo.max_volumes_per_node and the number of
 //	                              volumes ControllerPublish accepts (0 = no limit)
 //	--verbose                     also log requests and responses as JSON
-//	--adopt-volumes               node calls (stage, publish, unpublish, unstage,
-//	                              stats, expand) on a volume this instance did not
-//	                              create adopt it (see below)
+//	--adopt-volumes               calls on a volume another instance created adopt
+//	                              it (see below)
 //
 // Every call is logged as one line on stderr:
 //
@@ -59,14 +58,15 @@
 //   - With --enable-topology volumes and NodeGetInfo carry the segment
 //     io.kubernetes.storage.mock/node=some-mock-node (the key is derived from the
 //     constant name io.kubernetes.storage.mock, not from --name).
-//   - Adopted volumes (--adopt-volumes): two instances of the driver, one in a
-//     controller pod and one in a node pod as a chart deploys them, do not
-//     share their in-memory volumes, so the node instance would answer NotFound
-//     for every volume the controller instance created. With --adopt-volumes the
-//     node instance, on a node call for a volume ID it has not adopted yet,
-//     creates a volume of its own named "adopted-<ID>" (CreateVolume is
-//     idempotent by name, so a restarted instance adopts the same name again)
-//     and serves the call on it; the caller keeps seeing its own ID.
+//   - Adopted volumes (--adopt-volumes): instances of the driver do not share
+//     their in-memory volumes (one in a controller pod and one in a node pod as
+//     a chart deploys them, or a controller pod and its replacement), so one
+//     would answer NotFound for the volumes another created. With
+//     --adopt-volumes an instance's volume IDs carry a random per-process prefix
+//     ("<8 hex digits>-<n>", unique across restarts), and a call naming a volume
+//     ID of another instance adopts it: the service gets a volume of its own
+//     named "adopted-<ID>" (once; CreateVolume is idempotent by name) and the
+//     call is served on it, while callers keep seeing the ID they gave.
 //   - All state is in memory and lost on exit. Calls are served one at a time
 //     (the upstream service shares maps between its state and its responses,
 //     which would race under concurrent calls).
@@ -77,6 +77,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -129,16 +130,23 @@ type translator struct {
 	external string // what callers see: --node-id
 	verbose  bool
 	topology string // --topology-value: replaces service.TopologyValue in responses
-	// --adopt-volumes: the service creating adopted volumes, and the
-	// caller's volume ID -> the service's.
-	adopter service.Service
-	adopted map[string]string
+	// --adopt-volumes: volume IDs are "<instance>-<n>"; IDs of other
+	// instances are adopted (adopted: theirs -> ours, adoptedBy: the reverse).
+	adopter   service.Service
+	instance  string
+	adopted   map[string]string
+	adoptedBy map[string]string
 }
 
-// adopt rewrites the volume ID of a node call to the ID of this instance's
-// volume "adopted-<ID>", creating it on first use (--adopt-volumes).
-func (t *translator) adopt(ctx context.Context, id *string) error {
+// importID turns a caller's volume ID into the service's (--adopt-volumes):
+// this instance's own IDs lose their prefix; any other ID is adopted: the
+// service gets a volume named "adopted-<ID>" (idempotent by name) once.
+func (t *translator) importID(ctx context.Context, id *string) error {
 	if t.adopter == nil || *id == "" {
+		return nil
+	}
+	if own, ok := strings.CutPrefix(*id, t.instance+"-"); ok {
+		*id = own
 		return nil
 	}
 	if local, ok := t.adopted[*id]; ok {
@@ -159,27 +167,57 @@ func (t *translator) adopt(ctx context.Context, id *string) error {
 	local := resp.GetVolume().GetVolumeId()
 	logf("adopted volume %s as %s", *id, local)
 	t.adopted[*id] = local
+	t.adoptedBy[local] = *id
 	*id = local
 	return nil
 }
 
-// adoptNodeCall applies adopt to the node calls that name a volume.
-func (t *translator) adoptNodeCall(ctx context.Context, req any) error {
-	switch r := req.(type) {
-	case *csi.NodeStageVolumeRequest:
-		return t.adopt(ctx, &r.VolumeId)
-	case *csi.NodeUnstageVolumeRequest:
-		return t.adopt(ctx, &r.VolumeId)
-	case *csi.NodePublishVolumeRequest:
-		return t.adopt(ctx, &r.VolumeId)
-	case *csi.NodeUnpublishVolumeRequest:
-		return t.adopt(ctx, &r.VolumeId)
-	case *csi.NodeGetVolumeStatsRequest:
-		return t.adopt(ctx, &r.VolumeId)
-	case *csi.NodeExpandVolumeRequest:
-		return t.adopt(ctx, &r.VolumeId)
+// exportID turns the service's volume ID into the callers' (--adopt-volumes).
+func (t *translator) exportID(id *string) {
+	if t.adopter == nil || *id == "" {
+		return
 	}
-	return nil
+	if theirs, ok := t.adoptedBy[*id]; ok {
+		*id = theirs
+		return
+	}
+	*id = t.instance + "-" + *id
+}
+
+// importIDs applies importID to every request that names a volume.
+func (t *translator) importIDs(ctx context.Context, req any) error {
+	var id *string
+	switch r := req.(type) {
+	case *csi.DeleteVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ControllerPublishVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ControllerUnpublishVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ControllerExpandVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ControllerGetVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ControllerModifyVolumeRequest:
+		id = &r.VolumeId
+	case *csi.ValidateVolumeCapabilitiesRequest:
+		id = &r.VolumeId
+	case *csi.NodeStageVolumeRequest:
+		id = &r.VolumeId
+	case *csi.NodeUnstageVolumeRequest:
+		id = &r.VolumeId
+	case *csi.NodePublishVolumeRequest:
+		id = &r.VolumeId
+	case *csi.NodeUnpublishVolumeRequest:
+		id = &r.VolumeId
+	case *csi.NodeGetVolumeStatsRequest:
+		id = &r.VolumeId
+	case *csi.NodeExpandVolumeRequest:
+		id = &r.VolumeId
+	default:
+		return nil
+	}
+	return t.importID(ctx, id)
 }
 
 // segment rewrites the mock's fixed topology value to --topology-value.
@@ -255,6 +293,9 @@ func (t *translator) translateResponse(resp any) {
 	case *csi.CreateVolumeResponse:
 		t.cleanVolume(r.GetVolume())
 		t.volumeTopology(r.GetVolume())
+		if v := r.GetVolume(); v != nil {
+			t.exportID(&v.VolumeId)
+		}
 	case *csi.ListVolumesResponse:
 		for _, e := range r.GetEntries() {
 			if e.Status != nil && e.Status.PublishedNodeIds != nil {
@@ -262,6 +303,9 @@ func (t *translator) translateResponse(resp any) {
 			}
 			t.cleanVolume(e.GetVolume())
 			t.volumeTopology(e.GetVolume())
+			if v := e.GetVolume(); v != nil {
+				t.exportID(&v.VolumeId)
+			}
 		}
 	case *csi.ControllerGetVolumeResponse:
 		if r.Status != nil && r.Status.PublishedNodeIds != nil {
@@ -269,6 +313,9 @@ func (t *translator) translateResponse(resp any) {
 		}
 		t.cleanVolume(r.GetVolume())
 		t.volumeTopology(r.GetVolume())
+		if v := r.GetVolume(); v != nil {
+			t.exportID(&v.VolumeId)
+		}
 	}
 }
 
@@ -333,7 +380,7 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	if err := t.translateRequest(req); err != nil {
 		return nil, err
 	}
-	if err := t.adoptNodeCall(ctx, req); err != nil {
+	if err := t.importIDs(ctx, req); err != nil {
 		return nil, err
 	}
 	resp, err := handler(ctx, req)
@@ -347,6 +394,14 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 		if v, found := service.MockVolumes[r.VolumeId]; found {
 			v.ISControllerPublished = false
 			service.MockVolumes[r.VolumeId] = v
+		}
+	}
+	// An instance that adopted a volume never published it, so the mock
+	// service would leave the target path as it is; the instance that
+	// published it would have removed it (--adopt-volumes).
+	if r, ok := req.(*csi.NodeUnpublishVolumeRequest); ok && t.adopter != nil && r.TargetPath != "" {
+		if err := os.RemoveAll(r.TargetPath); err != nil {
+			return nil, status.Errorf(codes.Internal, "removing %s: %v", r.TargetPath, err)
 		}
 	}
 	// Copy the response while holding the lock: the mock service returns
@@ -371,7 +426,7 @@ func main() {
 		permissiveTargetPath    = flag.Bool("permissive-target-path", false, "NodePublishVolume: accept an existing target path")
 		nodeVolumeConditionReqd = flag.Bool("node-volume-condition", false, "advertise the node VOLUME_CONDITION capability")
 		verbose                 = flag.Bool("verbose", false, "log requests and responses as JSON")
-		adoptVolumes            = flag.Bool("adopt-volumes", false, "node calls on a volume this instance did not create adopt it (a node instance beside a controller instance)")
+		adoptVolumes            = flag.Bool("adopt-volumes", false, "calls on a volume another instance created adopt it (instances in a controller and a node pod)")
 	)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -427,7 +482,9 @@ func main() {
 	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose, topology: *topologyValue}
 	if *adoptVolumes {
 		tr.adopter = svc
+		tr.instance = fmt.Sprintf("%08x", rand.Uint32())
 		tr.adopted = map[string]string{}
+		tr.adoptedBy = map[string]string{}
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(tr.intercept))
 	csi.RegisterIdentityServer(srv, svc)
