@@ -236,7 +236,8 @@ def failure_report(failed, cluster_dir, root):
         # The runs a panicking test marked, else all of them.
         for run_dir in [d for d in run_dirs if (d / "FAILED").exists()] or run_dirs:
             print(f"\n----- control-plane run {run_dir} ({job.label}) -----", file=sys.stderr)
-            for log in sorted((run_dir / "logs").glob("*.log")):
+            # The components', then a real node's containers' (logs/pods/).
+            for log in sorted((run_dir / "logs").glob("*.log")) + sorted((run_dir / "logs").glob("pods/*/*/*.log")):
                 print(f"--- {log} (last 30 lines)", file=sys.stderr)
                 print("\n".join(read_lines(log)[-30:]), file=sys.stderr)
     for job in failed:

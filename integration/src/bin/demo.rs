@@ -38,7 +38,13 @@ struct Args {
     /// run the scenario once and exit
     #[argh(switch)]
     once: bool,
+    /// install the chart with helm on a real node (containerd and the kubelet; needs root) instead
+    #[argh(switch)]
+    real_node: bool,
 }
+
+#[path = "demo/real_node.rs"]
+mod real_node;
 
 const DRIVER: &str = "demo.csi.example.com";
 
@@ -94,6 +100,9 @@ async fn bound(api: &Api<PersistentVolumeClaim>, name: &str) -> anyhow::Result<S
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Args = argh::from_env();
+    if args.real_node {
+        return real_node::run(args.once).await;
+    }
     let dir = tempfile::tempdir()?;
 
     step(

@@ -51,12 +51,15 @@ pub struct Footprint {
     pub fixed_entries_before: Vec<(PathBuf, Vec<OsString>)>,
     /// Kernel tunables and their values before.
     pub sysctls_before: Vec<(PathBuf, String)>,
+    /// Where the containers' logs are copied before the node's directory
+    /// goes (`<run dir>/logs/pods`, kept with a failed run).
+    pub save_pod_logs_to: PathBuf,
 }
 
 impl Footprint {
     /// Records the host as it is before the node starts; `cgroup_root` is
     /// the kubelet's `cgroupRoot` (`/name`).
-    pub fn record(node_dir: &Path, containerd_socket: &Path, cgroup_root: &str) -> Footprint {
+    pub fn record(node_dir: &Path, containerd_socket: &Path, cgroup_root: &str, save_pod_logs_to: &Path) -> Footprint {
         let mut fixed_dirs_absent_before = Vec::new();
         let mut fixed_entries_before = Vec::new();
         for dir in FIXED_HOST_DIRS.map(PathBuf::from) {
@@ -76,6 +79,7 @@ impl Footprint {
                 .iter()
                 .filter_map(|p| Some((PathBuf::from(p), std::fs::read_to_string(p).ok()?.trim().to_string())))
                 .collect(),
+            save_pod_logs_to: save_pod_logs_to.to_path_buf(),
         }
     }
 
@@ -117,6 +121,7 @@ impl Footprint {
         for dir in &self.cgroup_dirs {
             remove_cgroup_tree(dir, deadline);
         }
+        copy_logs(&self.node_dir.join("pod-logs"), &self.save_pod_logs_to);
         let _ = std::fs::remove_dir_all(&self.node_dir);
         for dir in &self.fixed_dirs_absent_before {
             let _ = std::fs::remove_dir_all(dir);
@@ -251,6 +256,26 @@ fn unescape_mount_path(s: &str) -> PathBuf {
 fn entries(dir: &Path) -> Option<Vec<OsString>> {
     let rd = std::fs::read_dir(dir).ok()?;
     Some(rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect())
+}
+
+/// Copies the `*.log` files below `from` to the same relative paths below
+/// `to` (the kubelet's symlinks are not followed).
+fn copy_logs(from: &Path, to: &Path) {
+    walk_dirs(from, &mut |d| {
+        for f in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = f.path();
+            if f.file_type().is_ok_and(|t| t.is_file())
+                && p.extension().is_some_and(|x| x == "log")
+                && let Ok(rel) = p.strip_prefix(from)
+            {
+                let dest = to.join(rel);
+                if let Some(parent) = dest.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                let _ = std::fs::copy(&p, dest);
+            }
+        }
+    });
 }
 
 /// Calls `f` on `dir` and every directory below it.

@@ -130,7 +130,7 @@ pub(super) async fn start_real_node(
     preflight(images)?;
     let dirs = NodeDirs { base: base.join("r1") };
     let cgroup_root = format!("/csn-{}-r1", std::process::id());
-    let footprint = Footprint::record(&dirs.base, &dirs.containerd_socket(), &cgroup_root);
+    let footprint = Footprint::record(&dirs.base, &dirs.containerd_socket(), &cgroup_root, &log_dir.join("pods"));
     running.footprints.push(footprint.clone());
     std::fs::create_dir_all(dirs.cni_conf()).with_context(|| format!("create {}", dirs.cni_conf().display()))?;
     std::fs::write(dirs.cni_conf().join("10-loopback.conflist"), config::CNI_LOOPBACK_CONFLIST)?;
