@@ -7,7 +7,8 @@
 #      and checked to select the right module; the binary's shared-library
 #      needs are all in the Dockerfile's runtime stage (image.sh builds and runs it).
 #   2. Helm chart: `helm lint --strict` and `helm template` with the default
-#      values and every manifests/helm/csi-sidecar/ci/*-values.yaml; values
+#      values, every manifests/helm/csi-sidecar/ci/*-values.yaml and
+#      examples/*.yaml; values
 #      the schema or the templates must refuse are refused.
 #   3. Every rendered document and every YAML file of manifests/rbac and
 #      manifests/examples accepted by a real kube-apiserver (the test control
@@ -188,8 +189,16 @@ SETS=(default)
 for f in "$CHART"/ci/*-values.yaml; do
 	SETS+=("$(basename -- "$f" -values.yaml)")
 done
+# The examples a README points users at.
+for f in "$CHART"/examples/*.yaml; do
+	SETS+=("example-$(basename -- "$f" .yaml)")
+done
 helm_values() {
-	[[ $1 == default ]] || printf '%s\n' --values "$CHART/ci/$1-values.yaml"
+	case $1 in
+	default) ;;
+	example-*) printf '%s\n' --values "$CHART/examples/${1#example-}.yaml" ;;
+	*) printf '%s\n' --values "$CHART/ci/$1-values.yaml" ;;
+	esac
 }
 for set in "${SETS[@]}"; do
 	mapfile -t vals < <(helm_values "$set")
