@@ -34,6 +34,14 @@
 #             same release are copied next to it, into crd/)
 #
 # Environment:
+#   CSI_SIDECAR_KUBE_VERSION the Kubernetes version of the cluster under test
+#                            (kube-apiserver, kube-controller-manager,
+#                            kube-scheduler, kubelet): one of the modules in
+#                            integration/go/kube-versions/ (see
+#                            kube-version-module.sh); default: the version of
+#                            integration/go/kube, which also builds the test
+#                            tools (CSI mock driver, hollow node, ...) at every
+#                            version
 #   CSI_SIDECAR_CACHE        cache root (default $HOME/.cache/csi-sidecar)
 #   CSI_SIDECAR_BUILD_NICE   niceness of the go build (default 10; 0 disables)
 #   GOMODCACHE, GOCACHE, GOPROXY are honoured as usual. GOTOOLCHAIN=local,
@@ -49,6 +57,7 @@ DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver 
 ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
+KUBE_VERSION=${CSI_SIDECAR_KUBE_VERSION:-}
 
 log() { printf 'build-components: %s\n' "$*" >&2; }
 die() {
@@ -65,6 +74,7 @@ usage() {
 build_of() {
 	case $1 in
 	etcd) echo etcd ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) if [[ -n $KUBE_VERSION ]]; then echo kubever; else echo kube; fi ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
@@ -79,6 +89,7 @@ build_of() {
 dir_of() {
 	case $1 in
 	snapshotter) echo helm ;;
+	kubever) echo "kube-versions/$KUBE_VERSION" ;;
 	*) echo "$1" ;;
 	esac
 }
@@ -124,6 +135,8 @@ modver() {
 recipe() {
 	local build=$1 gomod
 	gomod="$GO_DIR/$(dir_of "$1")/go.mod"
+	GO_VERSION=$LOCAL_GO_VERSION
+	export GOTOOLCHAIN=local
 	case $build in
 	etcd)
 		VERSION=$(modver "$gomod" go.etcd.io/etcd/server/v3)
@@ -131,7 +144,15 @@ recipe() {
 		TAGS=""
 		LDFLAGS="-s -w"
 		;;
-	kube)
+	kube | kubever)
+		if [[ $build == kubever ]]; then
+			[[ -f $gomod ]] || die "CSI_SIDECAR_KUBE_VERSION=$KUBE_VERSION: no module $gomod (kube-version-module.sh $KUBE_VERSION)"
+			# A version needing a newer Go names it (toolchain line): from the proxy.
+			if grep -q '^toolchain ' "$gomod"; then
+				export GOTOOLCHAIN=auto
+				GO_VERSION=$(cd "$(dirname "$gomod")" && go env GOVERSION)
+			fi
+		fi
 		VERSION=$(modver "$gomod" k8s.io/kubernetes)
 		[[ $VERSION =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "cannot parse the k8s.io/kubernetes version in $gomod"
 		local major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]} p
@@ -321,10 +342,19 @@ for comp in "${components[@]}"; do
 done
 
 command -v go >/dev/null || die "go is not on PATH (Go >= 1.26 is needed)"
-GO_VERSION=$(go env GOVERSION)
+LOCAL_GO_VERSION=$(go env GOVERSION)
+GO_VERSION=$LOCAL_GO_VERSION
 GO_PLATFORM=$(go env GOOS)/$(go env GOARCH)
 
-for build in etcd kube helm snapshotter; do
+if [[ -n $KUBE_VERSION ]]; then
+	for comp in "${components[@]}"; do
+		if [[ $(build_of "$comp") == kubever ]] &&
+			! grep -q "k8s.io/kubernetes/cmd/$comp\$" "$GO_DIR/kube-versions/$KUBE_VERSION/go.mod" 2>/dev/null; then
+			die "$comp is not built at $KUBE_VERSION (integration/go/kube-versions/$KUBE_VERSION/go.mod; see kube-version-module.sh)"
+		fi
+	done
+fi
+for build in etcd kube kubever helm snapshotter; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(build_of "$comp") == "$build" ]]; then
