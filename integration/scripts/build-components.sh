@@ -246,7 +246,7 @@ build_components() {
 	mkdir -p "$CACHE_ROOT/bin"
 	# Serialize builds of the same module (e.g. parallel test processes).
 	local lock_fd
-	exec {lock_fd}>"$CACHE_ROOT/bin/.lock-$mod"
+	exec {lock_fd}>"$CACHE_ROOT/bin/.lock-${mod//\//-}"
 	if command -v flock >/dev/null; then
 		flock "$lock_fd"
 	fi

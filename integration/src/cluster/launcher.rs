@@ -387,7 +387,9 @@ pub(super) async fn start_components(
     wait_ready(comp, "/readyz", Duration::from_secs(90), async || Ok(get_text(&admin, "/readyz").await? == "ok"))
         .await?;
     let api_ms = t0.elapsed().as_millis() as u64;
-    log.info(&format!("kube-apiserver ready on {api_url} at {api_ms} ms"));
+    let version: serde_json::Value = serde_json::from_str(&get_text(&admin, "/version").await?)?;
+    let kube_version = version["gitVersion"].as_str().unwrap_or_default().to_string();
+    log.info(&format!("kube-apiserver {kube_version} ready on {api_url} at {api_ms} ms"));
 
     // kube-controller-manager
     let kc = kubeconfig.display().to_string();
@@ -469,6 +471,7 @@ pub(super) async fn start_components(
         },
         startup_ms: StartupMs { pki: pki_ms, etcd: etcd_ms, apiserver: api_ms, kcm: kcm_ms },
         nodes,
+        kube_version,
         real_node: real,
     })
 }

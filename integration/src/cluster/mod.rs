@@ -116,6 +116,10 @@ pub struct ClusterInfo {
     /// The hollow nodes (`cluster serve --nodes N`), Ready when reported.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeInfo>,
+    /// kube-apiserver's `/version` (`v1.36.3`; `$CSI_SIDECAR_KUBE_VERSION`
+    /// selects the cluster's version, see `build-components.sh`).
+    #[serde(default)]
+    pub kube_version: String,
     /// The real node (`cluster serve --real-node DIR`), Ready when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub real_node: Option<RealNodeInfo>,
