@@ -21,12 +21,8 @@ async fn a_real_node_runs_a_pod_and_leaves_nothing_behind() {
     if not_root() {
         return;
     }
-    let images = csi_sidecar_integration::cluster::node_images().expect("the node's images");
-    let cp = ControlPlane::spawn_launcher(
-        &csi_sidecar_integration::cluster::launcher_bin(),
-        &["--real-node", &images.display().to_string()],
-    )
-    .expect("a control plane with a real node");
+    let _one = ONE_NODE.lock().await;
+    let cp = real_node_world();
     let node = cp.info().real_node.clone().expect("the launcher reports the real node");
     let client = cp.client().await;
     let ns = TestNamespace::new(&client, "real-node").await;
@@ -85,7 +81,9 @@ async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
         api::{DeleteParams, ListParams},
     };
 
-    let cp = ControlPlane::with_real_node();
+    let _one = ONE_NODE.lock().await;
+    let world = real_node_world();
+    let cp = &world;
     let node = cp.info().real_node.clone().expect("the launcher reports the real node");
     let client = cp.client().await;
     let helm = Helm::new(cp);
@@ -300,7 +298,10 @@ async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
     // 6. Everything deleted: no PV left; helm uninstall leaves nothing.
     pods.delete("user", &DeleteParams::default()).await.expect("delete pod");
     wait_deleted(&pods, "user", minutes(2)).await;
-    claims.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete claims");
+    for c in claims.list(&ListParams::default()).await.expect("list claims").items {
+        let name = c.metadata.name.unwrap_or_default();
+        claims.delete(&name, &DeleteParams::default()).await.unwrap_or_else(|e| panic!("delete claim {name}: {e}"));
+    }
     wait_until("every PV of the test deleted", minutes(3), async || {
         let left = pvs.list(&ListParams::default()).await.map_err(|e| e.to_string())?.items.len();
         if left == 0 { Ok(()) } else { Err(format!("{left} PVs left")) }
@@ -313,6 +314,11 @@ async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
     })
     .await;
     ns.delete().await;
+    let footprint = node.footprint.clone();
+    let status = world.stop_within(Duration::from_secs(120)).expect("the launcher stops");
+    assert!(status.success(), "the launcher reported a failed teardown: {status}");
+    let left = footprint.leftovers();
+    assert!(left.is_empty(), "the real node left behind after the chart's test: {left:#?}");
 }
 
 /// The real node needs root (containerd, cgroups, mounts); CI runs as root.
@@ -322,4 +328,19 @@ fn not_root() -> bool {
         eprintln!("skipped: the real node needs root (containerd, cgroups, mounts); .ci/run runs as root");
     }
     !root
+}
+
+/// One real node at a time in this process: nodes share host directories
+/// (`/run/containerd`) that the teardown check must see as they were.
+static ONE_NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A control plane with a real node of its own, for one test: stopping it
+/// (`ControlPlane::stop_within`) tears the node down.
+fn real_node_world() -> ControlPlane {
+    let images = csi_sidecar_integration::cluster::node_images().expect("the node's images");
+    ControlPlane::spawn_launcher(
+        &csi_sidecar_integration::cluster::launcher_bin(),
+        &["--real-node", &images.display().to_string()],
+    )
+    .expect("a control plane with a real node")
 }
