@@ -78,9 +78,9 @@ impl Helm {
     }
 }
 
-/// What only this test world needs on top of a user's line: its kubelet
-/// directory, the loopback API server for host-network pods, quick
-/// driver liveness checks.
+/// What only this test world adds to a user's line (besides its kubelet
+/// directory, see [`install_args`]): the loopback API server for
+/// host-network pods, the layout, quick driver liveness checks.
 pub fn world_args(api_port: u16, layout: &str) -> Vec<String> {
     let env = serde_json::json!([
         {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
