@@ -388,7 +388,15 @@ async fn a_pre_provisioned_group_content_is_checked_with_get_and_deleted_with_it
     assert_eq!(gets[0].target, group_id);
     assert_eq!(gets[0].ids, ids);
     assert_eq!(driver.group_calls_of(GroupMethod::Create).len(), 1, "no create for a pre-provisioned group");
-    wait_for(&env.groups, "pre", T, group_ready).await;
+    // Ready, and protected by the snapshot-controller: deleted before its
+    // finalizer lands, the controller never releases the content's
+    // bound-protection finalizer (an upstream race a CI run hit: the
+    // content stayed with that finalizer after the group was gone).
+    wait_for(&env.groups, "pre", T, |o| {
+        group_ready(o)
+            && o.metadata.finalizers.iter().flatten().any(|f| f.starts_with("groupsnapshot.storage.kubernetes.io/"))
+    })
+    .await;
 
     env.delete_group("pre").await;
     wait_deleted(&env.contents, &pre, T).await;
