@@ -132,8 +132,19 @@ fn pv_capacity(pv: &PersistentVolume) -> Option<String> {
     Some(pv.spec.as_ref()?.capacity.as_ref()?.get("storage")?.0.clone())
 }
 
+/// The claim's condition types that resizing and modifying write. Others
+/// are not the resizer's: Kubernetes 1.38 adds `Unused` (set by
+/// kube-controller-manager), which the resizer leaves alone.
 fn condition_types(c: &PersistentVolumeClaim) -> Vec<String> {
-    c.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default().into_iter().map(|c| c.type_).collect()
+    const NOT_OURS: [&str; 1] = ["Unused"];
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .filter(|t| !NOT_OURS.contains(&t.as_str()))
+        .collect()
 }
 
 fn allocation_state(c: &PersistentVolumeClaim) -> Option<String> {
