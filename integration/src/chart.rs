@@ -3,12 +3,7 @@
 //! and what the end-to-end test and the demo read from the node (processes,
 //! container logs, the kubelet's probe counts, published directories).
 
-use std::{
-    collections::BTreeSet,
-    path::PathBuf,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeSet, path::PathBuf, process::Command, time::Duration};
 
 use crate::{
     cluster::{ControlPlane, RealNodeInfo},
@@ -247,14 +242,13 @@ pub async fn release_objects(client: &kube::Client) -> BTreeSet<String> {
 }
 
 pub async fn wait_until(what: &str, within: Duration, mut check: impl AsyncFnMut() -> Result<(), String>) {
-    let start = Instant::now();
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(last) if start.elapsed() > within => panic!("timed out after {within:?}: {what}: {last}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
+    // The project's one polling loop, with `Err` as the state it reports;
+    // it returns only once the check is `Ok`.
+    let _ok = crate::wait_until(what, within, async || {
+        let r = check().await;
+        (r.is_ok(), r)
+    })
+    .await;
 }
 
 pub fn published_dir(node: &RealNodeInfo, pod_uid: &str, pv: &str) -> PathBuf {
