@@ -36,7 +36,8 @@
 # Environment:
 #   CSI_SIDECAR_KUBE_VERSION the Kubernetes version of the cluster under test
 #                            (kube-apiserver, kube-controller-manager,
-#                            kube-scheduler, kubelet): one of the modules in
+#                            kube-scheduler, kubelet, and etcd at the version
+#                            that release pins): one of the modules in
 #                            integration/go/kube-versions/ (see
 #                            kube-version-module.sh); default: the version of
 #                            integration/go/kube, which also builds the test
@@ -73,7 +74,7 @@ usage() {
 # share one go build, its tags and its ldflags (its recipe)
 build_of() {
 	case $1 in
-	etcd) echo etcd ;;
+	etcd) if [[ -n $KUBE_VERSION ]]; then echo etcdver; else echo etcd; fi ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) if [[ -n $KUBE_VERSION ]]; then echo kubever; else echo kube; fi ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
 	helm | kubectl) echo helm ;;
@@ -90,13 +91,20 @@ dir_of() {
 	case $1 in
 	snapshotter) echo helm ;;
 	kubever) echo "kube-versions/$KUBE_VERSION" ;;
+	etcdver) echo etcd ;;
 	*) echo "$1" ;;
 	esac
 }
 
-# module_of COMPONENT -> wrapper module directory name under integration/go
-module_of() {
-	dir_of "$(build_of "$1")"
+# modfile_of BUILD -> the module file of a build: its directory's go.mod, or
+# for etcd at a Kubernetes version the etcd.mod that kube-version-module.sh
+# wrote beside that version's module (the etcd that release pins), used
+# with `go build -modfile`. Its sums are in the .sum file of the same name.
+modfile_of() {
+	case $1 in
+	etcdver) echo "$GO_DIR/kube-versions/$KUBE_VERSION/etcd.mod" ;;
+	*) echo "$GO_DIR/$(dir_of "$1")/go.mod" ;;
+	esac
 }
 
 # package_of COMPONENT -> import path (or relative package) to build
@@ -134,11 +142,12 @@ modver() {
 # Per-build recipe: sets VERSION, TAGS and LDFLAGS.
 recipe() {
 	local build=$1 gomod
-	gomod="$GO_DIR/$(dir_of "$1")/go.mod"
+	gomod=$(modfile_of "$build")
 	GO_VERSION=$LOCAL_GO_VERSION
 	export GOTOOLCHAIN=local
 	case $build in
-	etcd)
+	etcd | etcdver)
+		[[ -f $gomod ]] || die "CSI_SIDECAR_KUBE_VERSION=$KUBE_VERSION: no $gomod (kube-version-module.sh $KUBE_VERSION)"
 		VERSION=$(modver "$gomod" go.etcd.io/etcd/server/v3)
 		[[ -n $VERSION ]] || die "no go.etcd.io/etcd/server/v3 requirement in $gomod"
 		TAGS=""
@@ -204,14 +213,14 @@ version_of() {
 
 # key_of COMPONENT -> cache key (needs recipe to have run for its build)
 key_of() {
-	local comp=$1 mod f hash files
-	mod=$(module_of "$comp")
+	local comp=$1 modfile f hash files
+	modfile=$(modfile_of "$(build_of "$comp")")
 	mapfile -t files < <(own_sources "$comp")
 	hash=$(
 		{
 			printf 'component %s\npackage %s\ngo %s\nplatform %s\ntags %s\nldflags %s\nflags -trimpath -buildvcs=false\n' \
 				"$comp" "$(package_of "$comp")" "$GO_VERSION" "$GO_PLATFORM" "$TAGS" "$LDFLAGS"
-			for f in "$GO_DIR/$mod/go.mod" "$GO_DIR/$mod/go.sum" "${files[@]}"; do
+			for f in "$modfile" "${modfile%.mod}.sum" "${files[@]}"; do
 				printf 'file %s\n' "${f#"$GO_DIR"/}"
 				cat -- "$f"
 			done
@@ -270,6 +279,7 @@ build_components() {
 		start=$SECONDS
 		local gobuild=(go build -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/")
 		[[ -z $TAGS ]] || gobuild+=(-tags="$TAGS")
+		[[ $build != etcdver ]] || gobuild+=(-modfile="$(modfile_of "$build")")
 		(cd "$GO_DIR/$mod" && "${nice_cmd[@]}" "${gobuild[@]}" "${pkgs[@]}") >&2 ||
 			die "go build failed for ${todo[*]} (module integration/go/$mod)"
 		log "built ${todo[*]} in $((SECONDS - start))s"
@@ -354,7 +364,7 @@ if [[ -n $KUBE_VERSION ]]; then
 		fi
 	done
 fi
-for build in etcd kube kubever helm snapshotter; do
+for build in etcd etcdver kube kubever helm snapshotter; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(build_of "$comp") == "$build" ]]; then

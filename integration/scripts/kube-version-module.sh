@@ -11,6 +11,10 @@
 # `toolchain` line; build-components.sh then builds it with GOTOOLCHAIN=auto
 # (the toolchain comes from the Go module proxy, golang.org/toolchain).
 #
+# It also writes etcd.mod and etcd.sum there: the module file that builds
+# integration/go/etcd (build-components.sh, `go build -modfile`) at the etcd
+# that version pins (build/dependencies.yaml, the etcd kubeadm deploys).
+#
 # Usage: integration/scripts/kube-version-module.sh v1.34.4 [COMPONENT...]
 #   COMPONENT: the commands to build (default: kube-apiserver
 #   kube-controller-manager kube-scheduler kubelet). v1.38.0-beta.0 is
@@ -27,8 +31,10 @@ commands=("$@")
 staging="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}${BASH_REMATCH[3]}"
 export GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod
 # (Its go.mod arrives even when the module needs a newer Go than this one.)
-upstream=$({ go mod download -json "k8s.io/kubernetes@$version" || true; } | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-[[ -f $upstream ]] || { echo "cannot download k8s.io/kubernetes@$version" >&2; exit 1; }
+download=$({ go mod download -json "k8s.io/kubernetes@$version" || true; })
+upstream=$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' <<<"$download")
+zip=$(sed -n 's/.*"Zip": "\(.*\)".*/\1/p' <<<"$download")
+[[ -f $upstream && -f $zip ]] || { echo "cannot download k8s.io/kubernetes@$version" >&2; exit 1; }
 dir=kube-versions/$version
 mkdir -p "$dir"
 go_line=$(awk '$1 == "go" { print $2; exit }' "$upstream")
@@ -60,3 +66,19 @@ fi
 } >"$dir/go.mod"
 (cd "$dir" && go mod tidy)
 echo "$dir: $(grep -c '=>' "$dir/go.mod") staging modules replaced by $staging, $(wc -l <"$dir/go.sum") go.sum lines"
+
+# The etcd this version pins: the entry after `name: "etcd"` in
+# build/dependencies.yaml.
+# (From the module zip: a version needing a newer Go is not extracted.)
+etcd=$(python3 -c 'import sys, zipfile; sys.stdout.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]).decode())' \
+	"$zip" "k8s.io/kubernetes@$version/build/dependencies.yaml" |
+	awk '$2 == "name:" && $3 == "\"etcd\"" { on = 1; next } on && $1 == "version:" { print $2; exit }')
+[[ $etcd =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "no etcd version in build/dependencies.yaml of $version" >&2; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cp etcd/main.go "$tmp/"
+printf 'module csi-sidecar.invalid/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd" >"$tmp/go.mod"
+(cd "$tmp" && GOTOOLCHAIN=local go mod tidy)
+cp "$tmp/go.mod" "$dir/etcd.mod"
+cp "$tmp/go.sum" "$dir/etcd.sum"
+echo "$dir: etcd v$etcd (etcd.mod, $(wc -l <"$dir/etcd.sum") etcd.sum lines)"

@@ -325,6 +325,11 @@ pub(super) async fn start_components(
     let kcm_bin = component_bin("kube-controller-manager");
     let p = |name: &str| pki.join(name).display().to_string();
     let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+    let version = versions::binary_version(&api_bin)?;
+    let version_flags = versions::flags_for(versions::Component::KubeApiserver, version);
+    for f in &version_flags {
+        log.info(&format!("kube-apiserver {}.{}: {} ({})", version.0, version.1, f.flag, f.reason));
+    }
 
     // etcd
     let args: Vec<String> = vec![
@@ -379,6 +384,7 @@ pub(super) async fn start_components(
         "-v=1".into(),
     ]
     .into_iter()
+    .chain(version_flags.iter().map(|f| f.flag.to_string()))
     .chain(apiserver_args.iter().cloned())
     .collect();
     running.comps.push(Component::spawn("kube-apiserver", &api_bin, &args, &log_dir)?);

@@ -51,6 +51,7 @@ mod handle;
 mod launcher;
 mod pki;
 mod real_node;
+pub mod versions;
 mod world;
 
 pub use handle::*;
