@@ -19,8 +19,18 @@ its own. When one fails: the last lines of those run directories' component
 logs, then each failing executable's "failures:" section (its failed tests'
 output), then the failed tests' names, last (CI shows the end).
 
-Usage: run-tests.py [--jobs N] [--log-dir DIR] ARTIFACTS [NAME...]
-  NAME...  run only these (a test target's name, or NAME (lib), NAME (bin))
+The skew suite (SKEW_SUITE: the test binaries of the API surface that
+changed between Kubernetes minors) also runs at each --skew VERSION, in the
+same pool: those jobs get CSI_SIDECAR_KUBE_VERSION=VERSION (the components
+must be built for it: build-components.sh) and are named NAME@VERSION.
+Binaries in EXCLUSIVE never run two at a time (whatever their version).
+
+Usage: run-tests.py [--jobs N] [--log-dir DIR] [--skew VERSION]... [--skew-only]
+                    ARTIFACTS [NAME...]
+  NAME...      run only these (a test target's name, or NAME (lib), NAME (bin))
+  --skew V     also run SKEW_SUITE at Kubernetes V (a module in
+               integration/go/kube-versions/, or "default"); repeatable
+  --skew-only  only the --skew jobs
 Environment: CSI_SIDECAR_TEST_JOBS (default 3) when --jobs is not given.
 Standard library only.
 """
@@ -53,7 +63,23 @@ KNOWN_SECONDS = {
     "leader_election": 15,
     "cluster": 15,
     "dropin_runtime": 15,
+    "real_node": 155,
 }
+
+# The API surface that changed between Kubernetes minors: provisioning with
+# topology and data sources, attach/detach, expansion and
+# VolumeAttributesClass modify, snapshots and group snapshots, capacity,
+# registration with a kubelet, streaming lists vs LIST, leader election; the
+# real node and its chart (dropped at a version without a kubelet).
+SKEW_SUITE = (
+    "provisioner", "provisioner_sources", "provisioner_vac", "attacher", "resizer", "snapshotter",
+    "group_snapshots", "capacity", "lists", "leader_election", "node_workflow", "kubelet_registration",
+    "real_node",
+)
+
+# Test binaries that never run two at a time: a real node (containerd and a
+# kubelet) is one per host.
+EXCLUSIVE = ("real_node",)
 
 # Test binaries whose assertions are about time or rate as the apiserver sees
 # it, run with nothing beside them once the others are done:
@@ -68,8 +94,8 @@ RESULT = re.compile(
 
 
 class Job:
-    def __init__(self, name, kind, package, argv, cwd, env, log):
-        self.name, self.kind, self.package = name, kind, package
+    def __init__(self, name, kind, package, argv, cwd, env, log, slug, version=None):
+        self.name, self.kind, self.package, self.slug, self.version = name, kind, package, slug, version
         self.argv, self.cwd, self.env, self.log = argv, cwd, env, log
         self.proc = None
         self.started = self.seconds = 0.0
@@ -79,7 +105,8 @@ class Job:
 
     @property
     def label(self):
-        return self.name if self.kind in ("test", "doc") else f"{self.name} ({self.kind})"
+        label = self.name if self.kind in ("test", "doc") else f"{self.name} ({self.kind})"
+        return f"{label}@{self.version}" if self.version else label
 
     @property
     def ok(self):
@@ -155,6 +182,39 @@ def cargo_env(package):
     }
 
 
+def has_kubelet(version):
+    """Whether the module of `version` builds a kubelet (kube-version-module.sh)."""
+    if version == "default":
+        return True
+    gomod = Path("integration/go/kube-versions") / version / "go.mod"
+    return gomod.is_file() and "k8s.io/kubernetes/cmd/kubelet\n" in gomod.read_text()
+
+
+def at_version(job, version, log_dir, cluster_dir):
+    """A copy of `job` that runs against Kubernetes `version`."""
+    env = dict(job.env)
+    env.pop("CSI_SIDECAR_KUBE_VERSION", None)
+    if version != "default":
+        env["CSI_SIDECAR_KUBE_VERSION"] = version
+    slug = f"{job.slug}@{version}"
+    if cluster_dir:
+        env["CSI_SIDECAR_CLUSTER_DIR"] = os.path.join(cluster_dir, slug)
+    return Job(job.name, job.kind, job.package, job.argv, job.cwd, env, log_dir / f"{slug}.log", slug, version)
+
+
+def skew_jobs(jobs, versions, log_dir, cluster_dir):
+    suite = [j for j in jobs if j.kind == "test" and j.name in SKEW_SUITE]
+    missing = set(SKEW_SUITE) - {j.name for j in suite}
+    if missing:
+        raise SystemExit(f"run-tests: the skew suite names test binaries that were not built: {sorted(missing)}")
+    return [
+        at_version(j, v, log_dir, cluster_dir)
+        for v in versions
+        for j in suite
+        if j.name != "real_node" or has_kubelet(v)
+    ]
+
+
 def load_jobs(artifacts, log_dir, cluster_dir):
     meta = json.loads(
         subprocess.run(
@@ -183,11 +243,12 @@ def load_jobs(artifacts, log_dir, cluster_dir):
         if cluster_dir:
             env["CSI_SIDECAR_CLUSTER_DIR"] = os.path.join(cluster_dir, slug)
         cwd, log = env["CARGO_MANIFEST_DIR"], log_dir / f"{slug}.log"
-        jobs.append(Job(name, kind, package["name"], [msg["executable"]], cwd, env, log))
+        jobs.append(Job(name, kind, package["name"], [msg["executable"]], cwd, env, log, slug))
     # The doc tests: cargo builds and runs them in one go (`--no-run` does not
     # build them).
     argv = ["cargo", "test", "--workspace", "--doc"]
-    jobs.append(Job("doc-tests", "doc", "workspace", argv, os.getcwd(), dict(os.environ), log_dir / "doc-tests.log"))
+    env = dict(os.environ)
+    jobs.append(Job("doc-tests", "doc", "workspace", argv, os.getcwd(), env, log_dir / "doc-tests.log", "doc-tests"))
     return jobs
 
 
@@ -203,8 +264,12 @@ def run(jobs, parallel):
     queue = sorted((j for j in jobs if j not in alone), key=lambda j: -j.estimate())
     total, done, running = len(jobs), 0, []
     while queue or running or alone:
-        while queue and len(running) < parallel:
-            job = queue.pop(0)
+        while len(running) < parallel:
+            busy = {j.name for j in running if j.name in EXCLUSIVE}
+            job = next((j for j in queue if j.name not in busy), None)
+            if job is None:
+                break
+            queue.remove(job)
             job.start()
             running.append(job)
         if not queue and not running and alone:
@@ -231,7 +296,7 @@ def summary(jobs, wall, parallel):
 
 def failure_report(failed, cluster_dir, root):
     for job in failed:
-        runs = Path(cluster_dir) / f"{job.package}.{job.kind}.{job.name}" if cluster_dir else None
+        runs = Path(cluster_dir) / job.slug if cluster_dir else None
         run_dirs = sorted(d for d in runs.iterdir() if d.is_dir()) if runs and runs.is_dir() else []
         # The runs a panicking test marked, else all of them.
         for run_dir in [d for d in run_dirs if (d / "FAILED").exists()] or run_dirs:
@@ -264,6 +329,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("CSI_SIDECAR_TEST_JOBS") or 3))
     ap.add_argument("--log-dir", default="target/test-logs")
+    ap.add_argument("--skew", action="append", default=[], metavar="VERSION")
+    ap.add_argument("--skew-only", action="store_true")
     ap.add_argument("artifacts")
     ap.add_argument("only", nargs="*")
     args = ap.parse_args()
@@ -276,8 +343,12 @@ def main():
     log_dir.mkdir(parents=True)
     cluster_dir = os.environ.get("CSI_SIDECAR_CLUSTER_DIR") or ""
     jobs = load_jobs(args.artifacts, log_dir, cluster_dir)
+    skewed = skew_jobs(jobs, args.skew, log_dir, cluster_dir)
+    if args.skew_only:
+        jobs = []
     if args.only:
         jobs = [j for j in jobs if j.label in args.only or j.name in args.only]
+    jobs += skewed
     if not jobs:
         print("run-tests: no test executables", file=sys.stderr)
         return 1

@@ -2,6 +2,11 @@
 # The test command of the README: formatting, lints, unit tests, and the
 # integration tests against the real CSI driver (built from the Go module
 # proxy and cached; see integration/go/README.md) and the fault driver.
+#
+# CSI_SIDECAR_SKEW="VERSION..." also runs the skew suite (run-tests.py's
+# SKEW_SUITE) against those Kubernetes versions (modules in
+# integration/go/kube-versions/), in the same pool; .ci/run names the oldest
+# and the newest.
 set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 
@@ -9,6 +14,13 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "building the real components from the Go module proxy (cached after the first run)"
 bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet csi-mock-driver kubelet-plugin-harness hollow-node helm kubectl snapshot-controller
+read -r -a skew <<<"${CSI_SIDECAR_SKEW:-}"
+skew_args=()
+for v in "${skew[@]}"; do skew_args+=(--skew "$v"); done
+if ((${#skew[@]})); then
+	step "the cluster components of Kubernetes ${skew[*]} for the skew suite (cached after the first run)"
+	bash integration/scripts/build-skew-components.sh "${skew[@]}"
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -34,10 +46,10 @@ step "tests (${CSI_SIDECAR_TEST_JOBS:-3} executables at once; output in target/t
 export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR="$PWD/target/test-cluster-runs"
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
 if command -v python3 >/dev/null; then
-	python3 integration/scripts/run-tests.py "$TEST_ARTIFACTS"
+	python3 integration/scripts/run-tests.py "${skew_args[@]}" "$TEST_ARTIFACTS"
 else
 	# No python3: cargo runs them one after another.
-	echo "test.sh: python3 is missing; cargo test runs the executables one at a time" >&2
+	echo "test.sh: python3 is missing; cargo test runs the executables one at a time (no skew suite)" >&2
 	cargo test --workspace --no-fail-fast
 fi
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"

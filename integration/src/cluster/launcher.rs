@@ -259,6 +259,9 @@ pub(super) async fn wait_ready(
 pub(super) struct Running {
     pub(crate) comps: Vec<Component>,
     pub(crate) footprints: Vec<super::real_node::Footprint>,
+    /// Locks held while a real node is on the host (one at a time per host:
+    /// nodes share /run/containerd), released after its footprint is gone.
+    pub(crate) host_locks: Vec<std::fs::File>,
 }
 
 impl Running {
@@ -277,6 +280,7 @@ impl Running {
             }
             clean &= left.is_empty();
         }
+        self.host_locks.clear();
         clean
     }
 

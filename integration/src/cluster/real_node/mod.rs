@@ -104,6 +104,29 @@ fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Waits until no other real node is on this host and returns the lock that
+/// keeps it so (held until the node's footprint is removed; the kernel drops
+/// it when the process ends). Two nodes at once would share /run/containerd
+/// and the kernel tunables, and each footprint would see the other's
+/// leftovers: test processes that run at the same time take turns here.
+async fn one_node_per_host(log: &Log) -> Result<std::fs::File> {
+    let path = std::env::temp_dir().join("csi-sidecar-real-node.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    if file.try_lock().is_ok() {
+        return Ok(file);
+    }
+    log.info("another real node runs on this host; waiting for it to stop");
+    let waited = Instant::now();
+    let file = tokio::task::spawn_blocking(move || file.lock().map(|()| file)).await??;
+    log.info(&format!("the other real node stopped after {} s", waited.elapsed().as_secs()));
+    Ok(file)
+}
+
 /// What a real node is started from.
 pub(super) struct NodeInputs<'a> {
     /// The parent of the node's directory.
@@ -128,6 +151,7 @@ pub(super) async fn start_real_node(
 ) -> Result<RealNodeInfo> {
     let NodeInputs { base, images, client_ca, kubeconfig } = inputs;
     preflight(images)?;
+    running.host_locks.push(one_node_per_host(log).await?);
     let dirs = NodeDirs { base: base.join("r1") };
     let cgroup_root = format!("/csn-{}-r1", std::process::id());
     let footprint = Footprint::record(&dirs.base, &dirs.containerd_socket(), &cgroup_root, &log_dir.join("pods"));
