@@ -753,10 +753,7 @@ impl Controller for Service {
             .into_iter()
             .map(|(id, nodes)| csi::list_volumes_response::Entry {
                 volume: Some(csi::Volume { volume_id: id, ..Default::default() }),
-                status: Some(csi::list_volumes_response::VolumeStatus {
-                    published_node_ids: nodes,
-                    volume_condition: None,
-                }),
+                status: Some(csi::list_volumes_response::VolumeStatus { published_node_ids: nodes }),
             })
             .collect();
         let next_token = if self.script().list_volumes_endless {
@@ -891,6 +888,7 @@ impl Service {
             creation_time: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 123_456_789 }),
             ready_to_use: ready,
             group_snapshot_id: String::new(),
+            accessible_topology: Vec::new(),
         }
     }
 
