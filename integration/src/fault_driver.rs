@@ -17,6 +17,10 @@
 //! GetCapacity answers per topology segment, less what the created volumes
 //! in that segment take, with an optional maximum volume size and garbage
 //! on demand ([`Script::capacity`]).
+//! Volume health, in the v1.12 form (conditions in `ListVolumes` and
+//! `ControllerGetVolume`) and the v1.13 one (`ControllerListVolumeHealth`,
+//! `ControllerGetVolumeHealth`), is in [`health`]: [`Script::health`] and
+//! [`FaultDriver::set_volume_health`].
 
 use std::{
     path::{Path, PathBuf},
@@ -32,7 +36,7 @@ use std::collections::BTreeMap;
 use csi_sidecar::csi::proto::csi::v1::{
     self as csi, GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, ProbeRequest, ProbeResponse,
-    controller_server::{Controller, ControllerServer},
+    controller_server::Controller,
     group_controller_server::{GroupController, GroupControllerServer},
     identity_server::{Identity, IdentityServer},
     node_server::{Node, NodeServer},
@@ -41,6 +45,10 @@ use tokio::{io::AsyncWriteExt, net::UnixListener};
 use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
+
+pub mod health;
+
+pub use health::{HealthBook, HealthForms};
 
 /// What `Probe` answers.
 #[derive(Clone, Debug, PartialEq)]
@@ -167,6 +175,8 @@ pub struct Script {
     pub capacity_maximum: Option<i64>,
     /// Garbage: `available_capacity` is this instead (e.g. negative).
     pub capacity_garbage: Option<i64>,
+    /// The volume-health forms advertised and served (none by default).
+    pub health: HealthForms,
 }
 
 /// A segment as `k=v,k2=v2`, keys sorted (`""`: no topology).
@@ -223,6 +233,7 @@ impl Default for Script {
             capacity_segments: BTreeMap::new(),
             capacity_maximum: None,
             capacity_garbage: None,
+            health: HealthForms::NONE,
         }
     }
 }
@@ -257,6 +268,14 @@ pub struct Counters {
     pub unpublishes: AtomicU64,
     /// `GetCapacity` calls.
     pub get_capacities: AtomicU64,
+    /// `ListVolumes` calls.
+    pub list_volumes: AtomicU64,
+    /// `ControllerGetVolume` calls.
+    pub controller_get_volumes: AtomicU64,
+    /// `ControllerListVolumeHealth` calls.
+    pub list_volume_healths: AtomicU64,
+    /// `ControllerGetVolumeHealth` calls.
+    pub get_volume_healths: AtomicU64,
 }
 
 /// Bytes allocated by created volumes: volume id → (segment key, bytes).
@@ -483,6 +502,7 @@ struct Service {
     calls: CallLog,
     modify_log: ModifyLog,
     allocations: Allocations,
+    health: HealthBook,
 }
 
 /// The `mutable_parameters` of every ControllerModifyVolume call.
@@ -612,6 +632,8 @@ impl Controller for Service {
     ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
         use csi::controller_service_capability::{Rpc, Type, rpc::Type as RpcType};
         let mut rpcs = vec![RpcType::CreateDeleteVolume];
+        // The legacy VOLUME_CONDITION has no name in v1.13: raw values.
+        let mut raw = Vec::new();
         let s = self.script();
         if s.publish {
             rpcs.extend([RpcType::PublishUnpublishVolume, RpcType::ListVolumes, RpcType::ListVolumesPublishedNodes]);
@@ -637,10 +659,12 @@ impl Controller for Service {
         if s.capacity {
             rpcs.push(RpcType::GetCapacity);
         }
+        raw.extend(rpcs.into_iter().map(|r| r as i32));
+        s.health.add_capabilities(&mut raw);
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: rpcs
+            capabilities: raw
                 .into_iter()
-                .map(|r| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) })
+                .map(|r| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r })) })
                 .collect(),
         }))
     }
@@ -744,29 +768,20 @@ impl Controller for Service {
         record.finish(result)
     }
 
-    async fn list_volumes(
+    // ListVolumes and ControllerGetVolume: `health::ControllerWithLegacy`.
+
+    async fn controller_list_volume_health(
         &self,
-        req: Request<csi::ListVolumesRequest>,
-    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        let published = self.published.lock().expect("published").clone();
-        let entries = published
-            .into_iter()
-            .map(|(id, nodes)| csi::list_volumes_response::Entry {
-                volume: Some(csi::Volume { volume_id: id, ..Default::default() }),
-                status: Some(csi::list_volumes_response::VolumeStatus {
-                    published_node_ids: nodes,
-                    volume_condition: None,
-                }),
-            })
-            .collect();
-        let next_token = if self.script().list_volumes_endless {
-            let page: u64 =
-                req.get_ref().starting_token.strip_prefix("page-").and_then(|n| n.parse().ok()).unwrap_or(0);
-            format!("page-{}", page + 1)
-        } else {
-            String::new()
-        };
-        Ok(Response::new(csi::ListVolumesResponse { entries, next_token }))
+        req: Request<csi::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerListVolumeHealthResponse>, Status> {
+        self.list_volume_health(req.into_inner()).map(Response::new)
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        req: Request<csi::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeHealthResponse>, Status> {
+        self.get_volume_health(req.into_inner()).map(Response::new)
     }
 
     async fn create_snapshot(
@@ -891,6 +906,7 @@ impl Service {
             creation_time: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 123_456_789 }),
             ready_to_use: ready,
             group_snapshot_id: String::new(),
+            accessible_topology: Vec::new(),
         }
     }
 
@@ -1067,6 +1083,8 @@ pub struct FaultDriver {
     group_log: Arc<Mutex<Vec<GroupCall>>>,
     /// Bytes of the created volumes by segment.
     pub allocations: Allocations,
+    /// The conditions set by [`FaultDriver::set_volume_health`].
+    pub health: HealthBook,
     stop: CancellationToken,
 }
 
@@ -1125,7 +1143,9 @@ impl FaultDriver {
         let groups: Groups = Arc::default();
         let group_log: Arc<Mutex<Vec<GroupCall>>> = Arc::default();
         let allocations: Allocations = Arc::default();
+        let health: HealthBook = Arc::default();
         let svc = Service {
+            health: health.clone(),
             allocations: allocations.clone(),
             groups: groups.clone(),
             group_log: group_log.clone(),
@@ -1152,7 +1172,7 @@ impl FaultDriver {
                         .add_service(IdentityServer::new(svc.clone()))
                         .add_service(GroupControllerServer::new(svc.clone()))
                         .add_service(NodeServer::new(svc.clone()))
-                        .add_service(ControllerServer::new(svc))
+                        .add_service(health::ControllerWithLegacy::new(svc))
                         .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
                         .await;
                 }
@@ -1188,6 +1208,7 @@ impl FaultDriver {
             groups,
             group_log,
             allocations,
+            health,
             stop,
         }
     }

@@ -93,4 +93,13 @@ pub mod method {
         GroupControllerClient, DeleteVolumeGroupSnapshotRequest -> DeleteVolumeGroupSnapshotResponse));
     rpc!(get_volume_group_snapshot(GET_VOLUME_GROUP_SNAPSHOT = "/csi.v1.GroupController/GetVolumeGroupSnapshot",
         GroupControllerClient, GetVolumeGroupSnapshotRequest -> GetVolumeGroupSnapshotResponse));
+
+    // The health monitor's calls: their typed methods are in `health.rs`
+    // (`ListVolumes` above, decoded there with the v1.12 volume condition).
+    /// `/csi.v1.Controller/ControllerGetVolume` (answer decoded with the v1.12 volume condition).
+    pub const CONTROLLER_GET_VOLUME: &str = "/csi.v1.Controller/ControllerGetVolume";
+    /// `/csi.v1.Controller/ControllerListVolumeHealth` (CSI v1.13, alpha).
+    pub const CONTROLLER_LIST_VOLUME_HEALTH: &str = "/csi.v1.Controller/ControllerListVolumeHealth";
+    /// `/csi.v1.Controller/ControllerGetVolumeHealth` (CSI v1.13, alpha).
+    pub const CONTROLLER_GET_VOLUME_HEALTH: &str = "/csi.v1.Controller/ControllerGetVolumeHealth";
 }

@@ -5,8 +5,10 @@ pub mod calls;
 pub mod connection;
 pub mod dial_error;
 pub mod driver;
+pub mod health;
 pub mod proto;
 pub mod redact;
 
 pub use connection::Connection;
-pub use driver::DriverInfo;
+pub use driver::{DriverInfo, HealthCapabilities};
+pub use health::{HealthCondition, HealthStatus, LegacyCondition, VolumeHealth};

@@ -38,7 +38,7 @@ mod tests {
 
     #[test]
     fn spec_marks_every_secrets_field() {
-        // CSI v1.12.0 marks exactly these request fields as secret.
+        // CSI v1.13.0 marks (at least) these request fields as secret.
         assert!(SECRET_FIELDS.len() >= 19, "{SECRET_FIELDS:?}");
         assert!(SECRET_FIELDS.iter().all(|(_, f)| *f == "secrets"));
         for m in [

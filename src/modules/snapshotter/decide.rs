@@ -454,6 +454,8 @@ pub fn create_request(
         name: snapshot_name(&naming.prefix, uid, naming.uuid_length),
         secrets: HashMap::new(),
         parameters,
+        // Snapshot topology (alpha in CSI v1.13) is not requested.
+        accessibility_requirements: None,
     })
 }
 

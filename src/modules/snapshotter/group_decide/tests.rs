@@ -213,6 +213,7 @@ fn snap(id: &str, vol: &str, size: i64) -> csi::Snapshot {
         creation_time: Some(prost_types::Timestamp { seconds: 2, nanos: 5 }),
         ready_to_use: true,
         group_snapshot_id: "g".into(),
+        accessible_topology: Vec::new(),
     }
 }
 
