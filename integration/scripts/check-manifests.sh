@@ -132,6 +132,7 @@ module_for() {
 	csi-attacher | attacher) echo attacher ;;
 	csi-resizer | resizer) echo resizer ;;
 	csi-snapshotter | snapshotter) echo snapshotter ;;
+	csi-external-health-monitor-controller | health-monitor) echo health-monitor ;;
 	csi-node-driver-registrar | node-driver-registrar | registrar) echo registrar ;;
 	livenessprobe | prober) echo prober ;;
 	csi-sidecars) echo kep-4958 ;;
@@ -144,7 +145,7 @@ cp -- "$SIDECAR" "$TREE/csi-sidecar"
 for name in "${LINKS[@]}"; do
 	ln -s csi-sidecar "$TREE/$name"
 done
-for needed in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-node-driver-registrar livenessprobe; do
+for needed in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-external-health-monitor-controller csi-node-driver-registrar livenessprobe; do
 	[[ -L $TREE/$needed ]] || die "the image has no /$needed symlink (the drop-in manifests use it as command)"
 done
 "$TREE/csi-sidecar" --list >"$WORK/list.txt" || die "/csi-sidecar --list failed"

@@ -232,6 +232,41 @@ fn example_command_lines_are_accepted_by_csi_sidecar() {
     }
 }
 
+/// controller.yaml binds the controller ServiceAccount to every ClusterRole
+/// and Role of the modules' files in manifests/rbac, and to nothing else.
+#[test]
+fn controller_service_account_is_bound_to_every_module_role() {
+    let mut roles = BTreeSet::new();
+    for entry in std::fs::read_dir(manifests().join("rbac")).expect("manifests/rbac") {
+        let path = entry.expect("entry").path();
+        if matches!(path.file_name().and_then(|f| f.to_str()), Some("controller.yaml" | "node.yaml")) {
+            continue;
+        }
+        for d in load(&path) {
+            if matches!(kind(&d), "ClusterRole" | "Role") {
+                roles.insert((kind(&d).to_string(), d["metadata"]["name"].as_str().unwrap_or_default().to_string()));
+            }
+        }
+    }
+    assert!(roles.contains(&("ClusterRole".into(), "csi-sidecar-health-monitor".into())), "{roles:?}");
+    let mut bound = BTreeSet::new();
+    for d in load(&manifests().join("rbac/controller.yaml")) {
+        if matches!(kind(&d), "ClusterRoleBinding" | "RoleBinding") {
+            let subjects = d["subjects"].as_array().cloned().unwrap_or_default();
+            assert!(
+                subjects.iter().all(|s| s["kind"] == "ServiceAccount" && s["name"] == "csi-sidecar-controller"),
+                "{d}"
+            );
+            let role = &d["roleRef"];
+            bound.insert((
+                role["kind"].as_str().unwrap_or_default().to_string(),
+                role["name"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    assert_eq!(bound, roles, "bindings of rbac/controller.yaml vs the modules' roles");
+}
+
 /// ClusterRole/Role rules as (apiGroup, resource, verb) triples.
 fn rules(role: &Value) -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
@@ -305,6 +340,32 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         rules(find(&static_snap, "ClusterRole", "-snapshotter")),
         "chart vs manifests/rbac/snapshotter.yaml"
     );
+    // The health monitor: the manifest's rules in the combined rendering;
+    // without the claim status rule when patchClaimStatus is false (the
+    // drop-in rendering); its Lease rules those of the chart's Role.
+    let static_hm = load(&manifests().join("rbac/health-monitor.yaml"));
+    let combined = load(&out.path().join("chart-combined.yaml"));
+    assert_eq!(
+        rules(find(&combined, "ClusterRole", "-health-monitor")),
+        rules(find(&static_hm, "ClusterRole", "-health-monitor")),
+        "chart vs manifests/rbac/health-monitor.yaml"
+    );
+    let mut without_status = rules(find(&static_hm, "ClusterRole", "-health-monitor"));
+    assert!(without_status.remove(&("".into(), "persistentvolumeclaims/status".into(), "patch".into())));
+    assert_eq!(
+        rules(find(&with_attacher, "ClusterRole", "-health-monitor")),
+        without_status,
+        "chart (patchClaimStatus: false) vs manifests/rbac/health-monitor.yaml without the status rule"
+    );
+    assert_eq!(
+        rules(find(&combined, "Role", "-leader-election")),
+        rules(find(&static_hm, "Role", "-leader-election")),
+        "health monitor leader election"
+    );
+    assert!(
+        !default.iter().any(|d| d["metadata"]["name"].as_str().is_some_and(|n| n.contains("health-monitor"))),
+        "no health monitor RBAC unless enabled"
+    );
     // Capacity tracking's namespaced Role: the manifest's, plus the
     // ReplicaSet read the manifest leaves commented out (level 2 here).
     let capacity = load(&out.path().join("chart-capacity.yaml"));
@@ -343,7 +404,7 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 18, "rendered csi-sidecar containers");
+    assert_eq!(checked, 19, "rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();
