@@ -360,6 +360,54 @@ pub mod attacher {
 }
 
 /// external-resizer.
+pub mod health_monitor {
+    /// Lease name before sanitising: `external-health-monitor-leader-<driver>`.
+    pub fn lease_lock_name(driver: &str) -> String {
+        format!("external-health-monitor-leader-{}", super::sanitize_lease_name(driver))
+    }
+    /// Event source component: `csi-pv-monitor-controller-<driver>`.
+    pub fn event_component(driver: &str) -> String {
+        format!("csi-pv-monitor-controller-{driver}")
+    }
+    /// Warning on the claim: the driver reports the volume abnormal.
+    pub const REASON_ABNORMAL: &str = "VolumeConditionAbnormal";
+    /// Normal on the claim: the volume is healthy again.
+    pub const REASON_NORMAL: &str = "VolumeConditionNormal";
+    /// The message of [`REASON_NORMAL`].
+    pub const MESSAGE_NORMAL: &str = "The Volume returns to the healthy state";
+    /// Warning on the claim: a node its pods run on failed.
+    pub const REASON_NODE_FAILED: &str = "NodeFailed";
+    /// Warning (upstream's type) on the claim: that node is back.
+    pub const REASON_NODE_RECOVERED: &str = "NodeRecovered";
+    /// The message of [`REASON_NODE_FAILED`].
+    pub fn message_node_failed(pods: &[String], claim: &str, namespace: &str, node: &str) -> String {
+        format!(
+            "Pods: [ {} ] consuming PVC: {claim} in namespace: {namespace} are now on a failed node: {node}",
+            pods.join(" ")
+        )
+    }
+    /// The message of [`REASON_NODE_RECOVERED`].
+    pub fn message_node_recovered(node: &str) -> String {
+        format!("Node: {node} recovered")
+    }
+    /// How long a node stays NotReady before its claims get `NodeFailed`.
+    pub const NODE_NOT_READY_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
+    /// Field manager of the `status.healthStatus` patch (upstream's redesign).
+    pub const FIELD_MANAGER: &str = "csi-external-health-monitor-controller";
+    /// `status.healthStatus.healthConditions[].status` values.
+    pub const STATUS_DEGRADED: &str = "Degraded";
+    /// See [`STATUS_DEGRADED`].
+    pub const STATUS_INACCESSIBLE: &str = "Inaccessible";
+    /// See [`STATUS_DEGRADED`].
+    pub const STATUS_DATA_LOSS: &str = "DataLoss";
+    /// At most this many conditions in `healthConditions` (API validation).
+    pub const MAX_HEALTH_CONDITIONS: usize = 16;
+    /// Start-up: the driver has no controller service.
+    pub const ERR_NO_CONTROLLER_SERVICE: &str = "CSI driver does not support Controller Service";
+    /// Start-up: `--worker-threads 0`.
+    pub const ERR_WORKER_THREADS: &str = "Option -worker-threads must be greater than zero";
+}
+
 pub mod resizer {
     /// Lease name before sanitising: `external-resizer-<driver>` (one Lease
     /// for the resize and modify controllers).

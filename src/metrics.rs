@@ -20,6 +20,17 @@ pub struct Metrics {
 
 static INSTALLED: OnceLock<Metrics> = OnceLock::new();
 
+/// Writes metric families of its own into the exposition (families whose
+/// series come and go with objects, which the recorder cannot remove).
+pub type TextSource = std::sync::Arc<dyn Fn(&mut String) + Send + Sync>;
+
+static TEXT_SOURCES: std::sync::Mutex<Vec<TextSource>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds `source` to every later [`Metrics::render`].
+pub fn add_text_source(source: TextSource) {
+    TEXT_SOURCES.lock().unwrap_or_else(|e| e.into_inner()).push(source);
+}
+
 impl Metrics {
     /// Installs the global recorder once; later calls return the same one.
     pub fn install() -> Result<Metrics, MetricsError> {
@@ -56,6 +67,10 @@ impl Metrics {
     /// Prometheus text exposition of everything.
     pub fn render(&self) -> String {
         let mut text = self.handle.render();
+        let sources = TEXT_SOURCES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for source in sources {
+            source(&mut text);
+        }
         process::append(&mut text);
         text
     }

@@ -70,11 +70,13 @@ KNOWN_SECONDS = {
 # topology and data sources, attach/detach, expansion and
 # VolumeAttributesClass modify, snapshots and group snapshots, capacity,
 # registration with a kubelet, streaming lists vs LIST, leader election; the
-# real node and its chart (dropped at a version without a kubelet).
+# real node and its chart (dropped at a version without a kubelet); volume
+# health (PersistentVolumeClaim.status.healthStatus from 1.37, events before:
+# the feature the oldest version lacks, detected and switched off).
 SKEW_SUITE = (
     "provisioner", "provisioner_sources", "provisioner_vac", "attacher", "resizer", "snapshotter",
     "group_snapshots", "capacity", "lists", "leader_election", "node_workflow", "kubelet_registration",
-    "real_node",
+    "real_node", "health_monitor",
 )
 
 # Test binaries that never run two at a time: a real node (containerd and a

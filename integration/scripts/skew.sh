@@ -23,11 +23,11 @@ fi
 
 bash integration/scripts/build-skew-components.sh "${versions[@]}"
 cargo build --workspace --bins
-mkdir -p target/skew
-ARTIFACTS=$PWD/target/skew/artifacts.json
+mkdir -p target
+ARTIFACTS=$PWD/target/skew-artifacts.json
 cargo test --workspace --no-run --message-format=json-render-diagnostics >"$ARTIFACTS"
 
-export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR=$PWD/target/skew/cluster-runs
+export CSI_SIDECAR_KEEP_CLUSTER=1 CSI_SIDECAR_CLUSTER_DIR=$PWD/target/skew-cluster-runs
 rm -rf "$CSI_SIDECAR_CLUSTER_DIR"
 skew_args=()
 for v in "${versions[@]}"; do skew_args+=(--skew "$v"); done

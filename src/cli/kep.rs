@@ -29,6 +29,7 @@ pub const CONTROLLERS: &[(&str, &str)] = &[
     ("provisioner", "provisioner"),
     ("resizer", "resizer"),
     ("snapshotter", "snapshotter"),
+    ("health-monitor", "health-monitor"),
     ("node-driver-registrar", "registrar"),
     ("livenessprobe", "prober"),
     ("registrar", "registrar"),

@@ -233,6 +233,8 @@ macro_rules! resource_as {
     };
 }
 
+pub(crate) use resource_as;
+
 /// A PersistentVolume as cached: metadata, the CSI-relevant spec, status.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CachedPv {
@@ -354,6 +356,10 @@ pub struct CachedPvcStatus {
     pub conditions: Option<Vec<PersistentVolumeClaimCondition>>,
     pub current_volume_attributes_class_name: Option<String>,
     pub modify_volume_status: Option<ModifyVolumeStatus>,
+    /// `healthStatus` (Kubernetes 1.37+, gated): the health monitor's field,
+    /// kept as the apiserver sent it (k8s-openapi's 1.34 types lack it).
+    #[serde(default)]
+    pub health_status: Option<Box<serde_json::Value>>,
 }
 
 fn storage_status_of<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Shared>, D::Error> {
@@ -564,6 +570,8 @@ pub struct CachedPod {
     pub claims: Box<[String]>,
     /// `status.phase` is `Succeeded` or `Failed`.
     pub terminated: bool,
+    /// `spec.nodeName` (the health monitor's node watcher).
+    pub node_name: Option<Shared>,
 }
 
 resource_as!(CachedPod, Pod);
@@ -589,9 +597,11 @@ impl<'de> Deserialize<'de> for CachedPod {
             persistent_volume_claim: Option<ClaimSource>,
         }
         #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
         struct Spec {
             #[serde(default)]
             volumes: Option<Vec<Volume>>,
+            node_name: Option<String>,
         }
         #[derive(Deserialize)]
         struct Status {
@@ -605,6 +615,7 @@ impl<'de> Deserialize<'de> for CachedPod {
         }
         let w = Wire::deserialize(d)?;
         let m = w.metadata.unwrap_or(Meta { name: None, namespace: None, uid: None, resource_version: None });
+        let node_name = w.spec.as_ref().and_then(|s| s.node_name.as_deref()).map(intern);
         let claims = w
             .spec
             .and_then(|s| s.volumes)
@@ -623,6 +634,7 @@ impl<'de> Deserialize<'de> for CachedPod {
             },
             claims,
             terminated: matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
+            node_name,
         })
     }
 }

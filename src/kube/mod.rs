@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod cache;
 pub mod cached;
+pub mod cached_node;
 pub mod client;
 pub mod discovery;
 pub mod events;

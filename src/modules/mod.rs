@@ -2,6 +2,7 @@
 //! them. argv[0] and the subcommand both resolve through [`MODULES`].
 
 pub mod attacher;
+pub mod health;
 pub mod led;
 pub mod prober;
 pub mod provisioner;
@@ -156,6 +157,16 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<snapshotter::config::SnapshotterFlags>,
         shared: snapshotter::config::SHARED_FLAGS,
         feature_gates: snapshotter::config::FEATURE_GATES,
+    },
+    ModuleDesc {
+        name: "health-monitor",
+        binary_names: &["csi-external-health-monitor-controller"],
+        replaces: "external-health-monitor",
+        summary: "volume health: claim events, or status.healthStatus with CSI 1.13 drivers",
+        info: health::config::HealthMonitorFlags::get_args_info,
+        parse: parse_flags::<health::config::HealthMonitorFlags>,
+        shared: health::config::SHARED_FLAGS,
+        feature_gates: &[],
     },
 ];
 

@@ -17,6 +17,7 @@ fn pod(ns: &str, name: &str, claims: &[&str]) -> CachedPod {
         metadata: ObjectMeta { namespace: Some(ns.into()), name: Some(name.into()), ..Default::default() },
         claims: claims.iter().map(|c| c.to_string()).collect(),
         terminated: false,
+        node_name: None,
     }
 }
 

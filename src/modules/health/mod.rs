@@ -1,0 +1,110 @@
+//! health-monitor: external-health-monitor-controller parity (v0.18.0), and
+//! the CSI 1.13 form ahead of upstream's release.
+//!
+//! The driver's capabilities choose the form and mode ([`decide::plan`]):
+//! a CSI <= 1.12 driver reports `VolumeCondition` through ListVolumes (list
+//! mode) or ControllerGetVolume (get mode), a CSI 1.13 driver through
+//! ControllerListVolumeHealth / ControllerGetVolumeHealth. What the driver
+//! says goes out as events on the claim (`VolumeConditionAbnormal`,
+//! `VolumeConditionNormal`), or, for a 1.13 driver on a cluster that serves
+//! `PersistentVolumeClaim.status.healthStatus` (Kubernetes 1.37 with
+//! `CSIVolumeHealth`: found out by asking the apiserver, [`status_api`]),
+//! as that field. Both are written on change only; what was last reported
+//! is recalled after a restart from this monitor's own events (two lists
+//! scoped by reason and source: no cluster-wide Event cache) or from the
+//! claim's status. The volumes come from the shared cache (bound PVs of the
+//! driver and their claims) at every pass, so a PV that leaves Bound and
+//! comes back is monitored again. Abnormal claims are also a metric
+//! ([`gauges`]). Lease `external-health-monitor-leader-<driver>`.
+
+pub mod config;
+pub mod decide;
+mod gauges;
+mod monitor;
+mod nodes;
+mod status_api;
+
+use std::{sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+
+use crate::{
+    compat::health_monitor as up,
+    csi::DriverInfo,
+    kube::{KubeContext, events::Recorder},
+    modules::{Module, ModuleContext, ModuleError},
+};
+use config::HealthMonitorFlags;
+
+const NAME: &str = "health-monitor";
+
+/// The module's entry points for the host.
+impl Module for HealthMonitorFlags {
+    fn validate(&self) -> Result<(), ModuleError> {
+        HealthMonitorFlags::validate(self).map_err(|message| ModuleError::Config { module: NAME, message })
+    }
+
+    fn discovery_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn needs_kube(&self) -> bool {
+        true
+    }
+
+    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(*self, ctx))
+    }
+}
+
+/// What the driver's capabilities offer, for [`decide::plan`].
+fn offer_of(driver: &DriverInfo) -> decide::Offer {
+    let h = driver.health_capabilities();
+    decide::Offer {
+        controller_service: h.controller_service,
+        list_volumes: h.list_volumes,
+        get_volume: h.get_volume,
+        volume_condition: h.volume_condition,
+        list_volume_health: h.list_volume_health,
+        get_volume_health: h.get_volume_health,
+    }
+}
+
+/// Runs the health monitor until shutdown (or until its Lease is lost).
+pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
+    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
+    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    let plan = match decide::plan(offer_of(&driver)) {
+        Ok(plan) => plan,
+        Err(message) => {
+            // At info level: upstream logs this at V(2) only, and the
+            // container crash-loops without a word (kubernetes#101616).
+            tracing::info!(driver = %driver.name, "{message}");
+            return Err(ModuleError::Config { module: NAME, message });
+        }
+    };
+    let pvs = crate::modules::views::driver_pvs(&kube.informers, &driver.name);
+    let claims = crate::modules::views::bound_claims(&kube.informers, &driver.name, monitor::claim_may_be_for_driver);
+    let nodes = cfg.enable_node_watcher.then(|| nodes::NodeWatcher::new(&kube.informers));
+    kube.informers.start(&ctx.shutdown);
+    tracing::info!(driver = %driver.name, form = ?plan.form, mode = ?plan.mode, "Health monitor starting");
+    let gauges = gauges::Gauges::install(&driver.name);
+    let m = Arc::new(monitor::Monitor {
+        plan,
+        csi: ctx.csi.clone(),
+        client: kube.client.clone(),
+        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown),
+        pvs_informer: pvs,
+        claims_informer: claims,
+        reported: Default::default(),
+        status: status_api::StatusApi::default(),
+        nodes,
+        gauges,
+        driver: driver.clone(),
+        cfg,
+    });
+    let work = move |token| m.lead(token);
+    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+}
