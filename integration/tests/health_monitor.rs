@@ -211,6 +211,8 @@ async fn a_csi_1_13_driver_writes_the_claim_status_where_served_else_events() {
         assert_eq!(c["healthConditions"][0]["status"], "Degraded", "sorted: {c}");
         assert_eq!(c["healthConditions"][1]["status"], "Inaccessible", "{c}");
         assert_eq!(c["healthConditions"][1]["reason"], "NoPath", "{c}");
+        let logs = sidecar.logs();
+        assert!(logs.contains("status.healthStatus is served: volume health is written there"), "{logs}");
         let (_, version) = health_status(&env, "data").await;
         env.passes(&driver, 3).await;
         let (_, after) = health_status(&env, "data").await;
