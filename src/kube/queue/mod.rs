@@ -38,6 +38,11 @@ pub mod names {
     pub const QUEUE_DURATION: &str = "workqueue_queue_duration_seconds";
     /// Time a worker spent on a key.
     pub const WORK_DURATION: &str = "workqueue_work_duration_seconds";
+    /// Seconds of work in progress that has not finished (summed over the
+    /// keys in workers' hands), as client-go's.
+    pub const UNFINISHED_WORK: &str = "workqueue_unfinished_work_seconds";
+    /// Seconds the longest-running worker has held its key, as client-go's.
+    pub const LONGEST_RUNNING: &str = "workqueue_longest_running_processor_seconds";
     /// Age of the oldest key waiting (csi-sidecar addition).
     pub const OLDEST_ITEM_AGE: &str = "csi_sidecar_workqueue_oldest_item_age_seconds";
     /// Buckets of the duration histograms: client-go's 10ns × 10^k, k = 0..9.
@@ -72,13 +77,31 @@ pub enum Outcome {
     RetryAfter(Duration),
 }
 
-/// How a queue's tasks are woken.
+/// How a queue's tasks are woken, and what its workers hold.
 #[derive(Default)]
 struct Signals {
     /// A key became ready.
     ready: Notify,
     /// A pending key's due time moved forward.
     timer: Notify,
+    /// When each key now in a worker's hands was taken, by ticket.
+    in_flight: Mutex<InFlight>,
+}
+
+/// Start times of the work in progress.
+#[derive(Default)]
+struct InFlight {
+    next: u64,
+    started: std::collections::BTreeMap<u64, Instant>,
+}
+
+/// (unfinished work, longest running) in seconds for work started at
+/// `started`, at `now` (client-go's two gauges).
+fn unfinished_work(started: impl IntoIterator<Item = Instant>, now: Instant) -> (f64, f64) {
+    started
+        .into_iter()
+        .map(|t| now.saturating_duration_since(t).as_secs_f64())
+        .fold((0.0, 0.0), |(sum, max), s| (sum + s, if s > max { s } else { max }))
 }
 
 /// A group of sibling queues: their state and their wake-ups, by `QueueId`.
@@ -208,6 +231,31 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         metrics::gauge!(names::OLDEST_ITEM_AGE, "name" => self.name).set(oldest);
     }
 
+    fn publish_unfinished(&self) {
+        let (sum, longest) = unfinished_work(self.signals.in_flight.lock().started.values().copied(), Instant::now());
+        metrics::gauge!(names::UNFINISHED_WORK, "name" => self.name).set(sum);
+        metrics::gauge!(names::LONGEST_RUNNING, "name" => self.name).set(longest);
+    }
+
+    fn begin_work(&self) -> u64 {
+        let mut f = self.signals.in_flight.lock();
+        let ticket = f.next;
+        f.next += 1;
+        f.started.insert(ticket, Instant::now());
+        ticket
+    }
+
+    fn end_work(&self, ticket: u64) {
+        let idle = {
+            let mut f = self.signals.in_flight.lock();
+            f.started.remove(&ticket);
+            f.started.is_empty()
+        };
+        if idle {
+            self.publish_unfinished();
+        }
+    }
+
     fn try_take(&self) -> Option<K> {
         let mut h = self.lock();
         let (key, added) = h.group.take(self.id, Instant::now())?;
@@ -274,6 +322,8 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
             }
             let h = self.lock();
             self.publish_depth(&h);
+            drop(h);
+            self.publish_unfinished();
         }
     }
 
@@ -306,7 +356,9 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         while let Some(key) = self.get(shutdown).await {
             let held = Held { queue: self, key: &key };
             let started = Instant::now();
+            let ticket = self.begin_work();
             let outcome = handle(key.clone()).await;
+            self.end_work(ticket);
             metrics::histogram!(names::WORK_DURATION, "name" => self.name).record(started.elapsed().as_secs_f64());
             drop(held);
             match outcome {

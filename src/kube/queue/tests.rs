@@ -317,3 +317,14 @@ async fn a_worker_dropped_mid_handling_releases_its_key_to_the_sibling() {
     let got = tokio::time::timeout(Duration::from_secs(5), b.get(&stop)).await.expect("released by the drop");
     assert_eq!(got.as_deref(), Some("k"));
 }
+
+#[test]
+fn unfinished_work_sums_and_the_longest_is_the_oldest() {
+    let now = Instant::now();
+    let ago = |ms| now - Duration::from_millis(ms);
+    assert_eq!(unfinished_work([], now), (0.0, 0.0));
+    let (sum, longest) = unfinished_work([ago(1500), ago(500), ago(0)], now);
+    assert!((sum - 2.0).abs() < 1e-9 && (longest - 1.5).abs() < 1e-9, "{sum} {longest}");
+    let (sum, _) = unfinished_work([now + Duration::from_secs(1)], now);
+    assert_eq!(sum, 0.0, "a start after now counts nothing");
+}
