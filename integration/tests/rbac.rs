@@ -1,9 +1,9 @@
 //! The RBAC manifests (`manifests/rbac/`) against the code and against the
 //! real kube-apiserver.
 //!
-//! * Minimality: the provisioner's, the attacher's, the resizer's and the snapshotter's ClusterRoles and
-//!   leader-election Roles hold exactly the (apiGroup, resource, verb)
-//!   triples the code uses, listed below with the code that uses each; no
+//! * Minimality: the provisioner's, the attacher's, the resizer's, the
+//!   snapshotter's and the health monitor's ClusterRoles and leader-election
+//!   Roles hold exactly the (apiGroup, resource, verb) triples the code uses, listed below with the code that uses each; no
 //!   wildcard anywhere; the node ServiceAccount carries no token; the code
 //!   touches no kind these lists do not cover.
 //! * Sufficiency: each module runs under exactly those manifests (applied to
@@ -12,8 +12,10 @@
 //!   up a volume, with secrets, topology, a reschedule, events (including an
 //!   aggregated repeat) and leader election; the attacher attaches and detaches a volume for the
 //!   real attach-detach controller, with a publish secret and leader
-//!   election; without a single `forbidden` in the log, in an Event or in a
-//!   VolumeAttachment's status.
+//!   election; the health monitor (in-process fault driver, CSI 1.13 form,
+//!   node watcher) reports abnormal, healthy and abnormal-again volume
+//!   health and a failed node, with aggregated repeats; without a single
+//!   `forbidden` in the log, in an Event or in a VolumeAttachment's status.
 //! * Necessity: the same runs with any one exercised verb removed fail, with
 //!   the apiserver's refusal of exactly that verb as the evidence.
 
@@ -622,13 +624,24 @@ async fn apply_rbac(client: &Client, ns: &str, module: Module, drop: Option<&Tri
             d["roleRef"]["name"] = format!("{ns}-{}", d["roleRef"]["name"].as_str().unwrap_or_default()).into();
         }
         if let (Some((g, r, v)), Some(rules)) = (drop, d["rules"].as_array_mut()) {
+            // Exactly the one triple: a rule naming more resources (nodes
+            // and pods) keeps them with all their verbs, and `r` gets a
+            // rule of its own without `v`.
+            let mut own = Vec::new();
             for rule in rules.iter_mut() {
                 let has = |field: &str, x: &str| rule[field].as_array().is_some_and(|a| a.iter().any(|e| e == x));
                 if has("apiGroups", g) && has("resources", r) {
-                    rule["verbs"].as_array_mut().expect("verbs").retain(|e| e != v.as_str());
+                    assert_eq!(rule["apiGroups"].as_array().map(Vec::len), Some(1), "one group per rule: {rule}");
+                    let mut split = rule.clone();
+                    split["resources"] = serde_json::json!([r]);
+                    split["verbs"].as_array_mut().expect("verbs").retain(|e| e != v.as_str());
+                    rule["resources"].as_array_mut().expect("resources").retain(|e| e != r.as_str());
+                    own.push(split);
                 }
             }
-            rules.retain(|rule| rule["verbs"].as_array().is_some_and(|v| !v.is_empty()));
+            rules.extend(own);
+            let non_empty = |rule: &Value, field: &str| rule[field].as_array().is_some_and(|a| !a.is_empty());
+            rules.retain(|rule| non_empty(rule, "verbs") && non_empty(rule, "resources"));
         }
         let pp = PostParams::default();
         let what = format!("{k} {}", name(&d));
