@@ -3,9 +3,10 @@
 //!
 //! * Minimality: the provisioner's, the attacher's, the resizer's, the
 //!   snapshotter's and the health monitor's ClusterRoles and leader-election
-//!   Roles hold exactly the (apiGroup, resource, verb) triples the code uses, listed below with the code that uses each; no
-//!   wildcard anywhere; the node ServiceAccount carries no token; the code
-//!   touches no kind these lists do not cover.
+//!   Roles hold exactly the (apiGroup, resource, verb) triples the code uses,
+//!   listed below with the code that uses each; no wildcard anywhere; the
+//!   node ServiceAccount carries no token; the code touches no kind these
+//!   lists do not cover.
 //! * Sufficiency: each module runs under exactly those manifests (applied to
 //!   the control plane, credentials minted for the controller
 //!   ServiceAccount): the provisioner provisions, binds, deletes and cleans
