@@ -1,19 +1,22 @@
 //! The RBAC manifests (`manifests/rbac/`) against the code and against the
 //! real kube-apiserver.
 //!
-//! * Minimality: the provisioner's, the attacher's, the resizer's and the snapshotter's ClusterRoles and
-//!   leader-election Roles hold exactly the (apiGroup, resource, verb)
-//!   triples the code uses, listed below with the code that uses each; no
-//!   wildcard anywhere; the node ServiceAccount carries no token; the code
-//!   touches no kind these lists do not cover.
+//! * Minimality: the provisioner's, the attacher's, the resizer's, the
+//!   snapshotter's and the health monitor's ClusterRoles and leader-election
+//!   Roles hold exactly the (apiGroup, resource, verb) triples the code uses,
+//!   listed below with the code that uses each; no wildcard anywhere; the
+//!   node ServiceAccount carries no token; the code touches no kind these
+//!   lists do not cover.
 //! * Sufficiency: each module runs under exactly those manifests (applied to
 //!   the control plane, credentials minted for the controller
 //!   ServiceAccount): the provisioner provisions, binds, deletes and cleans
 //!   up a volume, with secrets, topology, a reschedule, events (including an
 //!   aggregated repeat) and leader election; the attacher attaches and detaches a volume for the
 //!   real attach-detach controller, with a publish secret and leader
-//!   election; without a single `forbidden` in the log, in an Event or in a
-//!   VolumeAttachment's status.
+//!   election; the health monitor (in-process fault driver, CSI 1.13 form,
+//!   node watcher) reports abnormal, healthy and abnormal-again volume
+//!   health and a failed node, with aggregated repeats; without a single
+//!   `forbidden` in the log, in an Event or in a VolumeAttachment's status.
 //! * Necessity: the same runs with any one exercised verb removed fail, with
 //!   the apiserver's refusal of exactly that verb as the evidence.
 
@@ -23,10 +26,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use csi_sidecar::csi::{HealthCondition, HealthStatus};
 use csi_sidecar_integration::yaml::{documents as load, kind};
 use csi_sidecar_integration::{
     cluster::{ControlPlane, Identity, launcher_bin},
     component_bin,
+    fault_driver::{FaultDriver, HealthForms, Script, Transport},
     kube_support::{TestNamespace, create, csi_node, csi_pv, node, pod, pvc, storage_class, unique_name},
     process::Proc,
     sidecar_bin, workspace_root,
@@ -305,6 +310,41 @@ fn resizer_cluster_role_is_exactly_what_the_code_calls() {
     assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
 }
 
+/// What the health monitor calls (src/modules/health/). No `get` on
+/// claims, PVs, nodes or pods (informer caches only), no watch of events:
+/// its own past events are listed once when it starts leading.
+const HEALTH_MONITOR_CALLS: &[(&str, &str, &str)] = &[
+    // mod.rs `run`: views::bound_claims.
+    ("", "persistentvolumeclaims", "list"),
+    ("", "persistentvolumeclaims", "watch"),
+    // status_api.rs `probe`: the dry-run question whether status.healthStatus
+    // is served (CSI 1.13 driver); monitor.rs `write_status` where it is.
+    ("", "persistentvolumeclaims/status", "patch"),
+    // mod.rs `run`: views::driver_pvs.
+    ("", "persistentvolumes", "list"),
+    ("", "persistentvolumes", "watch"),
+    // nodes.rs `NodeWatcher::new` (--enable-node-watcher): informers.get::<CachedNode>()
+    // and the view of pods on a node using claims.
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    // monitor.rs `recall`: this monitor's past events, by reason and source.
+    ("", "events", "list"),
+    // src/kube/events.rs `write`: create, and a repeat's PATCH.
+    ("", "events", "create"),
+    ("", "events", "patch"),
+];
+
+#[test]
+fn health_monitor_cluster_role_is_exactly_what_the_code_calls() {
+    let role = doc("health-monitor.yaml", "ClusterRole", "csi-sidecar-health-monitor");
+    assert_eq!(triples(&role), set(HEALTH_MONITOR_CALLS));
+    let lease = doc("health-monitor.yaml", "Role", "csi-sidecar-health-monitor-leader-election");
+    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
+    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
+}
+
 /// The kinds a piece of source touches: typed `Api<K>`, informers of a
 /// kind, and the kinds of the shared cache's views (the type of the filter's
 /// argument in `informers.view(..)` and `informers.scoped(..)`).
@@ -318,7 +358,7 @@ fn kinds_in(code: &str) -> BTreeSet<String> {
             }
             let rest = &code[i + marker.len()..];
             let kind: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            found.insert(kind);
+            found.insert(cached_kind(&kind).to_string());
         }
     }
     for marker in ["informers.view(", "informers.scoped("] {
@@ -343,6 +383,7 @@ fn cached_kind(name: &str) -> &str {
         "CachedPvc" => "PersistentVolumeClaim",
         "CachedVa" => "VolumeAttachment",
         "CachedPod" => "Pod",
+        "CachedNode" => "Node", // src/kube/cached_node.rs
         other => other,
     }
 }
@@ -361,7 +402,9 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "modules/attacher",
         "modules/resizer",
         "modules/snapshotter",
+        "modules/health",
         "kube",
+        "kube/leader",
     ] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();
@@ -418,6 +461,7 @@ fn the_tripwire_sees_kinds_declared_through_views() {
     let sample = r#"
         let a: Api<Secret> = Api::all(client);
         let n = informers.metadata::<Node>();
+        let m = informers.get::<CachedNode>();
         pub fn new_view(informers: &Informers) -> Informer<NewKind> {
             informers.view("all", |n: &NewKind| n.ok())
         }
@@ -496,6 +540,7 @@ enum Module {
     Attacher,
     Resizer,
     Snapshotter,
+    HealthMonitor,
 }
 
 impl Module {
@@ -505,6 +550,7 @@ impl Module {
             Module::Attacher => "attacher",
             Module::Resizer => "resizer",
             Module::Snapshotter => "snapshotter",
+            Module::HealthMonitor => "health-monitor",
         }
     }
 
@@ -528,6 +574,7 @@ impl Module {
             Module::Attacher => ATTACHER_CALLS,
             Module::Resizer => RESIZER_CALLS,
             Module::Snapshotter => SNAPSHOTTER_CALLS,
+            Module::HealthMonitor => HEALTH_MONITOR_CALLS,
         };
         // The mock driver has no GroupController: the snapshotter's live run
         // lists and watches the group kinds but writes no group content.
@@ -578,13 +625,24 @@ async fn apply_rbac(client: &Client, ns: &str, module: Module, drop: Option<&Tri
             d["roleRef"]["name"] = format!("{ns}-{}", d["roleRef"]["name"].as_str().unwrap_or_default()).into();
         }
         if let (Some((g, r, v)), Some(rules)) = (drop, d["rules"].as_array_mut()) {
+            // Exactly the one triple: a rule naming more resources (nodes
+            // and pods) keeps them with all their verbs, and `r` gets a
+            // rule of its own without `v`.
+            let mut own = Vec::new();
             for rule in rules.iter_mut() {
                 let has = |field: &str, x: &str| rule[field].as_array().is_some_and(|a| a.iter().any(|e| e == x));
                 if has("apiGroups", g) && has("resources", r) {
-                    rule["verbs"].as_array_mut().expect("verbs").retain(|e| e != v.as_str());
+                    assert_eq!(rule["apiGroups"].as_array().map(Vec::len), Some(1), "one group per rule: {rule}");
+                    let mut split = rule.clone();
+                    split["resources"] = serde_json::json!([r]);
+                    split["verbs"].as_array_mut().expect("verbs").retain(|e| e != v.as_str());
+                    rule["resources"].as_array_mut().expect("resources").retain(|e| e != r.as_str());
+                    own.push(split);
                 }
             }
-            rules.retain(|rule| rule["verbs"].as_array().is_some_and(|v| !v.is_empty()));
+            rules.extend(own);
+            let non_empty = |rule: &Value, field: &str| rule[field].as_array().is_some_and(|a| !a.is_empty());
+            rules.retain(|rule| non_empty(rule, "verbs") && non_empty(rule, "resources"));
         }
         let pp = PostParams::default();
         let what = format!("{k} {}", name(&d));
@@ -635,11 +693,36 @@ fn sanitize(name: &str) -> String {
 struct Cycle {
     module: Module,
     ns: TestNamespace,
-    driver: Proc,
+    driver: Driver,
     sidecar: Proc,
     driver_name: String,
     node_name: String,
     _dir: tempfile::TempDir,
+}
+
+/// The driver of a cycle: the Kubernetes CSI mock driver (a process), or,
+/// for the health monitor, the in-process fault driver (the mock reports no
+/// volume health).
+enum Driver {
+    Mock(Proc),
+    Fault(FaultDriver),
+}
+
+impl Driver {
+    /// The mock's log (its gRPC calls); the fault driver keeps counters instead.
+    fn logs(&self) -> String {
+        match self {
+            Driver::Mock(p) => p.logs(),
+            Driver::Fault(f) => format!("{:?}", f.counters),
+        }
+    }
+
+    fn fault(&self) -> &FaultDriver {
+        match self {
+            Driver::Fault(f) => f,
+            Driver::Mock(_) => panic!("not the fault driver"),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -673,7 +756,19 @@ impl Cycle {
             // Offline-only expansion: the resizer also watches pods.
             driver_args.push("--disable-online-expansion".into());
         }
-        let driver = Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path());
+        let driver = if module == Module::HealthMonitor {
+            // The CSI 1.13 health form: the dry-run status question is asked
+            // (persistentvolumeclaims/status patch).
+            let script = Script {
+                name: driver_name.clone(),
+                controller: true,
+                health: HealthForms::V1_13,
+                ..Default::default()
+            };
+            Driver::Fault(FaultDriver::start(&csi, Transport::Grpc, script))
+        } else {
+            Driver::Mock(Proc::spawn("csi-mock-driver", &component_bin("csi-mock-driver"), &driver_args, dir.path()))
+        };
         let mut args = vec![
             format!("--csi-address={}", csi.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -681,10 +776,22 @@ impl Cycle {
             "--leader-election".into(),
             format!("--leader-election-namespace={}", ns.name()),
             "--leader-election-retry-period=1s".into(),
-            "--retry-interval-start=200ms".into(),
-            "--retry-interval-max=2s".into(),
             "-v=5".into(),
         ];
+        if module == Module::HealthMonitor {
+            args.extend(
+                [
+                    "--list-volumes-interval=1s",
+                    "--monitor-interval=1s",
+                    "--enable-node-watcher",
+                    "--node-list-add-interval=1s",
+                    "--timeout=5s",
+                ]
+                .map(String::from),
+            );
+        } else {
+            args.extend(["--retry-interval-start=200ms", "--retry-interval-max=2s"].map(String::from));
+        }
         if module == Module::Attacher {
             args.push("--reconcile-sync=2s".into());
         }
@@ -804,6 +911,7 @@ impl Cycle {
             Module::Attacher => self.run_attacher().await?,
             Module::Resizer => self.run_resizer().await?,
             Module::Snapshotter => self.run_snapshotter().await?,
+            Module::HealthMonitor => self.run_health_monitor().await?,
         }
         // One more look for refusals after the last step.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1406,6 +1514,148 @@ impl Cycle {
         Ok(())
     }
 
+    /// The health monitor with a CSI 1.13 driver and the node watcher: a
+    /// pre-bound claim of the driver (the dry-run status question asked),
+    /// its volume abnormal, healthy, abnormal again with the same message
+    /// (events, the repeat aggregated by a PATCH; `status.healthStatus`
+    /// where the apiserver serves it), a pod of the claim on a node that
+    /// fails, recovers and fails again (NodeFailed, aggregated), the Lease
+    /// renewed.
+    async fn run_health_monitor(&mut self) -> Result<(), Failure> {
+        let client = self.ns.client().clone();
+        let ns = self.ns.name().to_string();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        let claims_status: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<PersistentVolumeClaim>(&()));
+        // A volume given a health is known to the fault driver's health calls.
+        let volume = "health-1";
+        self.driver.fault().set_volume_health(volume, vec![]);
+        let pv_name = self.ns.scoped("pv");
+        let mut pv = csi_pv(&pv_name, &self.driver_name, volume, "1Mi");
+        if let Some(spec) = pv.spec.as_mut() {
+            spec.claim_ref =
+                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
+        }
+        create(&pvs, &pv).await;
+        let mut claim = pvc("data", None, "1Mi");
+        if let Some(spec) = claim.spec.as_mut() {
+            spec.volume_name = Some(pv_name.clone());
+        }
+        create(&pvcs, &claim).await;
+        self.until("PVC data bound", async |_| {
+            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
+        })
+        .await?;
+        // The dry-run question, asked at the first pass over the claim.
+        let served = self
+            .until("the answer whether status.healthStatus is served", async |c| {
+                let log = c.sidecar.logs();
+                if log.contains("status.healthStatus is served") {
+                    Some(true)
+                } else {
+                    log.contains("status.healthStatus is not served").then_some(false)
+                }
+            })
+            .await?;
+        let of_data = async |reason: &str| -> Option<Vec<Event>> {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let mine = list
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.name.as_deref() == Some("data") && e.reason.as_deref() == Some(reason));
+            Some(mine.collect())
+        };
+        let health_status = async || -> Option<Value> {
+            let c = claims_status.get("data").await.ok()?;
+            Some(c.data["status"]["healthStatus"].clone())
+        };
+        let abnormal =
+            || vec![HealthCondition { status: HealthStatus::Degraded, reason: String::new(), message: "gone".into() }];
+        self.driver.fault().set_volume_health(volume, abnormal());
+        if served {
+            self.until("status.healthStatus written", async |_| {
+                health_status().await?["healthConditions"].as_array().filter(|a| !a.is_empty()).map(|_| ())
+            })
+            .await?;
+        } else {
+            self.until("a VolumeConditionAbnormal event", async |_| {
+                (!of_data("VolumeConditionAbnormal").await?.is_empty()).then_some(())
+            })
+            .await?;
+        }
+        self.driver.fault().set_volume_health(volume, vec![]);
+        if served {
+            self.until("status.healthStatus cleared", async |_| health_status().await?.is_null().then_some(())).await?;
+        } else {
+            self.until("a VolumeConditionNormal event", async |_| {
+                (!of_data("VolumeConditionNormal").await?.is_empty()).then_some(())
+            })
+            .await?;
+        }
+        // Abnormal again with the same message: on the events form the same
+        // Event again, aggregated (a PATCH of its count).
+        self.driver.fault().set_volume_health(volume, abnormal());
+        let aggregated = async |reason: &str| -> Option<Result<(), usize>> {
+            let seen = of_data(reason).await?;
+            if seen.len() >= 2 {
+                // A second Event for the same repeat: the count could not be patched.
+                return Some(Err(seen.len()));
+            }
+            seen.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
+        };
+        if served {
+            self.until("status.healthStatus written again", async |_| {
+                health_status().await?["healthConditions"].as_array().filter(|a| !a.is_empty()).map(|_| ())
+            })
+            .await?;
+        } else {
+            let repeat = self
+                .until("a repeated VolumeConditionAbnormal event", async |_| {
+                    aggregated("VolumeConditionAbnormal").await
+                })
+                .await?;
+            if let Err(n) = repeat {
+                return Err(self.fail(format!(
+                    "{n} VolumeConditionAbnormal Events with one message for one repeated report: the \
+                     aggregation PATCH failed"
+                )));
+            }
+        }
+        // The node watcher: a pod of the claim on a node NotReady for ten
+        // minutes (heartbeat now: the node lifecycle controller leaves it be).
+        let node_name = self.node_name.clone();
+        create(&nodes, &node(&node_name, &[])).await;
+        let set_ready = async |status: &str, minutes_ago: i64| {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let since = now - k8s_openapi::jiff::SignedDuration::from_mins(minutes_ago);
+            let patch = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": status,
+                "reason": "Test", "lastHeartbeatTime": now.to_string(), "lastTransitionTime": since.to_string()}]}});
+            nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(drop_ok)
+        };
+        set_ready("True", 60).await.map_err(|e| self.fail(format!("node Ready: {e}")))?;
+        create(&Api::<Pod>::namespaced(client.clone(), &ns), &pod("app", &node_name, "data")).await;
+        set_ready("False", 10).await.map_err(|e| self.fail(format!("node NotReady: {e}")))?;
+        self.until("a NodeFailed event", async |_| (!of_data("NodeFailed").await?.is_empty()).then_some(())).await?;
+        // Recovered, then failed again: the same NodeFailed Event, aggregated
+        // (a PATCH whichever form the volume health takes).
+        set_ready("True", 0).await.map_err(|e| self.fail(format!("node Ready again: {e}")))?;
+        self.until("a NodeRecovered event", async |_| (!of_data("NodeRecovered").await?.is_empty()).then_some(()))
+            .await?;
+        set_ready("False", 10).await.map_err(|e| self.fail(format!("node NotReady again: {e}")))?;
+        let repeat = self.until("a repeated NodeFailed event", async |_| aggregated("NodeFailed").await).await?;
+        if let Err(n) = repeat {
+            return Err(self.fail(format!(
+                "{n} NodeFailed Events with one message for one repeated failure: the aggregation PATCH failed"
+            )));
+        }
+        self.lease_renewed(&sanitize(&format!("external-health-monitor-leader-{}", self.driver_name))).await?;
+        let _ = nodes.delete(&node_name, &DeleteParams::default()).await;
+        Ok(())
+    }
+
     async fn finish(mut self) {
         self.sidecar.terminate().await;
         self.ns.delete().await;
@@ -1447,6 +1697,11 @@ async fn snapshotter_runs_under_exactly_the_manifests_rbac() {
 #[tokio::test]
 async fn resizer_runs_under_exactly_the_manifests_rbac() {
     runs_under_the_manifests(Module::Resizer).await;
+}
+
+#[tokio::test]
+async fn health_monitor_runs_under_exactly_the_manifests_rbac() {
+    runs_under_the_manifests(Module::HealthMonitor).await;
 }
 
 /// A control plane whose kube-apiserver runs without the WatchList feature
@@ -1538,4 +1793,11 @@ async fn resizer_fails_without_any_one_exercised_verb() {
 async fn snapshotter_fails_without_any_one_exercised_verb() {
     assert_eq!(Module::Snapshotter.exercised().len(), 17);
     every_exercised_verb_is_needed(Module::Snapshotter).await;
+}
+
+/// 15 triples: all of the health monitor's.
+#[tokio::test]
+async fn health_monitor_fails_without_any_one_exercised_verb() {
+    assert_eq!(Module::HealthMonitor.exercised().len(), 15);
+    every_exercised_verb_is_needed(Module::HealthMonitor).await;
 }
