@@ -114,10 +114,20 @@ async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
         ("/livenessprobe", ":9899", "0"),
         ("/csi-node-driver-registrar", "", "0"),
     ] {
-        let procs: Vec<_> = host_processes(argv0)
-            .into_iter()
-            .filter(|(_, a)| a[0] == argv0 && a.iter().any(|w| w.contains(only)))
-            .collect();
+        let started = || -> Vec<(u32, Vec<String>)> {
+            host_processes(argv0)
+                .into_iter()
+                .filter(|(_, a)| a[0] == argv0 && a.iter().any(|w| w.contains(only)))
+                .collect()
+        };
+        // A rolled-out pod's containers may still be starting (one after
+        // another): wait for the process, then check there is one.
+        wait_until(&format!("a process started as {argv0} {only}"), minutes(1), async || {
+            let procs = started();
+            if procs.is_empty() { Err("none".into()) } else { Ok(()) }
+        })
+        .await;
+        let procs = started();
         assert_eq!(procs.len(), 1, "processes started as {argv0} {only}: {procs:?}");
         for (pid, args) in procs {
             assert_eq!(uid_of(pid), uid, "{args:?} runs as uid {}", uid_of(pid));
@@ -135,10 +145,17 @@ async fn the_chart_installed_with_helm_serves_a_workload_on_a_real_node() {
         (&node_pod_name, "node-driver-registrar"),
         (&node_pod_name, "driver"),
     ] {
-        wait_until(&format!("two passing liveness probes of {pod}/{container}"), minutes(1), async || {
-            match liveness_counts(cp, &node, pod, container).await {
-                (ok, 0.0) if ok >= 2.0 => Ok(()),
-                counts => Err(format!("(successful, failed) = {counts:?}")),
+        // Two passes in a row with no failure between them (a probe that
+        // timed out once on a loaded machine is not a failing probe).
+        let mut since = liveness_counts(cp, &node, pod, container).await;
+        wait_until(&format!("two passing liveness probes in a row of {pod}/{container}"), minutes(1), async || {
+            let now = liveness_counts(cp, &node, pod, container).await;
+            if now.1 > since.1 {
+                since = now;
+            }
+            match now.0 - since.0 {
+                passed if passed >= 2.0 => Ok(()),
+                _ => Err(format!("(successful, failed) = {now:?}, counted from {since:?}")),
             }
         })
         .await;
