@@ -236,7 +236,23 @@ async fn a_csi_1_13_driver_writes_the_claim_status_where_served_else_events() {
         assert_eq!(env.events("data", ABNORMAL).await.iter().map(|(_, c, _)| c).sum::<i32>(), 1);
         let (h, _) = health_status(&env, "data").await;
         assert!(h.is_null(), "no field on this version: {h}");
-        // One dry-run question, then never again (no retry storm).
+        // One dry-run question, then never again (no retry storm): the
+        // apiserver counted two status patches in all, this test's own
+        // question and the module's, and no more after three more passes.
+        let status_patches = async || {
+            let snap =
+                csi_sidecar_integration::bench::snapshot(env.ns.client(), None).await.expect("apiserver metrics");
+            snap.requests
+                .iter()
+                .filter(|(k, _)| k.starts_with("PATCH persistentvolumeclaims/status "))
+                .map(|(_, n)| n)
+                .sum::<f64>()
+        };
+        let counted = status_patches().await;
+        assert_eq!(counted, 2.0, "status patches");
+        env.passes(&driver, 3).await;
+        assert_eq!(status_patches().await, counted, "no status patch while the field is not served");
+        let logs = sidecar.logs();
         assert_eq!(logs.matches("status.healthStatus is not served").count(), 1, "{logs}");
         driver.set_volume_health(&volume, vec![]);
         env.wait_event("data", NORMAL, "The Volume returns to the healthy state").await;
