@@ -151,8 +151,12 @@ async fn events_on_change_only(prefix: &str, form: HealthForms) {
     assert!(env.events("data", ABNORMAL).await.is_empty(), "healthy: no event");
 
     let gone = "The source path of the volume doesn't exist";
+    let before = health_calls(&driver);
     driver.set_volume_health(&volume, vec![entry(HealthStatus::Degraded, "", gone)]);
     env.wait_event("data", ABNORMAL, gone).await;
+    // Within one interval: the pass under way when the volume changed, or
+    // the next one, wrote it.
+    assert!(health_calls(&driver) <= before + 3, "{} health calls before the event", health_calls(&driver) - before);
     let metrics = csi_sidecar_integration::http::get(&format!("127.0.0.1:{port}"), "/metrics").await.expect("metrics");
     assert!(
         metrics.body.lines().any(|l| l.starts_with("csi_sidecar_volume_health_abnormal{")
