@@ -8,19 +8,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::compat::health_monitor as up;
-
-/// What the driver's controller advertises (its capabilities).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offer {
-    pub controller_service: bool,
-    pub list_volumes: bool,
-    pub get_volume: bool,
-    /// v1.12 `VOLUME_CONDITION` (removed in CSI 1.13).
-    pub volume_condition: bool,
-    pub list_volume_health: bool,
-    pub get_volume_health: bool,
-}
+use crate::{compat::health_monitor as up, csi::HealthCapabilities};
 
 /// How the driver reports health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +40,7 @@ pub struct Plan {
 
 /// The plan for a driver, or the start-up error naming what it lacks.
 /// The 1.13 RPCs win when the driver offers both forms.
-pub fn plan(offer: Offer) -> Result<Plan, String> {
+pub fn plan(offer: HealthCapabilities) -> Result<Plan, String> {
     if !offer.controller_service {
         return Err(format!("{}: the health monitor needs CONTROLLER_SERVICE", up::ERR_NO_CONTROLLER_SERVICE));
     }

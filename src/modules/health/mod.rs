@@ -30,7 +30,6 @@ use futures::future::BoxFuture;
 
 use crate::{
     compat::health_monitor as up,
-    csi::DriverInfo,
     kube::{KubeContext, events::Recorder},
     modules::{Module, ModuleContext, ModuleError},
 };
@@ -57,26 +56,13 @@ impl Module for HealthMonitorFlags {
     }
 }
 
-/// What the driver's capabilities offer, for [`decide::plan`].
-fn offer_of(driver: &DriverInfo) -> decide::Offer {
-    let h = driver.health_capabilities();
-    decide::Offer {
-        controller_service: h.controller_service,
-        list_volumes: h.list_volumes,
-        get_volume: h.get_volume,
-        volume_condition: h.volume_condition,
-        list_volume_health: h.list_volume_health,
-        get_volume_health: h.get_volume_health,
-    }
-}
-
 /// Runs the health monitor until shutdown (or until its Lease is lost).
 pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
     let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
     cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
-    let plan = match decide::plan(offer_of(&driver)) {
+    let plan = match decide::plan(driver.health_capabilities()) {
         Ok(plan) => plan,
         Err(message) => {
             // At info level: upstream logs this at V(2) only, and the

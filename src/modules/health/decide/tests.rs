@@ -1,8 +1,8 @@
 use super::*;
 
-fn offer(spec: &str) -> Offer {
+fn offer(spec: &str) -> HealthCapabilities {
     let has = |w: &str| spec.split_whitespace().any(|x| x == w);
-    Offer {
+    HealthCapabilities {
         controller_service: !has("no-controller"),
         list_volumes: has("list"),
         get_volume: has("get"),
