@@ -178,15 +178,7 @@ impl Monitor {
             if !same_uid || !claim_bound_here {
                 continue;
             }
-            let reference = ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("PersistentVolumeClaim".into()),
-                namespace: Some(ns.to_string()),
-                name: Some(name.to_string()),
-                uid: claim.metadata.uid.clone(),
-                resource_version: claim.metadata.resource_version.clone(),
-                field_path: None,
-            };
+            let reference = crate::kube::events::reference(&*claim);
             out.push(Target { handle: csi.volume_handle.to_string(), claim, reference });
         }
         out
