@@ -128,11 +128,14 @@ pub async fn run(inv: Invocation) -> ExitCode {
     }
 
     let health = HealthRegistry::default();
+    let debug = crate::debug::Registry::default();
+    debug.export_gauges();
     let listeners = match http::bind(&plan).await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let router = http::router(health.clone(), Some(metrics), inv.shared.metrics_path());
+    let served_debug = inv.shared.enable_debug_endpoints.then(|| debug.clone());
+    let router = http::router(health.clone(), Some(metrics), inv.shared.metrics_path(), served_debug);
     for l in listeners {
         let (router, shutdown) = (router.clone(), shutdown.clone());
         tasks.spawn(async move {
@@ -152,7 +155,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
     } else {
         None
     };
-    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), kube };
+    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), kube, debug };
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();

@@ -1,5 +1,6 @@
-//! The one HTTP server of the process: `/healthz`, `/healthz/<check>` and
-//! the Prometheus metrics path.
+//! The one HTTP server of the process: `/healthz`, `/healthz/<check>`, the
+//! Prometheus metrics path and, with `--enable-debug-endpoints`,
+//! `/debug/objects`.
 //!
 //! Modules register named health checks; `/healthz` is healthy only when
 //! every check is. When exactly one check fails, its status and body are
@@ -11,7 +12,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
     Router,
-    extract::{Path, State},
+    extract::{Path, RawQuery, State},
     http::StatusCode,
     response::{IntoResponse, Response},
     routing::get,
@@ -24,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    compat,
+    compat, debug,
     flags::{SharedFlags, shared::non_empty},
     metrics::Metrics,
 };
@@ -261,6 +262,7 @@ const EADDRNOTAVAIL: i32 = nix::errno::Errno::EADDRNOTAVAIL as i32;
 struct AppState {
     health: HealthRegistry,
     metrics: Option<Metrics>,
+    debug: Option<debug::Registry>,
 }
 
 fn reply(r: HealthReport) -> Response {
@@ -286,13 +288,41 @@ async fn metrics(State(s): State<AppState>) -> Response {
     }
 }
 
-/// The router: health checks and metrics.
-pub fn router(health: HealthRegistry, metrics_registry: Option<Metrics>, metrics_path: &str) -> Router {
-    Router::new()
+/// `/debug/objects`: one page of the objects not done (400 naming the
+/// parameter on a bad query).
+async fn debug_objects(State(s): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    let Some(registry) = s.debug else { return StatusCode::NOT_FOUND.into_response() };
+    let query = match debug::query::Query::parse(raw.as_deref().unwrap_or_default()) {
+        Ok(q) => q,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    let now = debug::query::Now { wall: std::time::SystemTime::now(), mono: std::time::Instant::now() };
+    let page = debug::query::page(&query, &registry.ledgers(), now);
+    match serde_json::to_string(&page) {
+        Ok(body) => ([("content-type", "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The path of the debug endpoint.
+pub const DEBUG_OBJECTS_PATH: &str = "/debug/objects";
+
+/// The router: health checks, metrics and, given a registry, the debug
+/// endpoint.
+pub fn router(
+    health: HealthRegistry,
+    metrics_registry: Option<Metrics>,
+    metrics_path: &str,
+    debug: Option<debug::Registry>,
+) -> Router {
+    let mut r = Router::new()
         .route(compat::prober::HEALTHZ_PATH, get(healthz))
         .route("/healthz/{name}", get(healthz_one))
-        .route(metrics_path, get(metrics))
-        .with_state(AppState { health, metrics: metrics_registry })
+        .route(metrics_path, get(metrics));
+    if debug.is_some() && metrics_path != DEBUG_OBJECTS_PATH {
+        r = r.route(DEBUG_OBJECTS_PATH, get(debug_objects));
+    }
+    r.with_state(AppState { health, metrics: metrics_registry, debug })
 }
 
 /// Listening failed.
@@ -468,7 +498,7 @@ mod tests {
         fn every_accepted_metrics_path_builds_a_router(path in "/?[ -~]{0,12}") {
             if let Ok(p) = crate::flags::shared::metrics_path(&path) {
                 let p = if p.is_empty() { compat::DEFAULT_METRICS_PATH.to_string() } else { p };
-                let _ = router(HealthRegistry::default(), None, &p);
+                let _ = router(HealthRegistry::default(), None, &p, Some(crate::debug::Registry::default()));
             }
         }
     }

@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod compat;
 pub mod csi;
+pub mod debug;
 pub mod flags;
 pub mod host;
 pub mod http;

@@ -170,6 +170,7 @@ impl Connection {
             tracing::trace!(method, request = %redacted_debug(&req), "GRPC call");
         }
         let start = Instant::now();
+        let _in_flight = crate::debug::csi_call(method);
         let mut request = Request::new(req);
         request.set_timeout(timeout);
         let result = match tokio::time::timeout(timeout, send(self.inner.channel.clone(), request)).await {

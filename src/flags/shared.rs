@@ -115,6 +115,9 @@ pub struct SharedFlags {
     /// enable pprof (accepted for compatibility; profiling endpoints are not served)
     #[argh(switch)]
     pub enable_pprof: bool,
+    /// csi-sidecar only: serve /debug/objects on the HTTP endpoint: every object a module holds that is not done, what it waits for, its last error and next retry (read by `csi-sidecar explain`)
+    #[argh(switch)]
+    pub enable_debug_endpoints: bool,
     /// print the version and exit
     #[argh(switch)]
     pub version: bool,
@@ -182,6 +185,7 @@ pub const CONTROLLER: &[&str] = &[
     "leader-election-retry-period",
     "leader-election-labels",
     "leader-election-shared-lease",
+    "enable-debug-endpoints",
 ];
 
 /// `k1:v1,k2:v2` (upstream's syntax for `--leader-election-labels`).

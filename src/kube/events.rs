@@ -309,7 +309,12 @@ impl Recorder {
     }
 
     /// Queues an event for the sender; write failures are logged, never fatal.
+    /// A Warning published during a tracked sync is that object's last
+    /// error for `/debug/objects` (the text the event carries).
     pub fn publish(&self, object: ObjectReference, kind: EventType, reason: &str, message: &str) {
+        if kind == EventType::Warning {
+            crate::debug::failed(message);
+        }
         let name = object.name.clone();
         if self.inner.book().offer(object, kind, reason, message, Instant::now()) {
             self.inner.wake.notify_one();

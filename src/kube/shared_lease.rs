@@ -37,6 +37,8 @@ pub struct SharedLease {
     members: std::sync::Arc<watch::Sender<usize>>,
     /// Whether this handle is counted in `members`.
     member: bool,
+    /// The election (for what `/debug/objects` shows of it).
+    elector: LeaderElector,
 }
 
 impl SharedLease {
@@ -44,6 +46,7 @@ impl SharedLease {
     /// member has left, or when the Lease is lost.
     pub fn start(elector: LeaderElector, shutdown: CancellationToken) -> SharedLease {
         let (tx, rx) = watch::channel(LeaseState::Waiting);
+        let observed = elector.clone();
         let members = std::sync::Arc::new(watch::channel(0usize).0);
         let mut remaining = members.subscribe();
         tokio::spawn(async move {
@@ -66,7 +69,12 @@ impl SharedLease {
             };
             tx.send_replace(end);
         });
-        SharedLease { state: rx, members, member: false }
+        SharedLease { state: rx, members, member: false, elector: observed }
+    }
+
+    /// The election behind this handle.
+    pub fn elector(&self) -> &LeaderElector {
+        &self.elector
     }
 
     /// A handle for one led module: until it is dropped (or
@@ -74,7 +82,12 @@ impl SharedLease {
     /// the Lease.
     pub fn join(&self) -> SharedLease {
         self.members.send_modify(|n| *n += 1);
-        SharedLease { state: self.state.clone(), members: self.members.clone(), member: true }
+        SharedLease {
+            state: self.state.clone(),
+            members: self.members.clone(),
+            member: true,
+            elector: self.elector.clone(),
+        }
     }
 
     /// Waits until the process leads: `Ok(Some(token))` then, `Ok(None)` if

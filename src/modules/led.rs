@@ -22,7 +22,10 @@ where
 {
     let fatal = |message: String| ModuleError::Fatal { module, message };
     let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
+    let ledger = ctx.debug.ledger(module);
     if let Some(shared) = kube.shared_lease(&ctx.shutdown).await.map_err(|e| fatal(e.to_string()))? {
+        let elector = shared.elector().clone();
+        ledger.set_leader(std::sync::Arc::new(move || elector.view()));
         ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
         tracing::info!(module, "Waiting for the process's shared Lease");
         let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
@@ -38,6 +41,8 @@ where
     }
     match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
         Some(elector) => {
+            let observed = elector.clone();
+            ledger.set_leader(std::sync::Arc::new(move || observed.view()));
             let check = elector.health_check();
             ctx.health.register(&format!("leader-election-{module}"), check.clone());
             kube.leader_health.add(check);

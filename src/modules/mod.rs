@@ -193,6 +193,8 @@ pub struct ModuleContext {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// The Kubernetes client and informer cache, when a module needs them.
     pub kube: Option<crate::kube::KubeContext>,
+    /// The modules' ledgers of objects not done (`/debug/objects`).
+    pub debug: crate::debug::Registry,
 }
 
 /// Why a module stopped before shutdown.

@@ -115,6 +115,17 @@ impl LeaderElector {
         Arc::new(LeaderHealth(self.inner.clone()))
     }
 
+    /// What `/debug/objects` shows of this election: the Lease, whether we
+    /// lead, and the holder last observed (no API call).
+    pub fn view(&self) -> crate::debug::LeaderView {
+        let holder = self.inner.state.lock().observed.as_ref().map(|o| holder_of(&o.spec).to_string());
+        crate::debug::LeaderView {
+            lease: self.inner.lease_ref.clone(),
+            leading: self.is_leader(),
+            holder: holder.filter(|h| !h.is_empty()),
+        }
+    }
+
     /// Reads the Lease's current holder (`None`: no Lease or no holder).
     pub async fn current_holder(&self) -> Result<Option<String>, LeaderError> {
         let lease = self

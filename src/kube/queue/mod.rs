@@ -110,18 +110,36 @@ struct Hub<K> {
     signals: Vec<Arc<Signals>>,
 }
 
+/// Where a tracked queue files its syncs' outcomes (see [`crate::debug`]).
+struct Tracker {
+    ledger: crate::debug::Ledger,
+    kind: &'static str,
+}
+
 /// A deduplicating, rate-limited work queue. Cheap to clone.
 pub struct WorkQueue<K> {
     hub: Arc<Mutex<Hub<K>>>,
     id: QueueId,
     name: &'static str,
     signals: Arc<Signals>,
+    tracker: Option<Arc<Tracker>>,
 }
 
 impl<K> Clone for WorkQueue<K> {
     fn clone(&self) -> Self {
-        WorkQueue { hub: self.hub.clone(), id: self.id, name: self.name, signals: self.signals.clone() }
+        WorkQueue {
+            hub: self.hub.clone(),
+            id: self.id,
+            name: self.name,
+            signals: self.signals.clone(),
+            tracker: self.tracker.clone(),
+        }
     }
+}
+
+/// The text of a `String` key (other key types are not tracked).
+fn key_text<K: std::any::Any>(key: &K) -> Option<String> {
+    (key as &dyn std::any::Any).downcast_ref::<String>().cloned()
 }
 
 impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
@@ -148,7 +166,28 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
             h.signals.push(signals.clone());
             h.group.new_queue(backoff)
         };
-        WorkQueue { hub, id, name, signals }
+        WorkQueue { hub, id, name, signals, tracker: None }
+    }
+
+    /// This queue, filing each sync of its `String` keys (objects of API
+    /// kind `kind`) in `ledger`: what the object waits for, its attempts,
+    /// last error and next retry, until a sync finishes it. Call before
+    /// cloning the queue into its handlers and workers.
+    pub fn tracked(mut self, ledger: &crate::debug::Ledger, kind: &'static str) -> Self {
+        self.tracker = Some(Arc::new(Tracker { ledger: ledger.clone(), kind }));
+        self
+    }
+
+    /// How long until `key` is due in this queue (zero when queued now or
+    /// not pending).
+    fn due_in(&self, key: &K) -> Duration {
+        let now = Instant::now();
+        self.lock()
+            .group
+            .pending_due(self.id, key)
+            .into_iter()
+            .min()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
     }
 
     fn lock(&self) -> MutexGuard<'_, Hub<K>> {
@@ -357,14 +396,27 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
             let held = Held { queue: self, key: &key };
             let started = Instant::now();
             let ticket = self.begin_work();
-            let outcome = handle(key.clone()).await;
+            let scope =
+                self.tracker.as_ref().and_then(|t| key_text(&key).map(|k| t.ledger.scope(self.name, t.kind, k)));
+            let outcome = match &scope {
+                Some(s) => s.run(handle(key.clone())).await,
+                None => handle(key.clone()).await,
+            };
             self.end_work(ticket);
             metrics::histogram!(names::WORK_DURATION, "name" => self.name).record(started.elapsed().as_secs_f64());
             drop(held);
+            let done = outcome == Outcome::Done;
             match outcome {
                 Outcome::Done => self.forget(&key),
-                Outcome::Retry => self.add_rate_limited(key),
-                Outcome::RetryAfter(d) => self.add_after(key, d),
+                Outcome::Retry => self.add_rate_limited(key.clone()),
+                Outcome::RetryAfter(d) => self.add_after(key.clone(), d),
+            }
+            if let Some(s) = scope {
+                s.finish(if done {
+                    crate::debug::Finish::Done
+                } else {
+                    crate::debug::Finish::Again { delay: self.due_in(&key), attempts: self.failures(&key) }
+                });
             }
         }
     }

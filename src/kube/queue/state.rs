@@ -249,7 +249,6 @@ impl<K: Clone + Eq + Hash> Group<K> {
     }
 
     /// When `key`'s pending delay in `q` is due.
-    #[cfg(test)]
     pub(super) fn pending_due(&self, q: QueueId, key: &K) -> Option<Instant> {
         self.lanes[q].pending.get(key).map(|&(when, _)| when)
     }

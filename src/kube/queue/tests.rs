@@ -328,3 +328,66 @@ fn unfinished_work_sums_and_the_longest_is_the_oldest() {
     let (sum, _) = unfinished_work([now + Duration::from_secs(1)], now);
     assert_eq!(sum, 0.0, "a start after now counts nothing");
 }
+
+#[tokio::test]
+async fn a_tracked_queue_files_failures_and_forgets_the_key_once_done() {
+    use crate::debug::{Registry, WaitingFor};
+    let registry = Registry::default();
+    let ledger = registry.ledger("provisioner");
+    let q = WorkQueue::new("claims", Backoff { start: Duration::from_secs(30), max: Duration::from_secs(60) })
+        .tracked(&ledger, "PersistentVolumeClaim");
+    let stop = CancellationToken::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (failed, finished) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let worker = {
+        let (q, stop, calls, failed, finished) =
+            (q.clone(), stop.clone(), calls.clone(), failed.clone(), finished.clone());
+        tokio::spawn(async move {
+            q.run(1, stop, move |_key: String| {
+                let (calls, failed, finished) = (calls.clone(), failed.clone(), finished.clone());
+                async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        crate::debug::waiting_for(WaitingFor::Secret);
+                        crate::debug::failed("secret \"s\" not found");
+                        failed.notify_one();
+                        Outcome::Retry
+                    } else {
+                        finished.notify_one();
+                        Outcome::Done
+                    }
+                }
+            })
+            .await
+        })
+    };
+    q.add("ns/claim".into());
+    failed.notified().await;
+    let filed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some((_, e)) = ledger.entries().into_iter().next().filter(|(_, e)| e.attempts == 1) {
+                return e;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the failure is filed");
+    assert_eq!(filed.queue, "claims");
+    assert_eq!(filed.waiting_for, WaitingFor::Secret);
+    assert_eq!(filed.last_error.as_deref(), Some("secret \"s\" not found"));
+    let retry_in = filed.next_retry.and_then(|t| t.duration_since(std::time::SystemTime::now()).ok()).unwrap();
+    assert!(retry_in > Duration::from_secs(25) && retry_in <= Duration::from_secs(30), "{retry_in:?}");
+    assert_eq!(ledger.entries()[0].0, ("PersistentVolumeClaim", "ns/claim".to_string()));
+    // The next attempt (brought forward) succeeds: the entry goes.
+    q.add("ns/claim".into());
+    finished.notified().await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !ledger.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("a done key leaves the ledger");
+    stop.cancel();
+    worker.await.unwrap();
+}

@@ -32,8 +32,11 @@ impl Provisioner {
                 tracing::trace!(claim = %key, why, "Nothing to do");
                 Outcome::Done
             }
-            ClaimDecision::WaitForScheduler => {
+            decision @ ClaimDecision::WaitForScheduler => {
                 tracing::debug!(claim = %key, "Waiting for the scheduler to select a node");
+                if let Some(w) = decision.waiting_for() {
+                    crate::debug::waiting_for(w);
+                }
                 Outcome::Done
             }
             ClaimDecision::Provision => match sc {
@@ -42,6 +45,7 @@ impl Provisioner {
                         && let Some(wait) = self.infeasible_wait(live_uid.as_deref().unwrap_or_default(), &sc)
                     {
                         tracing::debug!(claim = %key, retry_in = ?wait, "Infeasible CreateVolume: not retried yet (delay running, class unchanged)");
+                        crate::debug::waiting_for(WaitingFor::Infeasible);
                         return Outcome::RetryAfter(wait);
                     }
                     if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
@@ -75,6 +79,7 @@ impl Provisioner {
                 }
                 None => {
                     let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
+                    crate::debug::waiting_for(WaitingFor::Class);
                     self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
                     Outcome::Retry
                 }
@@ -156,6 +161,7 @@ impl Provisioner {
         let translated = match decide::migrated_class(sc, &self.driver.name) {
             Ok(t) => t,
             Err(e) => {
+                crate::debug::waiting_for(WaitingFor::Class);
                 failed(e);
                 return Outcome::Retry;
             }
@@ -171,6 +177,7 @@ impl Provisioner {
             Ok(p) => p,
             Err(PlanError::ExternalPopulator(kind)) => {
                 tracing::info!(claim = %key, kind, "Data source left to an external populator");
+                crate::debug::waiting_for(WaitingFor::DataSource);
                 self.own_events.publish(
                     reference(pvc),
                     EventType::Normal,
@@ -180,6 +187,9 @@ impl Provisioner {
                 return Outcome::Done;
             }
             Err(e) => {
+                if let Some(w) = e.waiting_for() {
+                    crate::debug::waiting_for(w);
+                }
                 failed(e.to_string());
                 return Outcome::Retry;
             }
@@ -189,11 +199,13 @@ impl Provisioner {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
                 // A missing node: upstream reports the lookup's error as it is.
+                crate::debug::waiting_for(WaitingFor::Scheduler);
                 failed(e);
                 unselect_node(&self.client, pvc).await;
                 return Outcome::Done;
             }
             Err(topology::TopologyError::Retry(e)) => {
+                crate::debug::waiting_for(WaitingFor::Topology);
                 failed(format!("error generating accessibility requirements: {e}"));
                 return Outcome::Retry;
             }
@@ -203,6 +215,7 @@ impl Provisioner {
             (Some(r), None) => match self.secret(r).await {
                 Ok(s) => request.secrets = s,
                 Err(e) => {
+                    crate::debug::waiting_for(WaitingFor::Secret);
                     failed(e);
                     return Outcome::Retry;
                 }
@@ -235,6 +248,7 @@ impl Provisioner {
         let pv = match built {
             Ok(pv) => pv,
             Err(msg) => {
+                crate::debug::waiting_for(WaitingFor::Driver);
                 // Unusable volume: delete it, then try again from scratch.
                 if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
                     && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
@@ -254,6 +268,7 @@ impl Provisioner {
                 tracing::debug!(claim = %key, pv = %plan.pv_name, "PV already exists")
             }
             Err(e) => {
+                crate::debug::waiting_for(WaitingFor::ApiServer);
                 // The volume exists; keep it in flight so the next attempt
                 // (CreateVolume is idempotent by name) saves the PV.
                 failed(format!("error saving PersistentVolume {}: {}", plan.pv_name, api_error_text(&e)));
@@ -291,6 +306,7 @@ impl Provisioner {
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
+        crate::debug::waiting_for(waiting::create_failure_waiting(class, status.code()));
         failed(decide::create_error_text(status.code(), &status_text(status)));
         if let (Some(c), Some(sc)) = (&self.capacity, pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref())) {
             c.refresh_class(sc);

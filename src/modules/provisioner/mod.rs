@@ -24,6 +24,7 @@ pub mod topology;
 pub mod topology_index;
 pub mod vac;
 mod volume;
+pub mod waiting;
 
 use parking_lot::Mutex;
 use std::{
@@ -54,6 +55,7 @@ use crate::{
             self as csi, controller_service_capability::rpc::Type as Rpc, plugin_capability::service::Type as Svc,
         },
     },
+    debug::WaitingFor,
     kube::{
         KubeContext,
         cache::Cache,
@@ -532,9 +534,10 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let topology_aware = gates.topology && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
     let views = Arc::new(Views::register(informers, &driver, node.as_ref(), sweep, topology_aware));
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
+    let ledger = ctx.debug.ledger(NAME);
     let queues = Queues {
-        claims: WorkQueue::new(up::QUEUE_CLAIMS, backoff),
-        volumes: WorkQueue::new(up::QUEUE_VOLUMES, backoff),
+        claims: WorkQueue::new(up::QUEUE_CLAIMS, backoff).tracked(&ledger, "PersistentVolumeClaim"),
+        volumes: WorkQueue::new(up::QUEUE_VOLUMES, backoff).tracked(&ledger, "PersistentVolume"),
         clone_sources: views.clone_sources.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff)),
     };
     let infeasible: Arc<Mutex<infeasible::Infeasible>> = Arc::default();

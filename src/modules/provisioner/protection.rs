@@ -22,6 +22,7 @@ impl Provisioner {
     ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
+            crate::debug::waiting_for(crate::debug::WaitingFor::DataSource);
             let not_found = matches!(&e, ::kube::Error::Api(s) if s.code == 404);
             let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
             sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e))
@@ -37,7 +38,8 @@ impl Provisioner {
                 }
             },
         };
-        let content = sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())?;
+        let content = sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())
+            .inspect_err(|_| crate::debug::waiting_for(crate::debug::WaitingFor::DataSource))?;
         Ok((content, ReadSource::Claim(Box::new(source))))
     }
 
@@ -49,11 +51,15 @@ impl Provisioner {
         src: &PlanSource,
     ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
-        let snapshot = snapshots
-            .get(&src.name)
-            .await
-            .map_err(|e| format!("error getting snapshot {} from api server: {}", src.name, api_error_text(&e)))?;
-        sources::snapshot_usable(&snapshot)?;
+        let snapshot = snapshots.get(&src.name).await.map_err(|e| {
+            crate::debug::waiting_for(crate::debug::WaitingFor::DataSource);
+            format!("error getting snapshot {} from api server: {}", src.name, api_error_text(&e))
+        })?;
+        let unusable = |e: String| {
+            crate::debug::waiting_for(super::waiting::snapshot_source_waiting(&snapshot));
+            e
+        };
+        sources::snapshot_usable(&snapshot).map_err(unusable)?;
         let content = match sources::bound_content_name(&snapshot) {
             None => None,
             Some(name) => match Api::<VolumeSnapshotContent>::all(self.client.clone()).get(name).await {
@@ -65,7 +71,8 @@ impl Provisioner {
             },
         };
         let prevent = self.cfg.prevent_volume_mode_conversion;
-        let handle = sources::snapshot_source(pvc, &sc.provisioner, &snapshot, content.as_ref(), prevent)?;
+        let handle =
+            sources::snapshot_source(pvc, &sc.provisioner, &snapshot, content.as_ref(), prevent).map_err(unusable)?;
         Ok((handle, ReadSource::Snapshot(Box::new(snapshot))))
     }
 

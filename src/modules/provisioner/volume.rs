@@ -23,6 +23,7 @@ impl Provisioner {
         if let Some(vas) = &self.attachments
             && let Some(va) = vas.by_index(crate::modules::views::VA_BY_PV, &name).first()
         {
+            crate::debug::waiting_for(WaitingFor::Dependent);
             failed(&format!("persistentvolume {name} is still attached to node {}", va.spec.node_name));
             return Outcome::Retry;
         }
@@ -40,6 +41,7 @@ impl Provisioner {
             let secrets = match self.deletion_secrets(pv).await {
                 Ok(s) => s,
                 Err(e) => {
+                    crate::debug::waiting_for(WaitingFor::Secret);
                     failed(&e);
                     return Outcome::Retry;
                 }
@@ -70,6 +72,7 @@ impl Provisioner {
                 Ok(either::Either::Right(_)) => return Outcome::Done,
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
+                    crate::debug::waiting_for(WaitingFor::ApiServer);
                     failed(&format!("error deleting PersistentVolume {name}: {}", api_error_text(&e)));
                     return Outcome::Retry;
                 }

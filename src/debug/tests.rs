@@ -1,0 +1,241 @@
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{query::*, *};
+
+fn entry(waiting_for: WaitingFor, error: Option<&str>) -> Entry {
+    Entry {
+        queue: "claims",
+        waiting_for,
+        attempts: 2,
+        last_error: error.map(str::to_string),
+        next_retry: None,
+        csi_call: None,
+        since: SystemTime::now(),
+        since_mono: Instant::now(),
+    }
+}
+
+#[test]
+fn a_sync_outcome_decides_what_the_ledger_keeps() {
+    let s = Duration::from_secs;
+    let again = |secs, attempts| Finish::Again { delay: s(secs), attempts };
+    let old = entry(WaitingFor::Secret, Some("secret missing"));
+    #[allow(clippy::type_complexity)]
+    let cases: &[(
+        &str,
+        Option<&Entry>,
+        Option<WaitingFor>,
+        Option<&str>,
+        Finish,
+        Option<(WaitingFor, u32, Option<&str>, Option<Duration>)>,
+    )] = &[
+        ("done without a reason: gone", Some(&old), None, None, Finish::Done, None),
+        ("done and never seen: nothing", None, None, None, Finish::Done, None),
+        (
+            "done but waiting (scheduler): kept without attempts or retry",
+            None,
+            Some(WaitingFor::Scheduler),
+            None,
+            Finish::Done,
+            Some((WaitingFor::Scheduler, 0, None, None)),
+        ),
+        (
+            "done waiting again drops an old error",
+            Some(&old),
+            Some(WaitingFor::Scheduler),
+            None,
+            Finish::Done,
+            Some((WaitingFor::Scheduler, 0, None, None)),
+        ),
+        (
+            "a failure with its reason and error",
+            None,
+            Some(WaitingFor::Driver),
+            Some("rpc error: code = Internal"),
+            again(4, 3),
+            Some((WaitingFor::Driver, 3, Some("rpc error: code = Internal"), Some(s(4)))),
+        ),
+        (
+            "a retry without a new error keeps the last one and its reason",
+            Some(&old),
+            None,
+            None,
+            again(300, 1),
+            Some((WaitingFor::Secret, 1, Some("secret missing"), Some(s(300)))),
+        ),
+        (
+            "a first failure without a reason is a retry",
+            None,
+            None,
+            Some("boom"),
+            again(1, 1),
+            Some((WaitingFor::Retry, 1, Some("boom"), Some(s(1)))),
+        ),
+    ];
+    for (what, prev, waiting, error, finish, want) in cases {
+        let got = after_sync(*prev, *waiting, error.map(str::to_string), *finish);
+        let want = want.map(|(w, a, e, d)| (w, a, e.map(str::to_string), d));
+        assert_eq!(got, want, "{what}");
+    }
+}
+
+fn now() -> Now {
+    Now { wall: SystemTime::now(), mono: Instant::now() }
+}
+
+/// A registry with `n` claims waiting in `provisioner` (`ns-{i%3}/claim-{i:04}`)
+/// and one attachment in `attacher`.
+fn filled(n: usize) -> Registry {
+    let r = Registry::default();
+    let p = r.ledger("provisioner");
+    for i in 0..n {
+        let scope = p.scope("claims", "PersistentVolumeClaim", format!("ns-{}/claim-{i:04}", i % 3));
+        *scope.0.notes.lock() = Notes { waiting_for: Some(WaitingFor::Secret), last_error: Some(format!("e{i}")) };
+        scope.finish(Finish::Again { delay: Duration::from_secs(10), attempts: 1 });
+    }
+    let a = r.ledger("attacher");
+    let scope = a.scope("csi-attacher-va", "VolumeAttachment", "csi-123".into());
+    *scope.0.notes.lock() = Notes { waiting_for: Some(WaitingFor::Node), last_error: None };
+    scope.finish(Finish::Done);
+    r
+}
+
+#[test]
+fn pages_cover_every_match_once_in_order() {
+    let r = filled(25);
+    let mut q = Query { limit: Some(7), ..Query::default() };
+    let mut seen = Vec::new();
+    loop {
+        let p = page(&q, &r.ledgers(), now());
+        assert_eq!(p.matching, 26);
+        assert!(p.objects.len() <= 7);
+        seen.extend(p.objects.iter().map(|o| format!("{}/{}/{:?}/{}", o.module, o.kind, o.namespace, o.name)));
+        match p.after {
+            Some(t) => q.after = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 26, "{seen:?}");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted, seen, "ordered, without repeats");
+    assert!(seen[0].starts_with("attacher/"), "modules by name: {}", seen[0]);
+}
+
+#[test]
+fn filters_by_module_kind_alias_namespace_and_name() {
+    let r = filled(9);
+    let count = |q: Query| page(&q, &r.ledgers(), now()).objects.len();
+    assert_eq!(count(Query { module: Some("attacher".into()), ..Query::default() }), 1);
+    assert_eq!(count(Query { kind: Some("pvc".into()), ..Query::default() }), 9);
+    assert_eq!(count(Query { kind: Some("va".into()), ..Query::default() }), 1);
+    assert_eq!(count(Query { namespace: Some("ns-1".into()), ..Query::default() }), 3);
+    let one = Query { namespace: Some("ns-2".into()), name: Some("claim-0005".into()), ..Query::default() };
+    let p = page(&one, &r.ledgers(), now());
+    assert_eq!(p.objects.len(), 1);
+    let o = &p.objects[0];
+    assert_eq!((o.waiting_for, o.attempts, o.last_error.as_deref()), (WaitingFor::Secret, 1, Some("e5")));
+    let retry = o.next_retry_in_seconds.expect("a retry time");
+    assert!((0.0..=10.0).contains(&retry), "{retry}");
+    assert_eq!(
+        p.modules.iter().map(|m| (m.module.as_str(), m.not_done)).collect::<Vec<_>>(),
+        [("attacher", 1), ("provisioner", 9)]
+    );
+}
+
+#[test]
+fn the_query_string_parses_and_rejects_by_name() {
+    let q =
+        Query::parse("module=provisioner&kind=pvc&namespace=a%2Db&name=x+y&limit=5&continue=p%7CK%7Ca%2Fb").unwrap();
+    assert_eq!(q.module.as_deref(), Some("provisioner"));
+    assert_eq!(q.namespace.as_deref(), Some("a-b"));
+    assert_eq!(q.name.as_deref(), Some("x y"));
+    assert_eq!(q.limit, Some(5));
+    assert_eq!(q.after.as_deref(), Some("p|K|a/b"));
+    assert_eq!(Query::parse(&q.to_query_string()).unwrap(), q, "round trip");
+    assert_eq!(Query::parse("").unwrap(), Query::default());
+    assert_eq!(Query::parse("name=").unwrap(), Query::default(), "empty is no filter");
+    assert_eq!(Query::parse("token=x").unwrap_err(), QueryError::Unknown("token".into()));
+    assert_eq!(Query::parse("limit=0").unwrap_err(), QueryError::Limit("0".into()));
+    assert_eq!(Query::parse("limit=lots").unwrap_err(), QueryError::Limit("lots".into()));
+    assert!(matches!(Query::parse("name=%ZZ"), Err(QueryError::Encoding(_))));
+    assert!(Query::parse("limit=9999").unwrap_err().to_string().contains("limit"));
+}
+
+#[test]
+fn the_json_has_the_documented_shape() {
+    let r = filled(1);
+    let p = page(&Query::default(), &r.ledgers(), now());
+    let v = serde_json::to_value(&p).unwrap();
+    let o = &v["objects"][1];
+    assert_eq!(o["kind"], "PersistentVolumeClaim");
+    assert_eq!(o["namespace"], "ns-0");
+    assert_eq!(o["name"], "claim-0000");
+    assert_eq!(o["queue"], "claims");
+    assert_eq!(o["waiting_for"], "secret");
+    assert_eq!(o["attempts"], 1);
+    assert_eq!(o["last_error"], "e0");
+    assert!(o["next_retry"].as_str().unwrap().ends_with('Z'));
+    assert!(o.get("csi_call").is_none());
+    assert_eq!(v["objects"][0]["namespace"], serde_json::Value::Null, "a cluster-scoped kind has none");
+    let back: Page = serde_json::from_value(v).unwrap();
+    assert_eq!(back, p, "explain reads back what the endpoint writes");
+}
+
+#[test]
+fn gauges_count_every_reason_per_module() {
+    let r = filled(4);
+    let mut out = String::new();
+    gauges::render(&r.ledgers(), Instant::now() + Duration::from_secs(60), &mut out);
+    assert!(out.contains("csi_sidecar_objects_waiting{module=\"provisioner\",waiting_for=\"secret\"} 4\n"), "{out}");
+    assert!(out.contains("csi_sidecar_objects_waiting{module=\"provisioner\",waiting_for=\"driver\"} 0\n"), "{out}");
+    assert!(out.contains("csi_sidecar_objects_waiting{module=\"attacher\",waiting_for=\"node\"} 1\n"), "{out}");
+    let longest = out
+        .lines()
+        .find_map(|l| l.strip_prefix("csi_sidecar_object_longest_wait_seconds{module=\"provisioner\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap();
+    assert!(longest >= 60.0, "{longest}");
+    let mut empty = String::new();
+    gauges::render(&[], Instant::now(), &mut empty);
+    assert!(empty.is_empty());
+}
+
+#[tokio::test]
+async fn notes_and_calls_reach_the_entry_only_inside_a_scope() {
+    let r = Registry::default();
+    let l = r.ledger("provisioner");
+    waiting_for(WaitingFor::Secret);
+    failed("outside");
+    let g = csi_call("/csi.v1.Controller/CreateVolume");
+    drop(g);
+    assert!(l.is_empty(), "outside a sync nothing is filed");
+    let scope = l.scope("claims", "PersistentVolumeClaim", "ns/a".into());
+    let key: EntryKey = ("PersistentVolumeClaim", "ns/a".into());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<Entry>();
+    let l2 = l.clone();
+    let key2 = key.clone();
+    let running = tokio::spawn(scope.clone().run_owned(async move {
+        let _call = csi_call("/csi.v1.Controller/CreateVolume");
+        let live = l2.entries().into_iter().find(|(k, _)| *k == key2).map(|(_, e)| e).unwrap();
+        let _ = seen_tx.send(live);
+        let _ = rx.await;
+        failed("rpc error: code = Unavailable");
+    }));
+    let live = seen_rx.await.unwrap();
+    assert_eq!(live.csi_call.map(|c| c.0), Some("/csi.v1.Controller/CreateVolume"));
+    assert_eq!(live.waiting_for, WaitingFor::Driver);
+    let _ = tx.send(());
+    running.await.unwrap();
+    scope.finish(Finish::Again { delay: Duration::from_secs(2), attempts: 1 });
+    let (_, e) = l.entries().into_iter().next().unwrap();
+    assert_eq!(e.csi_call, None, "the call ended");
+    assert_eq!(e.last_error.as_deref(), Some("rpc error: code = Unavailable"));
+    assert_eq!(e.waiting_for, WaitingFor::Driver, "the live reason stays when the sync names none");
+    l.scope("claims", "PersistentVolumeClaim", "ns/a".into()).finish(Finish::Done);
+    assert!(l.is_empty());
+    assert_eq!(r.ledger("provisioner").module(), "provisioner");
+    assert_eq!(r.ledgers().len(), 1, "one ledger per module");
+}
