@@ -130,6 +130,10 @@ pub async fn run(inv: Invocation) -> ExitCode {
     let health = HealthRegistry::default();
     let debug = crate::debug::Registry::default();
     debug.export_gauges();
+    {
+        let csi = csi.clone();
+        debug.set_driver_source(std::sync::Arc::new(move || csi.driver().map(|d| d.name.to_string())));
+    }
     let listeners = match http::bind(&plan).await {
         Ok(l) => l,
         Err(e) => return fail(e),

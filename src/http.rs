@@ -297,7 +297,7 @@ async fn debug_objects(State(s): State<AppState>, RawQuery(raw): RawQuery) -> Re
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     };
     let now = debug::query::Now { wall: std::time::SystemTime::now(), mono: std::time::Instant::now() };
-    let page = debug::query::page(&query, &registry.ledgers(), now);
+    let page = debug::query::page_of(&query, registry.driver(), &registry.ledgers(), now);
     match serde_json::to_string(&page) {
         Ok(body) => ([("content-type", "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),

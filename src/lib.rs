@@ -6,6 +6,7 @@ pub mod cli;
 pub mod compat;
 pub mod csi;
 pub mod debug;
+pub mod explain;
 pub mod flags;
 pub mod host;
 pub mod http;

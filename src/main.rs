@@ -46,6 +46,11 @@ fn main() -> ExitCode {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 
     let argv: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
+    // `csi-sidecar explain ...`: a client of the API and the debug endpoint,
+    // not a sidecar.
+    if argv.get(1).map(String::as_str) == Some("explain") {
+        return ExitCode::from(csi_sidecar::explain::main(&argv[2..]));
+    }
     let inv = match cli::parse(&argv) {
         Command::Exit { code: 0, text } => {
             print!("{text}");

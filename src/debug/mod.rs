@@ -230,13 +230,28 @@ impl Ledger {
     }
 }
 
+/// A source of the driver's name (`None` until discovered).
+pub type DriverSource = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// The process's ledgers, one per module. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Registry {
     ledgers: Arc<Mutex<Vec<Ledger>>>,
+    driver: Arc<Mutex<Option<DriverSource>>>,
 }
 
 impl Registry {
+    /// Where the driver's name is read from (the driver connection).
+    pub fn set_driver_source(&self, source: DriverSource) {
+        *self.driver.lock() = Some(source);
+    }
+
+    /// The driver's name, once discovered.
+    pub fn driver(&self) -> Option<String> {
+        let source = self.driver.lock().clone();
+        source.and_then(|s| s())
+    }
+
     /// The ledger of `module` (the same one on every call).
     pub fn ledger(&self, module: &'static str) -> Ledger {
         let mut ledgers = self.ledgers.lock();

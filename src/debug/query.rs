@@ -92,6 +92,9 @@ pub struct ObjectView {
 /// The answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Page {
+    /// The CSI driver this process serves, once discovered.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub driver: Option<String>,
     /// Every module of the process.
     pub modules: Vec<ModuleView>,
     /// The objects of this page, ordered by module, kind, namespace, name.
@@ -172,6 +175,11 @@ fn matches(q: &Query, module: &str, key: &EntryKey) -> bool {
 /// the ledgers under their locks). Modules are ordered by name, entries by
 /// kind and key within a module.
 pub fn page(q: &Query, ledgers: &[Ledger], now: Now) -> Page {
+    page_of(q, None, ledgers, now)
+}
+
+/// [`page`], naming the driver.
+pub fn page_of(q: &Query, driver: Option<String>, ledgers: &[Ledger], now: Now) -> Page {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let mut sorted: Vec<&Ledger> = ledgers.iter().collect();
     sorted.sort_by_key(|l| l.module());
@@ -200,7 +208,7 @@ pub fn page(q: &Query, ledgers: &[Ledger], now: Now) -> Page {
         });
     }
     let more = objects.len() < remaining;
-    Page { modules, objects, matching, after: if more { last_token } else { None } }
+    Page { driver, modules, objects, matching, after: if more { last_token } else { None } }
 }
 
 fn view(module: &str, key: &EntryKey, e: &Entry, now: Now) -> ObjectView {

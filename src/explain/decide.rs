@@ -1,0 +1,396 @@
+//! What `csi-sidecar explain` says about an object (pure): from the facts
+//! read from the API and csi-sidecar's debug endpoint, whether the object
+//! is done, what blocks it, and what happens next.
+
+use crate::debug::{
+    WaitingFor,
+    query::{ObjectView, Page},
+};
+
+/// The API's view of a claim.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Claim {
+    /// `namespace/name`.
+    pub key: String,
+    /// `status.phase`.
+    pub phase: Option<String>,
+    /// `spec.volumeName`.
+    pub volume_name: Option<String>,
+    /// `spec.storageClassName`.
+    pub class_name: Option<String>,
+    /// `volume.kubernetes.io/selected-node`.
+    pub selected_node: Option<String>,
+    /// The deletion has begun (finalizers left).
+    pub deleting: Option<Vec<String>>,
+}
+
+/// The claim's StorageClass, as read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Class {
+    /// The claim names none.
+    None,
+    /// It does not exist.
+    Missing(String),
+    /// It exists.
+    Found {
+        /// Its name.
+        name: String,
+        /// Its provisioner.
+        provisioner: String,
+        /// `WaitForFirstConsumer` or not.
+        wait_for_consumer: bool,
+    },
+}
+
+/// The API's view of a VolumeAttachment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attachment {
+    /// Its name.
+    pub name: String,
+    /// `spec.attacher`.
+    pub attacher: String,
+    /// `spec.nodeName`.
+    pub node: String,
+    /// The PV it attaches.
+    pub pv: Option<String>,
+    /// `status.attached`.
+    pub attached: bool,
+    /// `status.attachError.message`.
+    pub attach_error: Option<String>,
+    /// `status.detachError.message`.
+    pub detach_error: Option<String>,
+    /// Being deleted (detach).
+    pub deleting: bool,
+}
+
+/// The API's view of a VolumeSnapshot and its content.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// `namespace/name`.
+    pub key: String,
+    /// `status.readyToUse`.
+    pub ready: bool,
+    /// `status.boundVolumeSnapshotContentName`.
+    pub content: Option<String>,
+    /// `status.error.message`.
+    pub error: Option<String>,
+    /// The class's driver, when the class was read.
+    pub class_driver: Option<String>,
+    /// `spec.source.persistentVolumeClaimName`.
+    pub source_claim: Option<String>,
+    /// The content's `status.error.message`.
+    pub content_error: Option<String>,
+    /// The content's `spec.driver`.
+    pub content_driver: Option<String>,
+    /// Being deleted.
+    pub deleting: bool,
+}
+
+/// An event about the object (the newest first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// `Normal` or `Warning`.
+    pub kind: String,
+    /// Its reason.
+    pub reason: String,
+    /// Its text.
+    pub message: String,
+    /// How often it happened.
+    pub count: i32,
+}
+
+/// What the debug endpoint said.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sidecar {
+    /// No endpoint was given.
+    NotAsked,
+    /// It did not answer (the text says why).
+    Unreachable(String),
+    /// Its answers (one per endpoint asked).
+    Pages(Vec<Page>),
+}
+
+/// The answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The object is done.
+    pub done: bool,
+    /// What blocks it and what happens next (first line first).
+    pub lines: Vec<String>,
+}
+
+impl Verdict {
+    fn done(line: String) -> Self {
+        Verdict { done: true, lines: vec![line] }
+    }
+
+    fn waits(line: String) -> Self {
+        Verdict { done: false, lines: vec![line] }
+    }
+
+    /// The exit status: 0 done, 1 waits.
+    pub fn exit_code(&self) -> u8 {
+        if self.done { 0 } else { 1 }
+    }
+}
+
+/// The module of csi-sidecar that handles a kind.
+fn module_of(kind: &str) -> &'static str {
+    match kind {
+        "VolumeAttachment" => "attacher",
+        "VolumeSnapshotContent" | "VolumeSnapshot" => "snapshotter",
+        _ => "provisioner",
+    }
+}
+
+/// The driver the sidecar serves, from its pages.
+fn served_driver(sidecar: &Sidecar) -> Option<&str> {
+    match sidecar {
+        Sidecar::Pages(p) => p.iter().find_map(|p| p.driver.as_deref()),
+        _ => None,
+    }
+}
+
+/// The entry the sidecar holds for (kind, namespace, name).
+fn entry<'a>(sidecar: &'a Sidecar, kind: &str, key: &str) -> Option<&'a ObjectView> {
+    let Sidecar::Pages(pages) = sidecar else { return None };
+    let (ns, name) = crate::debug::query::split_key(key);
+    pages.iter().flat_map(|p| &p.objects).find(|o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
+}
+
+/// "this replica is not the leader ..." when the module is led elsewhere.
+fn not_leader(sidecar: &Sidecar, module: &str) -> Option<String> {
+    let Sidecar::Pages(pages) = sidecar else { return None };
+    let view = pages.iter().flat_map(|p| &p.modules).find(|m| m.module == module)?;
+    let leader = view.leader.as_ref().filter(|l| !l.leading)?;
+    Some(match &leader.holder {
+        Some(h) => format!(
+            "this replica is not the leader (the Lease {} is held by {h}): ask the leader's debug endpoint",
+            leader.lease
+        ),
+        None => format!("this replica is not the leader, and no holder of the Lease {} is known yet", leader.lease),
+    })
+}
+
+/// "next attempt in 12 s" (rounded up), or none.
+fn next_attempt(o: &ObjectView) -> Option<String> {
+    o.next_retry_in_seconds.map(|s| format!("next attempt in {} s", s.ceil() as u64))
+}
+
+/// A CSI method's short name (`/csi.v1.Controller/CreateVolume` → `CreateVolume`).
+fn short_method(m: &str) -> &str {
+    m.rsplit('/').next().unwrap_or(m)
+}
+
+/// The call a module makes for a kind, named in failure sentences.
+fn call_of(kind: &str, deleting: bool) -> &'static str {
+    match (kind, deleting) {
+        ("PersistentVolumeClaim", _) => "CreateVolume",
+        ("PersistentVolume", _) => "DeleteVolume",
+        ("VolumeAttachment", false) => "ControllerPublishVolume",
+        ("VolumeAttachment", true) => "ControllerUnpublishVolume",
+        ("VolumeSnapshotContent", false) => "CreateSnapshot",
+        ("VolumeSnapshotContent", true) => "DeleteSnapshot",
+        _ => "the CSI call",
+    }
+}
+
+/// The sentence for what the sidecar holds about an object.
+pub fn held(o: &ObjectView, deleting: bool, node: Option<&str>) -> String {
+    let last = o.last_error.as_deref().map(|e| format!(" (last: {e})")).unwrap_or_default();
+    let times = |n: u32| if n == 1 { "once".to_string() } else { format!("{n} times") };
+    let mut s = match o.waiting_for {
+        WaitingFor::Driver if o.attempts > 0 => {
+            format!("{} failed {}{last}", call_of(&o.kind, deleting), times(o.attempts))
+        }
+        WaitingFor::Driver => format!("waiting for the CSI driver{last}"),
+        WaitingFor::Retry => format!("the last attempt failed{last}"),
+        WaitingFor::Scheduler => "WaitForFirstConsumer: no pod has been scheduled with this claim yet".to_string(),
+        WaitingFor::Infeasible => format!(
+            "the driver called the request infeasible{last}; it is not retried before the delay unless the StorageClass changes"
+        ),
+        WaitingFor::Class => format!("the StorageClass cannot be used{last}"),
+        WaitingFor::Secret => format!("a secret the class names is missing or cannot be read{last}"),
+        WaitingFor::DataSource => format!("the data source cannot be used yet{last}"),
+        WaitingFor::SnapshotReady => format!("the source VolumeSnapshot is not ready to use yet{last}"),
+        WaitingFor::Node => format!("the node is not ready for the driver yet (no CSINode or node ID){last}"),
+        WaitingFor::Topology => format!("the accessibility requirements cannot be built yet{last}"),
+        WaitingFor::VolumeInUse => {
+            format!("the volume is in use and the driver cannot expand it online: waiting for the pods to stop{last}")
+        }
+        WaitingFor::ApiServer => format!("writing the result to the API failed{last}"),
+        WaitingFor::Dependent => format!("waiting for another object to change first{last}"),
+    };
+    if let Some(call) = &o.csi_call {
+        s.push_str(&format!("; {} in flight for {} s", short_method(&call.method), call.seconds.round() as u64));
+    } else if let Some(next) = next_attempt(o) {
+        s.push_str("; ");
+        s.push_str(&next);
+        if let Some(n) = node {
+            s.push_str(&format!(" on {n}"));
+        }
+    }
+    s
+}
+
+/// The newest Warning, as a line.
+fn last_warning(events: &[Event]) -> Option<String> {
+    let e = events.iter().find(|e| e.kind == "Warning")?;
+    let times = if e.count > 1 { format!(" ({} times)", e.count) } else { String::new() };
+    Some(format!("last warning: {}{times}: {}", e.reason, e.message))
+}
+
+/// What the sidecar adds when it holds nothing, or could not be asked.
+fn sidecar_note(sidecar: &Sidecar, events: &[Event]) -> Vec<String> {
+    let mut out = Vec::new();
+    match sidecar {
+        Sidecar::NotAsked => out.push("csi-sidecar was not asked (give --endpoint for its own state)".to_string()),
+        Sidecar::Unreachable(why) => out.push(format!("csi-sidecar's debug endpoint did not answer: {why}")),
+        Sidecar::Pages(_) => {}
+    }
+    out.extend(last_warning(events));
+    out
+}
+
+/// Whether a provisioner name is not this sidecar's driver.
+fn other_driver<'a>(wanted: &'a str, sidecar: &Sidecar) -> Option<(&'a str, Option<String>)> {
+    match served_driver(sidecar) {
+        Some(d) if d != wanted => Some((wanted, Some(d.to_string()))),
+        _ => None,
+    }
+}
+
+/// A claim.
+pub fn claim(c: &Claim, class: &Class, sidecar: &Sidecar, events: &[Event]) -> Verdict {
+    if let Some(finalizers) = &c.deleting {
+        let mut v = Verdict::waits(format!("the claim is being deleted; finalizers left: {}", finalizers.join(", ")));
+        v.lines.extend(last_warning(events));
+        return v;
+    }
+    match (c.phase.as_deref(), c.volume_name.as_deref()) {
+        (Some("Bound"), Some(pv)) => return Verdict::done(format!("bound to PersistentVolume {pv}")),
+        (Some("Lost"), pv) => {
+            return Verdict::waits(format!(
+                "Lost: its PersistentVolume {} no longer exists; the claim cannot be used",
+                pv.unwrap_or("?")
+            ));
+        }
+        (_, Some(pv)) => {
+            return Verdict::waits(format!(
+                "it names PersistentVolume {pv}: waiting for the PersistentVolume controller to bind them"
+            ));
+        }
+        _ => {}
+    }
+    match class {
+        Class::None => {
+            return Verdict::waits(
+                "no StorageClass: the claim waits for a matching PersistentVolume; no provisioner makes one"
+                    .to_string(),
+            );
+        }
+        Class::Missing(name) => {
+            let mut v = Verdict::waits(format!("its StorageClass \"{name}\" does not exist"));
+            v.lines.extend(last_warning(events));
+            return v;
+        }
+        Class::Found { provisioner, wait_for_consumer, .. } => {
+            if let Some((wanted, Some(served))) = other_driver(provisioner, sidecar) {
+                return Verdict::waits(format!(
+                    "not handled here: the claim asks for {wanted}, this csi-sidecar serves {served}"
+                ));
+            }
+            if *wait_for_consumer && c.selected_node.is_none() {
+                return Verdict::waits(
+                    "WaitForFirstConsumer: no pod has been scheduled with this claim yet".to_string(),
+                );
+            }
+        }
+    }
+    let mut v = Verdict { done: false, lines: Vec::new() };
+    if let Some(line) = not_leader(sidecar, "provisioner") {
+        v.lines.push(line);
+    }
+    match entry(sidecar, "PersistentVolumeClaim", &c.key) {
+        Some(o) => v.lines.push(held(o, false, c.selected_node.as_deref())),
+        None if matches!(sidecar, Sidecar::Pages(_)) && v.lines.is_empty() => v
+            .lines
+            .push("csi-sidecar holds nothing for it: provisioning has not failed; it is queued or in progress".into()),
+        None => {}
+    }
+    v.lines.extend(sidecar_note(sidecar, events));
+    if v.lines.is_empty() {
+        v.lines.push("pending, with no warning yet".to_string());
+    }
+    v
+}
+
+/// A VolumeAttachment.
+pub fn attachment(a: &Attachment, sidecar: &Sidecar, events: &[Event]) -> Verdict {
+    if let Some((wanted, Some(served))) = other_driver(&a.attacher, sidecar) {
+        return Verdict::waits(format!(
+            "not handled here: the attachment is for {wanted}, this csi-sidecar serves {served}"
+        ));
+    }
+    if a.attached && !a.deleting {
+        return Verdict::done(format!("attached to node {}", a.node));
+    }
+    let mut v = Verdict::waits(if a.deleting {
+        format!("being detached from node {}", a.node)
+    } else {
+        format!("not attached to node {} yet", a.node)
+    });
+    if let Some(line) = not_leader(sidecar, "attacher") {
+        v.lines.push(line);
+    }
+    if let Some(o) = entry(sidecar, "VolumeAttachment", &a.name) {
+        v.lines.push(held(o, a.deleting, None));
+    }
+    let error = if a.deleting { &a.detach_error } else { &a.attach_error };
+    if let Some(e) = error {
+        v.lines.push(format!("the attachment's status says: {e}"));
+    }
+    v.lines.extend(sidecar_note(sidecar, events));
+    v
+}
+
+/// A VolumeSnapshot.
+pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
+    let driver = s.content_driver.as_deref().or(s.class_driver.as_deref());
+    if let Some((wanted, Some(served))) = driver.and_then(|d| other_driver(d, sidecar)) {
+        return Verdict::waits(format!(
+            "not handled here: the snapshot is for {wanted}, this csi-sidecar serves {served}"
+        ));
+    }
+    if s.ready && !s.deleting {
+        return Verdict::done(format!("ready to use (content {})", s.content.as_deref().unwrap_or("?")));
+    }
+    let mut v = Verdict::waits(match (&s.content, s.deleting) {
+        (_, true) => "being deleted".to_string(),
+        (None, false) => match &s.source_claim {
+            Some(c) => format!(
+                "no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim {c} is bound"
+            ),
+            None => "no VolumeSnapshotContent bound yet (the snapshot-controller's step)".to_string(),
+        },
+        (Some(c), false) => format!("not ready to use yet (content {c})"),
+    });
+    if let Some(line) = not_leader(sidecar, "snapshotter") {
+        v.lines.push(line);
+    }
+    if let Some(o) = s.content.as_deref().and_then(|c| entry(sidecar, "VolumeSnapshotContent", c)) {
+        v.lines.push(held(o, s.deleting, None));
+    }
+    for e in [&s.content_error, &s.error].into_iter().flatten() {
+        if !v.lines.iter().any(|l| l.contains(e.as_str())) {
+            v.lines.push(format!("its status says: {e}"));
+        }
+    }
+    v.lines.extend(sidecar_note(sidecar, events));
+    v
+}
+
+/// The module handling `kind` (for the endpoint query).
+pub fn module_for(kind: &str) -> &'static str {
+    module_of(kind)
+}
