@@ -352,9 +352,12 @@ mod tests {
         items.iter().map(|(m, l)| (m.to_string(), set(l))).collect()
     }
 
+    /// An expression, its metrics with their matcher labels, its grouping labels.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])], &'a [&'a str]);
+
     #[test]
     fn names_of_expressions() {
-        let cases: &[(&str, &[(&str, &[&str])], &[&str])] = &[
+        let cases: &[Case] = &[
             ("rate(x_total{a=\"1\",b!~'2'}[5m])", &[("x_total", &["a", "b"])], &[]),
             (
                 "histogram_quantile(0.99, sum by (le, method_name) (rate(h_bucket{job=~\".*\",pod=~\"$pod\"}[$__rate_interval])))",
