@@ -243,4 +243,11 @@ fn every_metrics_port_of_both_layouts_is_scraped() {
         let want = if layout == "combined" { 1 } else { 7 };
         assert_eq!(all.len(), want, "{layout}: {all:?}");
     }
+    // The Services' names are DNS labels however long the release's name.
+    let long = "x".repeat(70);
+    let docs = render(&with(&[&format!("fullnameOverride={long}")]));
+    let names: BTreeSet<&str> =
+        docs.iter().filter(|d| kind(d) == "Service").filter_map(|d| d["metadata"]["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.len() <= 63 && !n.ends_with('-')), "{names:?}");
 }
