@@ -119,6 +119,11 @@ fn promtool_checks_the_rules_and_their_unit_tests_pass() {
     for alert in ["CsiSidecarCsiErrors", "CsiSidecarObjectWaiting", "CsiSidecarQueueNotDraining"] {
         assert!(out.contains(&format!("alertname: {alert}, time:")), "{alert} not reported:\n{out}");
     }
+    // ... and the minimum call rate: without it, an idle method's one
+    // failed call every four minutes fires.
+    let (ok, out) = unit_tests_against(&["monitoring.alerts.csiErrors.minCallsPerMinute=0"]);
+    assert!(!ok, "the unit tests passed without a minimum call rate:\n{out}");
+    assert!(out.contains("ControllerExpandVolume"), "{out}");
     // ... and the selector: another job's series would fire them.
     let (ok, out) = unit_tests_against(&["monitoring.selector=job=\"other\""]);
     assert!(!ok, "the unit tests passed with another job's selector:\n{out}");

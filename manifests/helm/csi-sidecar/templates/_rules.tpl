@@ -23,6 +23,8 @@ groups:
           100 * sum by (driver_name, method_name) (rate(csi_sidecar_operations_seconds_count{ {{- $sel }},grpc_status_code!="OK"}[5m]))
             / sum by (driver_name, method_name) (rate(csi_sidecar_operations_seconds_count{ {{- $sel -}} }[5m]))
             > {{ $a.csiErrors.percent }}
+          and sum by (driver_name, method_name) (rate(csi_sidecar_operations_seconds_count{ {{- $sel -}} }[5m])) * 60
+            >= {{ $a.csiErrors.minCallsPerMinute }}
         for: {{ $a.csiErrors.for }}
         labels:
           severity: {{ $a.csiErrors.severity }}
