@@ -10,6 +10,7 @@
 pub mod config;
 pub mod decide;
 mod reconcile;
+pub mod waiting;
 
 use parking_lot::Mutex;
 use std::{
@@ -51,8 +52,12 @@ use crate::{
 };
 use config::AttacherFlags;
 use decide::{Handler, VaAction, VolumeSource};
+use waiting::Stop;
 
 const NAME: &str = "attacher";
+/// The API kinds of the queues' keys, in `/debug/objects`.
+const KIND_VA: &str = "VolumeAttachment";
+const KIND_PV: &str = "PersistentVolume";
 
 struct Attacher {
     cfg: AttacherFlags,
@@ -92,8 +97,15 @@ impl Queues {
                 "Nothing to do for this change (our own status or metadata write)"
             );
         }
-        if let Some(name) = work.gone {
-            forced.lock().remove(&name);
+        if let Some(name) = &work.gone {
+            forced.lock().remove(name);
+            self.attach.untrack(name);
+            self.detach.untrack(name);
+        }
+        if let Some(name) = &work.detach {
+            // Being deleted: what an attach waited for no longer matters
+            // (the detach files its own entry).
+            self.attach.untrack(name);
         }
         for (queue, key) in [(&self.attach, work.attach), (&self.detach, work.detach), (&self.pv, work.pv)] {
             if let Some(key) = key {
@@ -101,6 +113,13 @@ impl Queues {
             }
         }
     }
+}
+
+/// Files where a sync stopped for `/debug/objects`: what the object waits
+/// for, and `msg` (the error written into its status) as its last error.
+fn stopped(stop: Stop, msg: &str) {
+    crate::debug::waiting_for(stop.waiting_for());
+    crate::debug::failed(msg);
 }
 
 fn is_status(e: &::kube::Error, code: u16) -> bool {
@@ -148,13 +167,14 @@ impl Attacher {
     }
 
     /// The volume of an attachment, from its source: the cached PV (`None`
-    /// if not cached) or the inline spec. Err: the source is invalid.
+    /// if not cached) or the inline spec. Err: the source is invalid, or
+    /// the PV cannot be translated (with the step that stopped).
     /// An in-tree PV of a migrated plugin comes translated to its CSI form.
-    fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), String> {
-        let source = decide::volume_source(va)?;
+    fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), (Stop, String)> {
+        let source = decide::volume_source(va).map_err(|e| (Stop::Source, e))?;
         let pv = match &source {
             VolumeSource::Pv(name) => match self.pv(name) {
-                Some(pv) => Some(decide::csi_form(pv, &self.driver.name)?.0),
+                Some(pv) => Some(decide::csi_form(pv, &self.driver.name).map_err(|e| (Stop::Volume, e))?.0),
                 None => None,
             },
             VolumeSource::Inline => decide::inline_volume(va),
@@ -178,15 +198,17 @@ impl Attacher {
 
     /// The volume of an attachment being attached: its PV, which must exist
     /// and not be deleting, or its inline spec.
-    fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), String> {
+    fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), (Stop, String)> {
         let (pv, source) = self.volume_of(va)?;
         let pv = match (&source, pv) {
-            (VolumeSource::Pv(name), None) => return Err(format!("persistentvolume \"{name}\" not found")),
+            (VolumeSource::Pv(name), None) => {
+                return Err((Stop::Volume, format!("persistentvolume \"{name}\" not found")));
+            }
             (VolumeSource::Pv(name), Some(pv)) if pv.metadata.deletion_timestamp.is_some() => {
-                return Err(format!("PersistentVolume {name} is marked for deletion"));
+                return Err((Stop::Volume, format!("PersistentVolume {name} is marked for deletion")));
             }
             (_, Some(pv)) => pv,
-            (VolumeSource::Inline, None) => return Err("the inline volume spec is gone".into()),
+            (VolumeSource::Inline, None) => return Err((Stop::Source, "the inline volume spec is gone".into())),
         };
         Ok((pv, source))
     }
@@ -226,6 +248,7 @@ impl Attacher {
                     Ok(()) => Outcome::Done,
                     Err(e) => {
                         tracing::warn!(va = %name, error = %e, "Marking attached failed");
+                        crate::debug::waiting_for(Stop::Api.waiting_for());
                         Outcome::Retry
                     }
                 }
@@ -237,14 +260,15 @@ impl Attacher {
 
     async fn attach(&self, va: &VolumeAttachment) -> Outcome {
         let name = va.metadata.name.clone().unwrap_or_default();
-        let fail = async |msg: String, code: Option<tonic::Code>| {
+        let fail = async |stop: Stop, msg: String, code: Option<tonic::Code>| {
             tracing::warn!(va = %name, error = %msg, "Attach failed");
+            stopped(stop, &msg);
             self.error_status(&name, "attachError", &msg, code).await;
             Outcome::Retry
         };
         let (pv, source) = match self.volume_to_attach(va) {
             Ok(v) => v,
-            Err(e) => return fail(e, None).await,
+            Err((stop, e)) => return fail(stop, e, None).await,
         };
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let node_id = match decide::node_id(
@@ -253,26 +277,26 @@ impl Attacher {
             &self.driver.name,
         ) {
             Ok(id) => id,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Node, e, None).await,
         };
         let mut req = match decide::publish_request(&pv, &node_id, &self.driver, &self.cfg.default_fstype) {
             Ok(r) => r,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Volume, e, None).await,
         };
         // Finalizers first: from now on a detach is owed.
         if source != VolumeSource::Inline
             && let Err(e) =
                 add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await
         {
-            return fail(format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e)), None)
-                .await;
+            let msg = format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e));
+            return fail(Stop::Api, msg, None).await;
         }
         if let Err(e) = self.mark_attaching(va, &node_id).await {
-            return fail(format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
+            return fail(Stop::Api, format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
         }
         match self.secrets(&pv).await {
             Ok(s) => req.secrets = s,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Secret, e, None).await,
         }
         let resp = self.csi.controller_publish_volume(self.cfg.timeout, req).await;
         match resp {
@@ -281,53 +305,56 @@ impl Attacher {
                     serde_json::json!({"attached": true, "attachmentMetadata": r.publish_context, "attachError": null});
                 if let Err(e) = self.patch_status(&name, status).await {
                     tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
+                    stopped(Stop::Api, &format!("could not save the attach status: {}", crate::kube::error_text(&e)));
                     return Outcome::Retry;
                 }
                 self.forced.lock().remove(&name);
                 tracing::info!(va = %name, volume = %pv_name, node = %va.spec.node_name, "Attached");
                 Outcome::Done
             }
-            Err(s) => fail(compat::grpc_error_text(&s), Some(s.code())).await,
+            Err(s) => fail(Stop::Driver, compat::grpc_error_text(&s), Some(s.code())).await,
         }
     }
 
     async fn detach(&self, va: &VolumeAttachment) -> Outcome {
         let name = va.metadata.name.clone().unwrap_or_default();
-        let fail = async |msg: String| {
+        let fail = async |stop: Stop, msg: String| {
             tracing::warn!(va = %name, error = %msg, "Detach failed");
+            stopped(stop, &msg);
             self.error_status(&name, "detachError", &msg, None).await;
             Outcome::Retry
         };
         let csinode = self.csinodes.get(&ObjectRef::new(&va.spec.node_name));
         let node_id = match decide::detach_node_id(va, csinode.as_deref(), &self.driver.name) {
             Ok(id) => id,
-            Err(e) => return fail(e).await,
+            Err(e) => return fail(Stop::Node, e).await,
         };
         // A PV being deleted is still detached (its finalizer holds it).
         let pv = match self.volume_of(va) {
             Ok((pv, _)) => pv,
-            Err(e) => return fail(e).await,
+            Err((stop, e)) => return fail(stop, e).await,
         };
         let volume_id = pv.as_ref().and_then(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone()));
         let Some(volume_id) = volume_id else {
-            return fail("cannot find the volume handle: the PersistentVolume is gone".into()).await;
+            return fail(Stop::Volume, "cannot find the volume handle: the PersistentVolume is gone".into()).await;
         };
         // Upstream fails the detach when the secret cannot be read: a driver
         // must never be asked to unpublish with credentials missing.
         let secrets = match &pv {
             Some(p) => match self.secrets(p).await {
                 Ok(s) => s,
-                Err(e) => return fail(e).await,
+                Err(e) => return fail(Stop::Secret, e).await,
             },
             None => HashMap::new(),
         };
         let req = csi::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets };
         let resp = self.csi.controller_unpublish_volume(self.cfg.timeout, req).await;
         if let Err(s) = resp {
-            return fail(compat::grpc_error_text(&s)).await;
+            return fail(Stop::Driver, compat::grpc_error_text(&s)).await;
         }
         if let Err(e) = crate::kube::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
             tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
+            stopped(Stop::Api, &format!("could not remove finalizer: {}", crate::kube::error_text(&e)));
             return Outcome::Retry;
         }
         let _ = self
@@ -350,13 +377,24 @@ impl Attacher {
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer, &self.driver.name) {
             let version = pv.metadata.resource_version.as_deref().unwrap_or_default();
             tracing::debug!(pv = %name, resource_version = %version, referenced, "PersistentVolume finalizer kept");
+            // Done, but a PV held only by its attachments waits for their
+            // deletion (which queues it again).
+            if let Some(w) = waiting::pv_waiting(&pv, referenced, &self.finalizer, &self.driver.name) {
+                crate::debug::waiting_for(w);
+            }
             return Outcome::Done;
         }
         match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
             .await
         {
             Ok(()) => Outcome::Done,
-            Err(_) => Outcome::Retry,
+            Err(e) => {
+                stopped(
+                    Stop::Api,
+                    &format!("could not remove PersistentVolume finalizer: {}", crate::kube::error_text(&e)),
+                );
+                Outcome::Retry
+            }
         }
     }
 }
@@ -403,11 +441,12 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let csinode_inf = kube.informers.get::<CSINode>();
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff);
+    let ledger = ctx.debug.ledger(NAME);
+    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff).tracked(&ledger, KIND_VA);
     // Its own workers (a pile of failing detaches cannot starve attaches),
     // but never at the same time as an attach of the same attachment.
-    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH);
-    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff);
+    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH).tracked(&ledger, KIND_VA);
+    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff).tracked(&ledger, KIND_PV);
     let forced = Forced::default();
     {
         let queues = Queues { attach: attach_q.clone(), detach: detach_q.clone(), pv: pv_q.clone() };
@@ -420,8 +459,11 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         let (pv_q, finalizer) = (pv_q.clone(), up::finalizer(&driver.name));
         pv_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
             let pv = c.object();
-            if !c.is_deleted() && pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
-                pv_q.add(pv.metadata.name.clone().unwrap_or_default());
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            if c.is_deleted() {
+                pv_q.untrack(&name);
+            } else if pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
+                pv_q.add(name);
             }
         });
     }
