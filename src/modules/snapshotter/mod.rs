@@ -17,6 +17,7 @@
 
 pub mod config;
 pub mod decide;
+mod discovery;
 mod group;
 pub mod group_decide;
 mod written;
@@ -42,7 +43,7 @@ use crate::{
         events::{EventType, Recorder, reference},
         informers::{Change, Informer},
         queue::{Backoff, Outcome, WorkQueue},
-        snapshot_api::{self, VolumeSnapshotClass, VolumeSnapshotContent},
+        snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
     },
     modules::{Module, ModuleContext, ModuleError},
 };
@@ -50,9 +51,6 @@ use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};
 
 const NAME: &str = "snapshotter";
-
-/// How often a missing snapshot API is looked for again at start.
-const CRD_RETRY: Duration = Duration::from_secs(5);
 
 /// The newest version of each content this process wrote (see `written`).
 type Written = written::Written<VolumeSnapshotContent>;
@@ -390,66 +388,6 @@ impl Snapshotter {
     }
 }
 
-/// Waits until the apiserver serves VolumeSnapshotContents; `false` on
-/// shutdown. (Upstream's informers retry their lists for as long.)
-async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
-    let mut said = false;
-    loop {
-        match snapshot_api::installed(client, "volumesnapshotcontents").await {
-            Ok(true) => return true,
-            Ok(false) if !said => {
-                tracing::error!(
-                    "The snapshot.storage.k8s.io/v1 API is not served (snapshot CRDs not installed); waiting"
-                );
-                said = true;
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "Cannot discover snapshot.storage.k8s.io/v1; retrying"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return false,
-            _ = tokio::time::sleep(CRD_RETRY) => {}
-        }
-    }
-}
-
-/// Whether group snapshots are served in this run (the gate is on): the
-/// group API must be installed (else they are off for this run, with a
-/// warning, as upstream); then the driver's GroupController capability is
-/// asked for, and its absence is only a warning (upstream's behaviour:
-/// group contents then fail at the driver and get its error).
-async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Duration) -> bool {
-    match crate::kube::group_snapshot_api::installed(client).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(
-                "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run. Install the VolumeGroupSnapshot CRDs to use this feature"
-            );
-            return false;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run");
-            return false;
-        }
-    }
-    use csi::group_controller_service_capability::{Type, rpc::Type as GroupRpc};
-    match csi.group_controller_get_capabilities(timeout).await {
-        Ok(r) => {
-            let can = r.capabilities.iter().any(|c| {
-                matches!(&c.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32)
-            });
-            if !can {
-                tracing::warn!("{}", up::text_no_group_capability(driver));
-            }
-        }
-        Err(s) => tracing::error!(
-            error = %compat::grpc_error_text(&s),
-            "error determining if driver supports create/delete group snapshot operations"
-        ),
-    }
-    true
-}
-
 /// After a create or check of a content or group content: done when ready,
 /// else polled with backoff. A ready one that is being deleted is synced
 /// again `soon`: the deletion waited for the being-created annotation,
@@ -554,10 +492,11 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
         return Err(fatal(up::text_no_create_capability(&driver.name)));
     }
-    if !wait_for_api(&kube.client, &ctx.shutdown).await {
+    if !discovery::wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
     }
-    let groups = gates.volume_group_snapshot && group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
+    let groups =
+        gates.volume_group_snapshot && discovery::group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
     if groups && cfg.groupsnapshot_name_prefix.is_empty() {
         return Err(config(up::TEXT_EMPTY_GROUP_PREFIX.into()));
     }
