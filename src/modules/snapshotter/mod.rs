@@ -20,6 +20,7 @@ pub mod decide;
 mod discovery;
 mod group;
 pub mod group_decide;
+pub mod waiting;
 mod written;
 
 use parking_lot::Mutex;
@@ -37,6 +38,7 @@ use crate::{
         Connection, DriverInfo,
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
+    debug::{self, WaitingFor},
     kube::{
         KubeContext,
         cache::Cache,
@@ -51,6 +53,9 @@ use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};
 
 const NAME: &str = "snapshotter";
+/// The API kinds of the queues' keys, in `/debug/objects`.
+const KIND_CONTENT: &str = "VolumeSnapshotContent";
+const KIND_GROUP_CONTENT: &str = "VolumeGroupSnapshotContent";
 
 /// The newest version of each content this process wrote (see `written`).
 type Written = written::Written<VolumeSnapshotContent>;
@@ -126,6 +131,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateSnapshot failed");
+                        debug::waiting_for(waiting::create_waiting(&latest, &e));
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
                         Outcome::Retry
                     }
@@ -139,6 +145,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(error = %e, "Removing the being-created annotation failed");
+                        debug::waiting_for(WaitingFor::ApiServer);
                         Outcome::Retry
                     }
                 }
@@ -148,6 +155,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
+                        debug::waiting_for(e.waiting_for());
                         let latest = self.current(&name).unwrap_or(content);
                         self.record_error(&latest, up::REASON_CHECK_FAILED, &up::text_check_failed(&e.to_string()))
                             .await;
@@ -155,7 +163,12 @@ impl Snapshotter {
                     }
                 }
             }
-            Step::Wait => Outcome::Retry,
+            step @ Step::Wait => {
+                if let Some(w) = step.waiting_for() {
+                    debug::waiting_for(w);
+                }
+                Outcome::Retry
+            }
         }
     }
 
@@ -343,12 +356,14 @@ impl Snapshotter {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "Reading the snapshotter secret failed");
+                        debug::waiting_for(WaitingFor::Secret);
                         self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
                         return Outcome::Retry;
                     }
                 },
                 Err(e) => {
                     tracing::warn!(error = %e, "No snapshotter secret for the deletion");
+                    debug::waiting_for(e.waiting_for());
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
                     return Outcome::Retry;
                 }
@@ -357,6 +372,7 @@ impl Snapshotter {
             let req = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), secrets };
             if let Err(s) = self.csi.delete_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteSnapshot failed");
+                debug::waiting_for(WaitingFor::Driver);
                 self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_FAILED);
                 return Outcome::Retry;
             }
@@ -370,6 +386,7 @@ impl Snapshotter {
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the content status failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
                     return Outcome::Retry;
                 }
@@ -382,6 +399,7 @@ impl Snapshotter {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Removing the content finalizer failed");
+                debug::waiting_for(WaitingFor::ApiServer);
                 Outcome::Retry
             }
         }
@@ -394,6 +412,9 @@ impl Snapshotter {
 /// whose removal is our own change and so not announced to us (upstream
 /// waits for the resync there).
 fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Outcome {
+    if let Some(w) = waiting::after_answer(c) {
+        debug::waiting_for(w);
+    }
     match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
         (true, false) => Outcome::Done,
         (true, true) => Outcome::RetryAfter(soon),
@@ -427,8 +448,8 @@ async fn record_error<K>(
 }
 
 /// Feeds the changes of a content (or group content) view into its queue,
-/// resynced every `period`: a deleted one is forgotten by the queue and the
-/// written store, an update is queued only when [`decide::should_enqueue`]
+/// resynced every `period`: a deleted one is forgotten by the queue, the
+/// written store and `/debug/objects`, an update is queued only when [`decide::should_enqueue`]
 /// says so, and anything else is queued.
 fn feed<K: decide::Content + Send + Sync + 'static>(
     inf: &Informer<K>,
@@ -442,6 +463,7 @@ fn feed<K: decide::Content + Send + Sync + 'static>(
         match c {
             Change::Deleted(_) => {
                 q.forget(&name);
+                q.untrack(&name);
                 lock(&written).remove(&name);
             }
             Change::Updated { old, new } if !decide::should_enqueue(*old, *new) => {}
@@ -520,12 +542,14 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     tracing::info!(driver = %driver.name, node = ?node, ?gates, group_snapshots = groups, "Snapshotter starting");
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff);
+    let ledger = ctx.debug.ledger(NAME);
+    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff).tracked(&ledger, KIND_CONTENT);
     let written: Written = Arc::default();
     feed(&content_inf, cfg.resync_period, &ctx.shutdown, queue.clone(), written.clone());
     // Created only with group snapshots: its metrics exist only then, as upstream's.
-    let group_queue: Option<WorkQueue<String>> =
-        group_infs.as_ref().map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff));
+    let group_queue: Option<WorkQueue<String>> = group_infs
+        .as_ref()
+        .map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff).tracked(&ledger, KIND_GROUP_CONTENT));
     let group_written: group::Written = Arc::default();
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
@@ -595,3 +619,6 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     };
     crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }
+
+#[cfg(test)]
+mod tests;
