@@ -152,10 +152,21 @@ fn served_driver(sidecar: &Sidecar) -> Option<&str> {
 }
 
 /// The entry the sidecar holds for (kind, namespace, name).
-fn entry<'a>(sidecar: &'a Sidecar, kind: &str, key: &str) -> Option<&'a ObjectView> {
-    let Sidecar::Pages(pages) = sidecar else { return None };
+fn entry<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> Option<&'a ObjectView> {
+    entries(sidecar, kind, key).find(|o| o.module == module_of(kind))
+}
+
+/// Every entry any module holds for (kind, namespace, name).
+fn entries<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> impl Iterator<Item = &'a ObjectView> + 'a {
+    let pages: &[Page] = match sidecar {
+        Sidecar::Pages(p) => p,
+        _ => &[],
+    };
     let (ns, name) = crate::debug::query::split_key(key);
-    pages.iter().flat_map(|p| &p.objects).find(|o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
+    pages
+        .iter()
+        .flat_map(|p| &p.objects)
+        .filter(move |o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
 }
 
 /// "this replica is not the leader ..." when the module is led elsewhere.
@@ -183,8 +194,11 @@ fn short_method(m: &str) -> &str {
 }
 
 /// The call a module makes for a kind, named in failure sentences.
-fn call_of(kind: &str, deleting: bool) -> &'static str {
-    match (kind, deleting) {
+fn call_of(o: &ObjectView, deleting: bool) -> &'static str {
+    if o.module == "resizer" {
+        return if o.queue.ends_with("-modify") { "ControllerModifyVolume" } else { "ControllerExpandVolume" };
+    }
+    match (o.kind.as_str(), deleting) {
         ("PersistentVolumeClaim", _) => "CreateVolume",
         ("PersistentVolume", _) => "DeleteVolume",
         ("VolumeAttachment", false) => "ControllerPublishVolume",
@@ -201,7 +215,7 @@ pub fn held(o: &ObjectView, deleting: bool, node: Option<&str>) -> String {
     let times = |n: u32| if n == 1 { "once".to_string() } else { format!("{n} times") };
     let mut s = match o.waiting_for {
         WaitingFor::Driver if o.attempts > 0 => {
-            format!("{} failed {}{last}", call_of(&o.kind, deleting), times(o.attempts))
+            format!("{} failed {}{last}", call_of(o, deleting), times(o.attempts))
         }
         WaitingFor::Driver => format!("waiting for the CSI driver{last}"),
         WaitingFor::Retry => format!("the last attempt failed{last}"),
@@ -268,7 +282,26 @@ pub fn claim(c: &Claim, class: &Class, sidecar: &Sidecar, events: &[Event]) -> V
         return v;
     }
     match (c.phase.as_deref(), c.volume_name.as_deref()) {
-        (Some("Bound"), Some(pv)) => return Verdict::done(format!("bound to PersistentVolume {pv}")),
+        (Some("Bound"), Some(pv)) => {
+            let bound = format!("bound to PersistentVolume {pv}");
+            // A bound claim may still wait for an expansion or a modification.
+            let changes: Vec<String> = entries(sidecar, "PersistentVolumeClaim", &c.key)
+                .filter(|o| o.module == "resizer")
+                .map(|o| {
+                    format!(
+                        "{}: {}",
+                        if o.queue.ends_with("-modify") { "modify" } else { "resize" },
+                        held(o, false, None)
+                    )
+                })
+                .collect();
+            if changes.is_empty() {
+                return Verdict::done(bound);
+            }
+            let mut v = Verdict::waits(bound);
+            v.lines.extend(changes);
+            return v;
+        }
         (Some("Lost"), pv) => {
             return Verdict::waits(format!(
                 "Lost: its PersistentVolume {} no longer exists; the claim cannot be used",

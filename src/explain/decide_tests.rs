@@ -7,7 +7,7 @@ use crate::debug::{
 fn object(kind: &str, key: &str, waiting_for: WaitingFor, attempts: u32, error: Option<&str>) -> ObjectView {
     let (ns, name) = crate::debug::query::split_key(key);
     ObjectView {
-        module: "provisioner".into(),
+        module: decide::module_for(kind).into(),
         kind: kind.into(),
         namespace: ns.map(str::to_string),
         name: name.into(),
@@ -192,6 +192,29 @@ fn claims() {
         assert_eq!(v.exit_code(), if done { 0 } else { 1 }, "{what}");
         assert_eq!(v.lines, lines.iter().map(|l| l.to_string()).collect::<Vec<_>>(), "{what}");
     }
+}
+
+#[test]
+fn a_bound_claim_waits_for_its_expansion() {
+    let bound = Claim { volume_name: Some("pvc-1".into()), phase: Some("Bound".into()), ..pending("ns/data") };
+    let mut resize =
+        object("PersistentVolumeClaim", "ns/data", WaitingFor::Driver, 2, Some("rpc error: code = Internal desc = no"));
+    resize.module = "resizer".into();
+    resize.queue = "hostpath.csi.k8s.io-pvc".into();
+    let mut modify = object("PersistentVolumeClaim", "ns/data", WaitingFor::Class, 0, None);
+    modify.module = "resizer".into();
+    modify.queue = "hostpath.csi.k8s.io-pvc-modify".into();
+    modify.next_retry_in_seconds = None;
+    let v = decide::claim(&bound, &class("hostpath.csi.k8s.io", false), &pages(vec![resize, modify], None), &[]);
+    assert_eq!(v.exit_code(), 1);
+    assert_eq!(
+        v.lines,
+        [
+            "bound to PersistentVolume pvc-1",
+            "resize: ControllerExpandVolume failed 2 times (last: rpc error: code = Internal desc = no); next attempt in 12 s",
+            "modify: the StorageClass cannot be used",
+        ]
+    );
 }
 
 #[test]
