@@ -119,7 +119,7 @@ pub async fn check(t: &Target<'_>, ns: &str, done: &str, stuck: &str, created: I
         );
     }
     let runs = if tries == 1 { "the first run".to_string() } else { format!("run {tries}") };
-    println!("(this answer {:.1} s after the claim was created: {runs} of explain)", created.elapsed().as_secs_f64());
+    println!("(this answer {} ms after the claim was created: {runs} of explain)", created.elapsed().as_millis());
     Ok(())
 }
 
