@@ -27,4 +27,4 @@ done
 bash integration/scripts/build-components.sh "${components[@]}"
 # The debug profile shares its build with the test command (CI runs both).
 cargo build --bin csi-sidecar -p csi-sidecar --bin demo --bin cluster -p csi-sidecar-integration
-exec target/debug/demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/debug/demo" "$@"

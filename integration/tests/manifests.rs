@@ -405,6 +405,22 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         }
     }
     assert_eq!(checked, 24, "rendered csi-sidecar containers");
+    // controller.debugEndpoints: the flag for the controller modules only
+    // (not the drop-in livenessprobe, which refuses it), off by default.
+    let debug_flag = |set: &str| -> Vec<(String, bool)> {
+        let docs = load(&out.path().join(format!("chart-{set}.yaml")));
+        let controller = docs.iter().find(|d| kind(d) == "Deployment").expect("the controller Deployment");
+        sidecars(controller)
+            .iter()
+            .map(|c| {
+                let name = c["name"].as_str().unwrap_or_default().to_string();
+                (name, strings(&c["args"]).iter().any(|a| a == "--enable-debug-endpoints"))
+            })
+            .collect()
+    };
+    assert_eq!(debug_flag("default"), [("csi-sidecar".to_string(), false)]);
+    assert_eq!(debug_flag("combined"), [("csi-sidecar".to_string(), true)]);
+    assert_eq!(debug_flag("drop-in"), [("csi-provisioner".to_string(), true), ("liveness-probe".to_string(), false)]);
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();

@@ -5,8 +5,8 @@
 //! `registrar prober` in the node process. A pod with a new claim is
 //! scheduled, provisioned, attached, staged, published and runs; the claim
 //! is expanded while in use, snapshotted and restored into a new claim;
-//! everything is undone again. Everything on
-//! 127.0.0.1.
+//! everything is undone again; `csi-sidecar explain` answers for a bound
+//! claim and for one stuck on a missing secret. Everything on 127.0.0.1.
 //!
 //! `demo` runs the scenario and keeps serving until Ctrl-C; `demo --once`
 //! runs it and exits non-zero if a step failed.
@@ -43,6 +43,8 @@ struct Args {
     real_node: bool,
 }
 
+#[path = "demo/explain.rs"]
+mod explain;
 #[path = "demo/real_node.rs"]
 mod real_node;
 
@@ -156,13 +158,14 @@ async fn main() -> anyhow::Result<()> {
     health(&node_addr, "/healthz/registrar", 200).await?;
 
     step(
-        "starting the controller's csi-sidecar (provisioner + attacher + resizer + snapshotter, one process, one cache, one port)",
+        "starting the controller's csi-sidecar (provisioner + attacher + resizer + snapshotter, one process, one cache, one port, /debug/objects on)",
     );
     let addr = format!("127.0.0.1:{}", free_port());
     let controller_args = vec![
         format!("--csi-address={}", csi.display()),
         format!("--http-endpoint={addr}"),
         format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "--enable-debug-endpoints".into(),
         "provisioner".into(),
         "--feature-gates=Topology=true".into(),
         "attacher".into(),
@@ -330,6 +333,14 @@ async fn main() -> anyhow::Result<()> {
     // The processes' memory is not printed: the demo runs debug builds, whose
     // footprint says nothing about csi-sidecar's (docs/benchmarks.md has the
     // release figures).
+
+    step(
+        "csi-sidecar explain: a claim that is done, and one stuck on a secret its StorageClass names but nobody created",
+    );
+    let stuck_class = ns.scoped("missing-secret");
+    let created = explain::stuck_claim(&client, ns.name(), &stuck_class, DRIVER, "stuck").await;
+    let target = explain::Target { kubeconfig: cp.kubeconfig(), endpoint: &addr };
+    explain::check(&target, ns.name(), "data-2", "stuck", created).await?;
     for (who, p) in [("controller", &mut sidecar), ("node", &mut node_sidecar)] {
         if p.try_exit().is_some() {
             bail!("the {who} csi-sidecar exited:\n{}", p.logs());
@@ -339,6 +350,12 @@ async fn main() -> anyhow::Result<()> {
     if !args.once {
         println!(
             "serving on http://{addr}/metrics (controller) and http://{node_addr}/healthz (node); KUBECONFIG={}; Ctrl-C stops everything",
+            cp.kubeconfig().display()
+        );
+        println!(
+            "{} explain pvc {}/stuck --endpoint {addr} --kubeconfig {} says why that claim waits",
+            sidecar_bin().display(),
+            ns.name(),
             cp.kubeconfig().display()
         );
         tokio::signal::ctrl_c().await?;

@@ -1,23 +1,26 @@
 //! `demo --real-node`: the chart installed with helm, as its README says, on
 //! a real node (containerd and the kubelet): the pods Running, a workload
 //! writing into its volume, the file read from the directory the kubelet
-//! published on the node, everything undone again.
+//! published on the node, everything undone again; then `csi-sidecar
+//! explain` against the chart's debug endpoint, for a bound claim and for
+//! one stuck on a missing secret.
 
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use csi_sidecar_integration::{
     chart::{
-        Helm, NAMESPACE, RELEASE, STORAGE_CLASS, install_args, pod_phase, pods_of, published_dir, volume_pod,
+        DRIVER, Helm, NAMESPACE, RELEASE, STORAGE_CLASS, install_args, pod_phase, pods_of, published_dir, volume_pod,
         wait_rollout, world_args,
     },
     cluster::ControlPlane,
+    free_port,
     kube_support::{TestNamespace, create, pvc},
 };
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount};
 use kube::{Api, api::DeleteParams};
 
-use super::{step, until};
+use super::{bound, explain, step, until};
 
 pub async fn run(once: bool) -> anyhow::Result<()> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -36,6 +39,10 @@ pub async fn run(once: bool) -> anyhow::Result<()> {
     step("helm install, the chart README's line (combined layout: one csi-sidecar container per pod)");
     let mut install = install_args(&node);
     install.extend(world_args(cp.info().ports.apiserver, "combined"));
+    // The controller pod is on the node's network: its HTTP endpoint, with
+    // /debug/objects on, is 127.0.0.1:<a port no other run here takes>.
+    let http_port = free_port();
+    install.extend(["--set".to_string(), format!("controller.httpPort={http_port},controller.debugEndpoints=true")]);
     println!("helm {}", install.join(" "));
     helm.run(&install);
     wait_rollout(&client, Duration::from_secs(180)).await;
@@ -93,7 +100,20 @@ pub async fn run(once: bool) -> anyhow::Result<()> {
         .await?;
     println!("PV {pv} deleted; {} removed: {}", dir.display(), !dir.exists());
 
+    step(
+        "csi-sidecar explain against the chart's debug endpoint: a claim that is done, and one stuck on a missing secret",
+    );
+    let stuck_class = ns.scoped("missing-secret");
+    let created = explain::stuck_claim(&client, ns.name(), &stuck_class, DRIVER, "stuck").await;
+    create(&claims, &pvc("done", Some(STORAGE_CLASS), "1Gi")).await;
+    let done_pv = bound(&claims, "done").await?;
+    println!("claim {}/done of {STORAGE_CLASS} Bound to {done_pv}", ns.name());
+    let endpoint = format!("127.0.0.1:{http_port}");
+    let target = explain::Target { kubeconfig: cp.kubeconfig(), endpoint: &endpoint };
+    explain::check(&target, ns.name(), "done", "stuck", created).await?;
+
     if once {
+        explain::clean_up(&client, ns.name(), "done", "stuck", &stuck_class).await?;
         step("helm uninstall");
         helm.run(&["uninstall".into(), RELEASE.into(), "--namespace".into(), NAMESPACE.into(), "--wait".into()]);
         ns.delete().await;
@@ -102,6 +122,12 @@ pub async fn run(once: bool) -> anyhow::Result<()> {
     }
     println!(
         "\nThe chart keeps running. KUBECONFIG={} kubectl -n {NAMESPACE} get pods; Ctrl-C stops everything.",
+        cp.kubeconfig().display()
+    );
+    println!(
+        "{} explain pvc {}/stuck --endpoint {endpoint} --kubeconfig {} says why that claim waits.",
+        csi_sidecar_integration::sidecar_bin().display(),
+        ns.name(),
         cp.kubeconfig().display()
     );
     tokio::signal::ctrl_c().await?;
