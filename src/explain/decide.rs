@@ -158,11 +158,15 @@ fn entry<'a>(sidecar: &'a Sidecar, kind: &str, key: &str) -> Option<&'a ObjectVi
     pages.iter().flat_map(|p| &p.objects).find(|o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
 }
 
-/// "this replica is not the leader ..." when the module is led elsewhere.
+/// "this replica is not the leader ..." when the module is led elsewhere:
+/// no endpoint asked runs it as the leader (or without leader election).
 fn not_leader(sidecar: &Sidecar, module: &str) -> Option<String> {
     let Sidecar::Pages(pages) = sidecar else { return None };
-    let view = pages.iter().flat_map(|p| &p.modules).find(|m| m.module == module)?;
-    let leader = view.leader.as_ref().filter(|l| !l.leading)?;
+    let mut views = pages.iter().flat_map(|p| &p.modules).filter(|m| m.module == module);
+    if views.clone().any(|m| m.leader.as_ref().is_none_or(|l| l.leading)) {
+        return None;
+    }
+    let leader = views.next()?.leader.as_ref()?;
     Some(match &leader.holder {
         Some(h) => format!(
             "this replica is not the leader (the Lease {} is held by {h}): ask the leader's debug endpoint",
@@ -212,7 +216,12 @@ pub fn held(o: &ObjectView, deleting: bool, node: Option<&str>) -> String {
         WaitingFor::Class => format!("the StorageClass cannot be used{last}"),
         WaitingFor::Secret => format!("a secret the class names is missing or cannot be read{last}"),
         WaitingFor::DataSource => format!("the data source cannot be used yet{last}"),
-        WaitingFor::SnapshotReady => format!("the source VolumeSnapshot is not ready to use yet{last}"),
+        WaitingFor::SnapshotReady => match o.kind.as_str() {
+            "VolumeSnapshotContent" | "VolumeGroupSnapshotContent" => {
+                format!("the CSI driver says the snapshot is not ready to use yet{last}")
+            }
+            _ => format!("the source VolumeSnapshot is not ready to use yet{last}"),
+        },
         WaitingFor::Node => format!("the node is not ready for the driver yet (no CSINode or node ID){last}"),
         WaitingFor::Topology => format!("the accessibility requirements cannot be built yet{last}"),
         WaitingFor::VolumeInUse => {
