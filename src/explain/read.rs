@@ -46,21 +46,29 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(::kube::Error) -> ReadError {
     move |source| ReadError::Api { what, source }
 }
 
-/// The events about the object of `kind` named `name` in `namespace`
-/// (every namespace when `None`), newest first.
-pub async fn events(client: &Client, namespace: Option<&str>, kind: &str, name: &str) -> Vec<Event> {
-    let api: Api<CoreEvent> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name}"));
-    let list: ObjectList<CoreEvent> = match api.list(&lp).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot list the events");
-            return Vec::new();
-        }
-    };
+/// One object whose events are read: its namespace (`None`: cluster
+/// scoped, its events in any namespace), kind and name.
+pub type Subject<'a> = (Option<&'a str>, &'a str, &'a str);
+
+/// The events about the `subjects` (an object and, say, its content), all
+/// of them newest first.
+pub async fn events(client: &Client, subjects: &[Subject<'_>]) -> Vec<Event> {
+    let mut items = Vec::new();
+    for (namespace, kind, name) in subjects {
+        let api: Api<CoreEvent> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name}"));
+        let list: ObjectList<CoreEvent> = match api.list(&lp).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot list the events");
+                continue;
+            }
+        };
+        items.extend(list.items);
+    }
     let when = |e: &CoreEvent| -> Option<Timestamp> {
         e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)).or(e
             .metadata
@@ -68,7 +76,6 @@ pub async fn events(client: &Client, namespace: Option<&str>, kind: &str, name: 
             .as_ref()
             .map(|t| t.0))
     };
-    let mut items = list.items;
     items.sort_by_key(|e| std::cmp::Reverse(when(e)));
     items
         .into_iter()
