@@ -32,6 +32,9 @@
 #             when named, from integration/go/helm, so that it reuses the
 #             packages helm and kubectl compiled; the snapshot CRDs of the
 #             same release are copied next to it, into crd/)
+#             promtool (Prometheus' rule checker and rule unit tester, for
+#             the chart's alerts in integration/tests/monitoring.rs; built
+#             only when named, from integration/go/promtool)
 #
 # Environment:
 #   CSI_SIDECAR_KUBE_VERSION the Kubernetes version of the cluster under test
@@ -55,7 +58,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate promtool)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 KUBE_VERSION=${CSI_SIDECAR_KUBE_VERSION:-}
@@ -79,6 +82,7 @@ build_of() {
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
+	promtool) echo promtool ;;
 	*) return 1 ;;
 	esac
 }
@@ -115,6 +119,7 @@ package_of() {
 	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | kubectl) echo "./cmd/$1" ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;
+	promtool) echo github.com/prometheus/prometheus/cmd/promtool ;;
 	esac
 }
 
@@ -199,6 +204,17 @@ recipe() {
 		TAGS=""
 		LDFLAGS="-s -w -X main.version=$VERSION"
 		;;
+	promtool)
+		# Prometheus 3.x is published as module versions v0.3MM.P for
+		# release v3.MM.P; stamped as upstream's .promu.yml does. The tag
+		# leaves out the service-discovery plugins (cloud SDKs) that
+		# promtool's rule commands never use.
+		VERSION=$(modver "$gomod" github.com/prometheus/prometheus)
+		[[ $VERSION =~ ^v0\.3([0-9][0-9])\.([0-9]+)$ ]] || die "cannot parse the github.com/prometheus/prometheus version in $gomod"
+		PROMTOOL_VERSION="v3.$((10#${BASH_REMATCH[1]})).${BASH_REMATCH[2]}"
+		TAGS="remove_all_sd"
+		LDFLAGS="-s -w -X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v} -X github.com/prometheus/common/version.Branch=HEAD"
+		;;
 	*) die "unknown build $build" ;;
 	esac
 }
@@ -207,6 +223,7 @@ recipe() {
 version_of() {
 	case $1 in
 	kubectl) echo "$KUBECTL_VERSION" ;;
+	promtool) echo "$PROMTOOL_VERSION" ;;
 	*) echo "$VERSION" ;;
 	esac
 }
@@ -364,7 +381,7 @@ if [[ -n $KUBE_VERSION ]]; then
 		fi
 	done
 fi
-for build in etcd etcdver kube kubever helm snapshotter; do
+for build in etcd etcdver kube kubever helm snapshotter promtool; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(build_of "$comp") == "$build" ]]; then

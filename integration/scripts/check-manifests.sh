@@ -13,7 +13,11 @@
 #   3. Every rendered document and every YAML file of manifests/rbac and
 #      manifests/examples accepted by a real kube-apiserver (the test control
 #      plane, `cluster serve`) with a server-side dry-run apply, strict field
-#      validation, after creating the namespaces they name.
+#      validation, after creating the namespaces they name and the
+#      Prometheus Operator's CRDs of the chart's monitoring objects
+#      (PrometheusRule, ServiceMonitor, PodMonitor: example/prometheus-operator-crd
+#      of github.com/prometheus-operator/prometheus-operator, a pinned release
+#      from the Go module proxy).
 #
 # helm and kubectl are built from the Go module proxy by build-components.sh
 # (integration/go/helm: pinned helm.sh/helm/v4, and upstream kubectl's main
@@ -41,6 +45,7 @@ HADOLINT_VERSION=2.15.1
 HADOLINT_SHA256_X86_64=bed607e611b0f7e4ef78e4bba9bdf39504d8234d3eadfe86d702f2bff14ac2d5
 RELEASE=csi-sidecar
 RELEASE_NS=csi-sidecar-check
+PROMETHEUS_OPERATOR_VERSION=v0.85.0
 
 log() { printf 'check-manifests: %s\n' "$*" >&2; }
 die() {
@@ -225,6 +230,11 @@ refuse "a misspelt key" --set controller.replica=2
 refuse "a bad Go duration" --set-string controller.leaderElection.leaseDuration=15x
 refuse "a controller without modules" --set controller.modules.provisioner.enabled=false --set controller.modules.prober.enabled=false
 refuse "a node pod without modules" --set node.modules.registrar.enabled=false --set node.modules.prober.enabled=false
+refuse "a bad Prometheus duration" --set monitoring.prometheusRule.enabled=true --set-string "monitoring.alerts.csiErrors.for=10 minutes"
+refuse "a rules object without alerts" --set monitoring.rulesConfigMap.enabled=true --set monitoring.alerts.csiErrors.enabled=false \
+	--set monitoring.alerts.objectWaiting.enabled=false --set monitoring.alerts.queueNotDraining.enabled=false \
+	--set monitoring.alerts.noLeader.enabled=false --set monitoring.alerts.driverUnreachable.enabled=false
+REFUSED=7
 
 # --- 3. Server-side dry-run apply -------------------------------------------
 step "kube-apiserver: server-side dry-run apply"
@@ -240,6 +250,22 @@ read -r info <&"${CLUSTER[0]}" || die "the control-plane launcher exited before 
 export KUBECONFIG=${BASH_REMATCH[1]}
 server_version=$("$KUBECTL" get --raw /version | grep -oE '"gitVersion": *"[^"]+"' | grep -oE 'v[0-9][^"]*')
 log "control plane up: kube-apiserver $server_version"
+
+# The kinds of the chart's monitoring objects: the Prometheus Operator's
+# CRDs of a pinned release, from the Go module proxy (the module holds them
+# under example/prometheus-operator-crd; checksummed by go).
+operator_dir=$(GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod go mod download -json \
+	"github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+[[ -n $operator_dir ]] || die "go mod download github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION failed"
+for crd in prometheusrules servicemonitors podmonitors; do
+	"$KUBECTL" apply --server-side --field-manager=check-manifests \
+		-f "$operator_dir/example/prometheus-operator-crd/monitoring.coreos.com_$crd.yaml" >/dev/null ||
+		die "the Prometheus Operator's $crd CRD ($PROMETHEUS_OPERATOR_VERSION) was refused"
+	"$KUBECTL" wait --for=condition=Established --timeout=60s "crd/$crd.monitoring.coreos.com" >/dev/null ||
+		die "the $crd CRD did not become Established"
+done
+log "the Prometheus Operator's CRDs ($PROMETHEUS_OPERATOR_VERSION): PrometheusRule, ServiceMonitor, PodMonitor"
 
 # The namespaces the documents name (kubectl's own parser), created first.
 declare -A NAMESPACES=()
@@ -294,6 +320,6 @@ $(cat "$WORK/apply.err")"
 done
 
 step "summary"
-log "hadolint: $HADOLINT_RESULT; symlinks: ${#LINKS[@]} checked; chart: ${#SETS[@]} value sets linted and rendered, 5 bad value sets refused"
+log "hadolint: $HADOLINT_RESULT; symlinks: ${#LINKS[@]} checked; chart: ${#SETS[@]} value sets linted and rendered, $REFUSED bad value sets refused"
 log "kube-apiserver accepted $DOCS documents from ${#FILES[@]} files (server-side dry-run apply)"
 echo "check-manifests: ok: $DOCS documents dry-run applied, ${#SETS[@]} chart value sets, ${#LINKS[@]} symlinks"

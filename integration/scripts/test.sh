@@ -13,7 +13,7 @@ cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "building the real components from the Go module proxy (cached after the first run)"
-bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet csi-mock-driver kubelet-plugin-harness hollow-node helm kubectl snapshot-controller
+bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet csi-mock-driver kubelet-plugin-harness hollow-node helm kubectl snapshot-controller promtool
 read -r -a skew <<<"${CSI_SIDECAR_SKEW:-}"
 skew_args=()
 for v in "${skew[@]}"; do skew_args+=(--skew "$v"); done

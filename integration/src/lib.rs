@@ -13,8 +13,10 @@ pub mod failover;
 pub mod fault_driver;
 pub mod http;
 pub mod kube_support;
+pub mod monitoring;
 pub mod ports;
 pub mod process;
+pub mod promql;
 pub mod snapshots;
 pub mod yaml;
 

@@ -404,7 +404,7 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 19, "rendered csi-sidecar containers");
+    assert_eq!(checked, 24, "rendered csi-sidecar containers");
     // The node ServiceAccount never gets a token, in every rendering.
     for entry in std::fs::read_dir(out.path()).expect("out dir") {
         let path = entry.expect("entry").path();

@@ -149,19 +149,35 @@ async fn metrics_carry_upstream_names_labels_and_buckets() {
     }
     assert!(m.contains("method_name=\"/csi.v1.Identity/GetPluginInfo\""), "{m}");
     assert!(m.contains("process_resident_memory_bytes"), "{m}");
+    let m = metrics_with(&p, "csi_sidecar_driver_connected 1").await;
+    assert!(!m.contains("csi_sidecar_api_budget_"), "no Kubernetes module, no budget: {m}");
+}
+
+/// The lines of /metrics once one of them is `line`.
+async fn metrics_with(p: &Prober, line: &str) -> String {
+    wait_until(&format!("{line} in /metrics"), Duration::from_secs(30), async || {
+        let m = get(&p.addr, "/metrics").await.map(|r| r.body).unwrap_or_default();
+        (m.lines().any(|l| l == line), m)
+    })
+    .await
 }
 
 /// The real driver: 200 while it serves, 500 after it is killed, 200 again
-/// after it restarts, in one csi-sidecar process.
+/// after it restarts, in one csi-sidecar process; the connection gauge 0
+/// before the driver starts and after it is killed (no /healthz needed),
+/// 1 while it serves.
 #[tokio::test]
 async fn real_driver_killed_and_restarted() {
     let driver_bin = component_bin("csi-mock-driver");
     let p = start_prober(&["--probe-timeout=2s"]);
+    metrics_with(&p, "csi_sidecar_driver_connected 0").await;
     let args = vec![format!("--endpoint=unix://{}", p.socket.display()), "--name=mock.csi.example.com".to_string()];
     let mut driver = Proc::spawn("csi-mock-driver", &driver_bin, &args, p.socket.parent().expect("dir"));
+    metrics_with(&p, "csi_sidecar_driver_connected 1").await;
     healthz_until(&p, (200, "ok")).await;
 
     driver.kill();
+    metrics_with(&p, "csi_sidecar_driver_connected 0").await;
     let r = wait_until("/healthz 500 after the driver died", Duration::from_secs(30), async || {
         let r = get(&p.addr, "/healthz").await;
         (matches!(&r, Ok(r) if r.status == 500), r)
@@ -172,6 +188,7 @@ async fn real_driver_killed_and_restarted() {
 
     let _driver = Proc::spawn("csi-mock-driver-2", &driver_bin, &args, p.socket.parent().expect("dir"));
     healthz_until(&p, (200, "ok")).await;
+    metrics_with(&p, "csi_sidecar_driver_connected 1").await;
 }
 
 /// The non-root user of csi-sidecar's image.

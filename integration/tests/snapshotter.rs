@@ -122,6 +122,21 @@ async fn a_snapshot_of_a_bound_claim_becomes_ready_and_delete_removes_it_from_th
             && l.contains("grpc_status_code=\"OK\"")),
         "{m}"
     );
+    // csi-sidecar's own: the driver connection, and each module's budget
+    // (the default --kube-api-qps and --kube-api-burst).
+    assert!(m.lines().any(|l| l == "csi_sidecar_driver_connected 1"), "{m}");
+    for module in ["provisioner", "snapshotter"] {
+        for (family, value) in [("qps", 5), ("burst", 10)] {
+            let line = format!("csi_sidecar_api_budget_{family}{{module=\"{module}\"}} {value}");
+            assert!(m.lines().any(|l| l == line), "{line} missing:\n{m}");
+        }
+    }
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("csi_sidecar_api_budget_requests_total{module=\"provisioner\"} ")
+                && !l.ends_with(" 0")),
+        "{m}"
+    );
 
     s.snaps.delete_snapshot("snap").await;
     wait_deleted(&s.snaps.contents, &content, T).await;

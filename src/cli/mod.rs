@@ -314,7 +314,8 @@ fn top_help() -> String {
         "{PROGRAM} {VERSION}: one process for the Kubernetes CSI sidecars.\n\n\
          Usage:\n  {PROGRAM} [shared flags] MODULE [flags] [MODULE [flags] ...]\n  \
          <upstream binary name> [flags]      (busybox style, e.g. livenessprobe --csi-address=...)\n  \
-         {PROGRAM} --list | --help [MODULE] | --version\n\nModules:\n"
+         {PROGRAM} --list | --help [MODULE] | --version\n  \
+         {PROGRAM} explain pvc|volumeattachment|volumesnapshot NAME [--endpoint ADDRESS]   (why it is not done; --help)\n\nModules:\n"
     );
     out.push_str(&list());
     out.push_str("\nShared flags (before the first module or inside any module, values must agree):\n");

@@ -4,19 +4,29 @@
 //!   runs on every (re)connect and bumps a generation counter.
 //! - [`Connection::maintain`] waits for the socket for as long as it takes
 //!   (logging every 10 s), discovers the driver (name, capabilities) and
-//!   discovers it again after every reconnect.
+//!   discovers it again after every reconnect, and after a lost connection
+//!   at once (the channel itself would reconnect only on the next call).
+//! - The connector counts the open connections (each is dropped when it
+//!   ends: the driver closed it or exited), so the connection knows it is
+//!   up: [`Connection::connected`], and the gauge `csi_sidecar_driver_connected`.
 //! - Every call has a deadline, is recorded in `csi_sidecar_operations_seconds`
 //!   and, at `-v=5`, logged with its secrets stripped.
 
 use std::{
     fmt::Debug,
     future::Future,
+    pin::Pin,
     sync::Arc,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use hyper_util::rt::TokioIo;
-use tokio::{net::UnixStream, sync::watch};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::UnixStream,
+    sync::watch,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{
     Request, Response, Status,
@@ -32,6 +42,10 @@ use super::{
     redact::{Redact, redacted_debug},
 };
 use crate::compat::{self, metrics as m};
+
+/// 1 while the driver is connected and discovered (csi-sidecar's own).
+pub const DRIVER_CONNECTED: &str = "csi_sidecar_driver_connected";
+const DRIVER_CONNECTED_HELP: &str = "1 while the connection to the CSI driver is up and the driver discovered (and, for the controller modules, ready); 0 while the socket is missing, the driver not ready or the connection lost.";
 
 /// How often a missing or silent driver is reported.
 pub const STILL_CONNECTING_EVERY: Duration = Duration::from_secs(10);
@@ -68,6 +82,10 @@ struct Inner {
     address: CsiAddress,
     channel: Channel,
     connects: watch::Sender<u64>,
+    /// Connections to the driver open now (see [`Counted`]).
+    open: watch::Sender<usize>,
+    /// Up and discovered (set by [`Connection::maintain_with`] only).
+    connected: watch::Sender<bool>,
     driver: watch::Sender<Option<Arc<DriverInfo>>>,
     /// `--max-grpc-log-length`: characters of a logged response; < 0 means all.
     max_response_log: std::sync::atomic::AtomicI64,
@@ -95,18 +113,19 @@ impl Connection {
     pub fn new(address: &str) -> Result<Self, AddressError> {
         let address = CsiAddress::parse(address)?;
         let (connects, _) = watch::channel(0u64);
+        let (open, _) = watch::channel(0usize);
         let path = address.path().to_path_buf();
-        let counter = connects.clone();
+        let (counter, opened) = (connects.clone(), open.clone());
         let connector = tower::service_fn(move |_: Uri| {
             let path = path.clone();
-            let counter = counter.clone();
+            let (counter, opened) = (counter.clone(), opened.clone());
             async move {
                 // The error names the path, its mode and owner and the
                 // process's user (dial_error), for every module's log and
                 // the prober's /healthz body.
                 let stream = UnixStream::connect(&path).await.map_err(|e| dial_error(&path, e))?;
                 counter.send_modify(|n| *n += 1);
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
+                Ok::<_, std::io::Error>(TokioIo::new(Counted::new(stream, opened)))
             }
         });
         let channel = Endpoint::from_static("http://localhost").connect_with_connector_lazy(connector);
@@ -116,6 +135,8 @@ impl Connection {
                 address,
                 channel,
                 connects,
+                open,
+                connected: watch::channel(false).0,
                 driver,
                 max_response_log: std::sync::atomic::AtomicI64::new(-1),
             }),
@@ -149,6 +170,17 @@ impl Connection {
     /// Successful (re)connects so far.
     pub fn connect_count(&self) -> u64 {
         *self.inner.connects.borrow()
+    }
+
+    /// Whether the connection is up and the driver discovered on it (kept by
+    /// [`maintain_with`](Self::maintain_with); false without it).
+    pub fn connected(&self) -> bool {
+        *self.inner.connected.borrow()
+    }
+
+    fn set_connected(&self, up: bool) {
+        self.inner.connected.send_replace(up);
+        metrics::gauge!(DRIVER_CONNECTED).set(if up { 1.0 } else { 0.0 });
     }
 
     /// Runs one unary call with a deadline, metrics and redacted logging
@@ -297,7 +329,8 @@ impl Connection {
     }
 
     /// Keeps the driver information current until shutdown: discovers it,
-    /// then discovers it again after every reconnect.
+    /// then discovers it again after every reconnect or lost connection.
+    /// Keeps [`connected`](Self::connected) and its gauge (0 from the start).
     ///
     /// Err when the driver comes back under another name: every module's
     /// objects, Leases and finalizers are keyed by the name they started
@@ -320,8 +353,11 @@ impl Connection {
     ) -> Result<(), DriverRenamed> {
         let span = tracing::info_span!("csi", address = %self.inner.address);
         async move {
+            metrics::describe_gauge!(DRIVER_CONNECTED, DRIVER_CONNECTED_HELP);
             let mut connects = self.inner.connects.subscribe();
+            let mut open = self.inner.open.subscribe();
             loop {
+                self.set_connected(false);
                 let Some(info) = self.discover(timeout, probe, &shutdown).await else { return Ok(()) };
                 // Everything up to and including this discovery's own connect is seen.
                 connects.borrow_and_update();
@@ -336,14 +372,72 @@ impl Connection {
                     Some(_) => tracing::info!(driver = %info.name, "CSI driver rediscovered after reconnect"),
                 }
                 self.inner.driver.send_replace(Some(Arc::new(info)));
+                // Up unless the connection the discovery used has ended since.
+                self.set_connected(*open.borrow_and_update() > 0);
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
                     r = connects.changed() => if r.is_err() { return Ok(()) },
+                    r = open.wait_for(|n| *n == 0) => match r {
+                        Ok(_) => tracing::warn!("Lost the connection to the CSI driver; connecting again"),
+                        Err(_) => return Ok(()),
+                    },
                 }
             }
         }
         .instrument(span)
         .await
+    }
+}
+
+/// A connection to the driver, counted in `open` while it exists: hyper
+/// drops it when the connection ends (the driver closed it or exited).
+struct Counted {
+    stream: UnixStream,
+    open: watch::Sender<usize>,
+}
+
+impl Counted {
+    fn new(stream: UnixStream, open: watch::Sender<usize>) -> Self {
+        open.send_modify(|n| *n += 1);
+        Counted { stream, open }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.open.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -422,5 +516,114 @@ mod dial_tests {
             assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
             assert_eq!(status.message(), format!("cannot connect to the CSI driver socket {}: {why}", path.display()));
         }
+    }
+}
+
+#[cfg(test)]
+mod connected_tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use tokio_stream::wrappers::UnixListenerStream;
+
+    use super::*;
+    use crate::csi::proto::csi::v1::identity_server::{Identity, IdentityServer};
+
+    /// A driver with the identity service only, ready or not.
+    #[derive(Clone, Default)]
+    struct Driver {
+        ready: Arc<AtomicBool>,
+        probes: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl Identity for Driver {
+        async fn get_plugin_info(
+            &self,
+            _: Request<csi::GetPluginInfoRequest>,
+        ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+            Ok(Response::new(csi::GetPluginInfoResponse {
+                name: "connected.test.csi".into(),
+                vendor_version: "1".into(),
+                ..Default::default()
+            }))
+        }
+
+        async fn get_plugin_capabilities(
+            &self,
+            _: Request<csi::GetPluginCapabilitiesRequest>,
+        ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+            Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
+        }
+
+        async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            Ok(Response::new(csi::ProbeResponse { ready: Some(self.ready.load(Ordering::SeqCst)) }))
+        }
+    }
+
+    /// Serves `driver` on `path` until the returned token is cancelled.
+    fn serve(driver: &Driver, path: &std::path::Path) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path).expect("bind");
+        let stop = CancellationToken::new();
+        let server = tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(driver.clone()))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.clone().cancelled_owned());
+        (stop, tokio::spawn(async move { server.await.expect("serve") }))
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn gauge(metrics: &crate::metrics::Metrics) -> Option<f64> {
+        metrics.render().lines().find_map(|l| l.strip_prefix(DRIVER_CONNECTED)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The only test that runs `maintain_with` (the gauge is the process's).
+    #[tokio::test]
+    async fn connected_while_the_driver_is_up_discovered_and_ready() {
+        let metrics = crate::metrics::Metrics::install().expect("recorder");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("csi.sock");
+        let conn = Connection::new(&path.display().to_string()).expect("address");
+        let shutdown = CancellationToken::new();
+        let maintain = tokio::spawn(conn.clone().maintain_with(Duration::from_secs(5), true, shutdown.clone()));
+
+        // No socket yet: 0, in the metrics from the start.
+        until("the gauge at 0", || gauge(&metrics) == Some(0.0)).await;
+        assert!(!conn.connected());
+        // A driver that is not ready: still 0.
+        let driver = Driver::default();
+        let (stop, server) = serve(&driver, &path);
+        until("probed twice", || driver.probes.load(Ordering::SeqCst) >= 2).await;
+        assert!(!conn.connected(), "not ready");
+        assert_eq!(gauge(&metrics), Some(0.0));
+        driver.ready.store(true, Ordering::SeqCst);
+        until("connected", || conn.connected()).await;
+        assert_eq!(gauge(&metrics), Some(1.0));
+        assert_eq!(conn.driver().expect("discovered").name.as_ref(), "connected.test.csi");
+
+        // The driver goes away: 0 without any call of a module.
+        stop.cancel();
+        server.await.expect("server stopped");
+        until("the loss noticed", || !conn.connected()).await;
+        assert_eq!(gauge(&metrics), Some(0.0));
+        let connects = conn.connect_count();
+
+        // It comes back: rediscovered at once, on a new connection.
+        let (stop, server) = serve(&driver, &path);
+        until("connected again", || conn.connected()).await;
+        assert_eq!(gauge(&metrics), Some(1.0));
+        assert!(conn.connect_count() > connects);
+
+        shutdown.cancel();
+        assert_eq!(maintain.await.expect("join"), Ok(()));
+        stop.cancel();
+        server.await.expect("server stopped");
     }
 }

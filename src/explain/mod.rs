@@ -11,6 +11,8 @@ mod read;
 
 use decide::Verdict;
 
+use crate::kube::client::ClientError;
+
 /// The usage text.
 pub const USAGE: &str = "\
 Usage: csi-sidecar explain KIND NAME [--endpoint ADDRESS]... [--kubeconfig PATH]
@@ -168,7 +170,7 @@ pub fn main(args: &[String]) -> u8 {
             print!("{}", render(&req, &v));
             v.exit_code()
         }
-        Err(ExplainError::NotFound(e)) => {
+        Err(e @ (ExplainError::NotFound(_) | ExplainError::Client(ClientError::Kubeconfig { .. }))) => {
             eprintln!("csi-sidecar explain: {e}");
             2
         }
@@ -184,7 +186,7 @@ pub fn main(args: &[String]) -> u8 {
 pub enum ExplainError {
     /// No client.
     #[error(transparent)]
-    Client(#[from] crate::kube::client::ClientError),
+    Client(#[from] ClientError),
     /// The object does not exist.
     #[error(transparent)]
     NotFound(read::ReadError),
@@ -204,7 +206,11 @@ impl From<read::ReadError> for ExplainError {
 
 /// Reads what is needed and decides.
 pub async fn explain(req: &Request) -> Result<Verdict, ExplainError> {
-    let config = crate::kube::client::load_config(req.kubeconfig.as_deref(), true).await?;
+    // --kubeconfig wins over $KUBECONFIG, as kubectl's does.
+    let config = match req.kubeconfig.as_deref() {
+        Some(path) => crate::kube::client::load_config(Some(path), false).await?,
+        None => crate::kube::client::load_config(None, true).await?,
+    };
     let client = crate::kube::client::build_unlimited(config)?;
     let ns = req.namespace.as_deref().unwrap_or_default();
     Ok(match req.kind {

@@ -151,10 +151,9 @@ impl KubeContext {
         let unbudgeted = client::with_user_agent(&client::build_unlimited(config.clone())?, &agent)?;
         let limited: Vec<(&'static str, (f64, u32))> =
             budgets.iter().filter_map(|b| Some((b.module, client::effective_budget(b.qps, b.burst)?))).collect();
-        let budget = (!limited.is_empty()).then(|| {
-            let specs: Vec<(f64, u32)> = limited.iter().map(|(_, b)| *b).collect();
-            (budget::Budget::new(&specs), limited.iter().map(|(m, _)| *m).collect::<Vec<_>>())
-        });
+        // Published in the metrics from now on, each module's series at 0.
+        let budget = (!limited.is_empty())
+            .then(|| (budget::Budget::named(&limited), limited.iter().map(|(m, _)| *m).collect::<Vec<_>>()));
         // The informers, shared by every module, draw on the whole budget.
         let client = match &budget {
             Some((b, _)) => budget::client(&unbudgeted, b.clone(), budget::Taker::Shared),

@@ -1,8 +1,9 @@
 //! The process's client-side request budget: one token bucket per module
 //! (its `--kube-api-qps`/`--kube-api-burst`, as the upstream sidecar had in
 //! its own process), pooled into one work-conserving budget. The rule is in
-//! [`state`]; this file waits for tokens and puts the budget in front of a
-//! [`kube::Client`].
+//! [`state`]; this file waits for tokens, puts the budget in front of a
+//! [`kube::Client`], and publishes the budget's metrics ([`names`]) from the
+//! counts the state keeps.
 
 mod bucket;
 #[cfg(test)]
@@ -20,7 +21,7 @@ use std::{
 
 pub use bucket::TokenBucket;
 use state::{BudgetState, Wait};
-pub use state::{Taker, Urgency};
+pub use state::{Taker, Urgency, Usage, UsageSnapshot};
 use tower::Service;
 
 /// The urgency of a request (pure): writes of core or `events.k8s.io`
@@ -35,6 +36,103 @@ pub fn urgency(method: &http::Method, path: &str) -> Urgency {
     if *method != http::Method::GET && event_path { Urgency::Deferrable } else { Urgency::Critical }
 }
 
+/// The budget's metric names (csi-sidecar's own; no upstream sidecar has
+/// a pooled budget) and their help texts.
+pub mod names {
+    /// Requests waiting for a token now, per module.
+    pub const WAITING: &str = "csi_sidecar_api_budget_waiting_requests";
+    /// Help of [`WAITING`].
+    pub const WAITING_HELP: &str =
+        "Kubernetes API requests of the module now waiting for a token of the process's request budget.";
+    /// Tokens granted, per module.
+    pub const REQUESTS: &str = "csi_sidecar_api_budget_requests_total";
+    /// Help of [`REQUESTS`].
+    pub const REQUESTS_HELP: &str = "Tokens of the process's request budget granted to the module's Kubernetes API requests (from its own bucket or borrowed).";
+    /// The module's `--kube-api-qps`.
+    pub const QPS: &str = "csi_sidecar_api_budget_qps";
+    /// Help of [`QPS`].
+    pub const QPS_HELP: &str = "The module's --kube-api-qps: the rate its own bucket of the request budget refills at.";
+    /// The module's `--kube-api-burst`.
+    pub const BURST: &str = "csi_sidecar_api_budget_burst";
+    /// Help of [`BURST`].
+    pub const BURST_HELP: &str =
+        "The module's --kube-api-burst: the most tokens its own bucket of the request budget saves up.";
+    /// Event writes held back behind critical requests now, per module.
+    pub const DEFERRED_EVENTS: &str = "csi_sidecar_api_budget_deferred_events";
+    /// Help of [`DEFERRED_EVENTS`].
+    pub const DEFERRED_EVENTS_HELP: &str =
+        "Event writes of the module now held back because a critical request of some module waits for a token.";
+    /// The label.
+    pub const LABEL_MODULE: &str = "module";
+    /// The `module` of the shared services' requests (the informers' lists
+    /// and watches), in the waiting and granted families only.
+    pub const SHARED_MODULE: &str = "informers";
+}
+
+/// The budget's series of one taker.
+#[derive(Debug)]
+struct Series {
+    waiting: metrics::Gauge,
+    requests: metrics::Counter,
+    /// None for the shared services, which write no events.
+    deferred: Option<metrics::Gauge>,
+}
+
+impl Series {
+    fn new(module: &'static str, events: bool) -> Self {
+        let label = names::LABEL_MODULE;
+        Series {
+            waiting: metrics::gauge!(names::WAITING, label => module),
+            requests: metrics::counter!(names::REQUESTS, label => module),
+            deferred: events.then(|| metrics::gauge!(names::DEFERRED_EVENTS, label => module)),
+        }
+    }
+
+    fn show(&self, usage: &Usage) {
+        self.waiting.set(usage.waiting as f64);
+        self.requests.absolute(usage.granted);
+        if let Some(d) = &self.deferred {
+            d.set(usage.deferred as f64);
+        }
+    }
+}
+
+/// Every series of a budget whose accounts are modules.
+#[derive(Debug)]
+struct Published {
+    accounts: Vec<Series>,
+    shared: Series,
+}
+
+impl Published {
+    /// Registers the series of `modules` (in account order) and of the
+    /// shared services, with the buckets' settings from `state`.
+    fn new(modules: &[&'static str], state: &BudgetState) -> Self {
+        metrics::describe_gauge!(names::WAITING, names::WAITING_HELP);
+        metrics::describe_counter!(names::REQUESTS, names::REQUESTS_HELP);
+        metrics::describe_gauge!(names::QPS, names::QPS_HELP);
+        metrics::describe_gauge!(names::BURST, names::BURST_HELP);
+        metrics::describe_gauge!(names::DEFERRED_EVENTS, names::DEFERRED_EVENTS_HELP);
+        for (&module, a) in modules.iter().zip(state.accounts()) {
+            metrics::gauge!(names::QPS, names::LABEL_MODULE => module).set(a.qps);
+            metrics::gauge!(names::BURST, names::LABEL_MODULE => module).set(a.burst);
+        }
+        let p = Published {
+            accounts: modules.iter().map(|&m| Series::new(m, true)).collect(),
+            shared: Series::new(names::SHARED_MODULE, false),
+        };
+        p.show(&state.usage());
+        p
+    }
+
+    fn show(&self, usage: &UsageSnapshot) {
+        for (series, u) in self.accounts.iter().zip(&usage.accounts) {
+            series.show(u);
+        }
+        self.shared.show(&usage.shared);
+    }
+}
+
 /// The pooled budget (see [`state`]).
 #[derive(Debug)]
 pub struct Budget {
@@ -43,15 +141,34 @@ pub struct Budget {
     /// Woken when an account's last critical waiter or last waiter left:
     /// its events may go, or it lends again.
     freed: tokio::sync::Notify,
+    /// The metrics, for a budget of modules (see [`Budget::named`]).
+    published: Option<Published>,
 }
 
 impl Budget {
-    /// Full buckets of `(qps, burst)`, one per account (`qps > 0`).
+    /// Full buckets of `(qps, burst)`, one per account (`qps > 0`); no
+    /// metrics.
     pub fn new(accounts: &[(f64, u32)]) -> Arc<Self> {
+        Self::build(accounts, None)
+    }
+
+    /// [`Budget::new`] with one account per module, `(module, (qps, burst))`,
+    /// published in the process's metrics ([`names`]) from now on, every
+    /// series at its start value.
+    pub fn named(accounts: &[(&'static str, (f64, u32))]) -> Arc<Self> {
+        let modules: Vec<&'static str> = accounts.iter().map(|(m, _)| *m).collect();
+        let specs: Vec<(f64, u32)> = accounts.iter().map(|(_, b)| *b).collect();
+        Self::build(&specs, Some(&modules))
+    }
+
+    fn build(accounts: &[(f64, u32)], modules: Option<&[&'static str]>) -> Arc<Self> {
+        let state = BudgetState::new(accounts, Duration::ZERO);
+        let published = modules.map(|m| Published::new(m, &state));
         Arc::new(Budget {
-            state: Mutex::new(BudgetState::new(accounts, Duration::ZERO)),
+            state: Mutex::new(state),
             origin: tokio::time::Instant::now(),
             freed: tokio::sync::Notify::new(),
+            published,
         })
     }
 
@@ -59,24 +176,38 @@ impl Budget {
         self.state.lock()
     }
 
-    fn try_take(&self, taker: Taker, urgency: Urgency) -> Result<usize, Wait> {
-        let now = self.origin.elapsed();
-        self.lock().try_take(taker, urgency, now)
+    /// Publishes the counts of `state` (under its lock, so that a later
+    /// change is never overwritten by an earlier one).
+    fn publish(&self, state: &BudgetState) {
+        if let Some(p) = &self.published {
+            p.show(&state.usage());
+        }
+    }
+
+    /// What the metrics show now.
+    pub fn usage(&self) -> UsageSnapshot {
+        self.lock().usage()
     }
 
     /// Waits for a token for `taker`.
     pub async fn acquire(self: Arc<Self>, taker: Taker, urgency: Urgency) {
-        let _waiting = match taker {
-            Taker::Account(i) => {
-                self.lock().start_waiting(i, urgency);
-                // Counted until served, also if the caller gives up waiting.
-                Some(Waiter(&self, i, urgency))
-            }
-            Taker::Shared => None,
-        };
+        let mut waiting: Option<Waiter<'_>> = None;
         loop {
             let freed = self.freed.notified();
-            match self.try_take(taker, urgency) {
+            let now = self.origin.elapsed();
+            let taken = {
+                let mut state = self.lock();
+                let taken = state.try_take(taker, urgency, now);
+                if taken.is_err() && waiting.is_none() {
+                    // Counted from its first refusal until served, also if
+                    // the caller gives up waiting.
+                    state.start_waiting(taker, urgency);
+                    waiting = Some(Waiter(&self, taker, urgency));
+                }
+                self.publish(&state);
+                taken
+            };
+            match taken {
                 Ok(_) => return,
                 Err(Wait::CriticalDone) => freed.await,
                 Err(Wait::For(d)) => {
@@ -91,11 +222,16 @@ impl Budget {
 }
 
 /// Un-counts a waiting request when dropped.
-struct Waiter<'a>(&'a Budget, usize, Urgency);
+struct Waiter<'a>(&'a Budget, Taker, Urgency);
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        let freed = self.0.lock().stop_waiting(self.1, self.2);
+        let freed = {
+            let mut state = self.0.lock();
+            let freed = state.stop_waiting(self.1, self.2);
+            self.0.publish(&state);
+            freed
+        };
         if freed {
             self.0.freed.notify_waiters();
         }
@@ -205,6 +341,88 @@ mod tests {
         let b = budget.clone();
         let event = tokio::spawn(async move { b.acquire(Taker::Account(0), Urgency::Deferrable).await });
         tokio::time::timeout(Duration::from_secs(3), event).await.expect("deferred, not dropped").expect("join");
+    }
+
+    /// Polls `f` until it holds, on the paused clock's own time.
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn usage_shows_a_waiting_request_until_it_is_served_and_events_held_back_meanwhile() {
+        let budget = Budget::new(&[(1.0, 1), (1.0, 1)]);
+        let (me, other) = (Taker::Account(0), Taker::Account(1));
+        budget.clone().acquire(me, Urgency::Critical).await;
+        budget.clone().acquire(other, Urgency::Critical).await;
+        assert_eq!(budget.usage().accounts[0], Usage { waiting: 0, deferred: 0, granted: 1 }, "served at once");
+        let critical = tokio::spawn(budget.clone().acquire(me, Urgency::Critical));
+        until("the critical request waits", || budget.usage().accounts[0].waiting == 1).await;
+        let event = tokio::spawn(budget.clone().acquire(other, Urgency::Deferrable));
+        until("the event is held back", || budget.usage().accounts[1].deferred == 1).await;
+        assert_eq!(budget.usage().accounts[1], Usage { waiting: 1, deferred: 1, granted: 1 });
+        critical.await.expect("served");
+        assert_eq!(budget.usage().accounts[0], Usage { waiting: 0, deferred: 0, granted: 2 });
+        assert_eq!(budget.usage().accounts[1].deferred, 0, "nothing critical waits any more");
+        event.await.expect("served");
+        assert_eq!(budget.usage().accounts[1], Usage { waiting: 0, deferred: 0, granted: 2 });
+        // The shared services wait too once every bucket is empty.
+        let shared = tokio::spawn(budget.clone().acquire(Taker::Shared, Urgency::Critical));
+        until("the informers' request waits", || budget.usage().shared.waiting == 1).await;
+        shared.await.expect("served");
+        assert_eq!(budget.usage().shared, Usage { waiting: 0, deferred: 0, granted: 1 });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gives_up_waiting_is_no_longer_counted() {
+        let budget = Budget::new(&[(0.1, 1)]);
+        budget.clone().acquire(Taker::Account(0), Urgency::Critical).await;
+        let waiting = tokio::spawn(budget.clone().acquire(Taker::Account(0), Urgency::Critical));
+        until("it waits", || budget.usage().accounts[0].waiting == 1).await;
+        waiting.abort();
+        until("it left", || budget.usage().accounts[0].waiting == 0).await;
+        assert_eq!(budget.usage().accounts[0].granted, 1);
+    }
+
+    /// A value of `family{labels}` in the exposition `text`.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_budget_is_in_the_metrics_from_the_start() {
+        let metrics = crate::metrics::Metrics::install().expect("recorder");
+        let budget = Budget::named(&[("budget-test-a", (2.5, 3)), ("budget-test-b", (1.0, 1))]);
+        let text = metrics.render();
+        for name in [names::WAITING, names::REQUESTS, names::QPS, names::BURST, names::DEFERRED_EVENTS] {
+            assert!(text.contains(&format!("# HELP {name} ")), "help of {name}:\n{text}");
+        }
+        let at = |text: &str, family: &str, module: &str| sample(text, &format!("{family}{{module=\"{module}\"}}"));
+        for module in ["budget-test-a", "budget-test-b"] {
+            for family in [names::WAITING, names::REQUESTS, names::DEFERRED_EVENTS] {
+                assert_eq!(at(&text, family, module), Some(0.0), "{family} of {module}:\n{text}");
+            }
+        }
+        assert_eq!(at(&text, names::QPS, "budget-test-a"), Some(2.5), "{text}");
+        assert_eq!(at(&text, names::BURST, "budget-test-a"), Some(3.0), "{text}");
+        assert_eq!(at(&text, names::BURST, "budget-test-b"), Some(1.0), "{text}");
+        assert!(at(&text, names::WAITING, names::SHARED_MODULE).is_some(), "{text}");
+        assert!(at(&text, names::REQUESTS, names::SHARED_MODULE).is_some(), "{text}");
+        assert_eq!(at(&text, names::DEFERRED_EVENTS, names::SHARED_MODULE), None, "the informers write no events");
+        // The series move with the budget: b's own token and a's three, then a wait.
+        for _ in 0..4 {
+            budget.clone().acquire(Taker::Account(1), Urgency::Critical).await;
+        }
+        let waiting = tokio::spawn(budget.clone().acquire(Taker::Account(1), Urgency::Critical));
+        until("published", || at(&metrics.render(), names::WAITING, "budget-test-b") == Some(1.0)).await;
+        waiting.await.expect("served");
+        let text = metrics.render();
+        assert_eq!(at(&text, names::WAITING, "budget-test-b"), Some(0.0), "{text}");
+        assert_eq!(at(&text, names::REQUESTS, "budget-test-b"), Some(5.0), "{text}");
+        assert_eq!(at(&text, names::REQUESTS, "budget-test-a"), Some(0.0), "granted to the taker: {text}");
     }
 
     /// Starts `n` critical requests of each account at once (interleaved)

@@ -7,13 +7,15 @@
 //!   from a bucket the taker may take from, its own first;
 //! - no event is granted while a critical request of any module waits;
 //! - in every window, every bucket and the whole budget stay within
-//!   `burst + qps · t` (the total never exceeds what separate processes had).
+//!   `burst + qps · t` (the total never exceeds what separate processes had);
+//! - the usage the metrics show counts each taker's grants and waiters, and
+//!   holds events back exactly while a critical request waits.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::state::{BudgetState, Taker, Urgency, Wait};
+use super::state::{BudgetState, Taker, Urgency, Usage, Wait};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -65,6 +67,9 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut now = Duration::ZERO;
     // (time, source account) of every granted token.
     let mut grants: Vec<(f64, usize)> = Vec::new();
+    // Tokens granted to each account's requests, and to the shared services.
+    let mut granted = vec![0u64; model.len()];
+    let mut shared_granted = 0u64;
     for op in ops {
         match *op {
             Op::Advance(ms) => {
@@ -75,11 +80,11 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
                 }
             }
             Op::StartWaiting(i, critical) => {
-                state.start_waiting(i, urgency(critical));
+                state.start_waiting(Taker::Account(i), urgency(critical));
                 *if critical { &mut model[i].critical } else { &mut model[i].deferred } += 1;
             }
             Op::StopWaiting(i, critical) => {
-                let freed = state.stop_waiting(i, urgency(critical));
+                let freed = state.stop_waiting(Taker::Account(i), urgency(critical));
                 let count = if critical { &mut model[i].critical } else { &mut model[i].deferred };
                 let was = *count;
                 *count = was.saturating_sub(1);
@@ -110,6 +115,10 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
                         }
                         model[src].tokens -= UNIT;
                         grants.push((now.as_secs_f64(), src));
+                        match who {
+                            Some(own) => granted[own] += 1,
+                            None => shared_granted += 1,
+                        }
                     }
                     Err(Wait::CriticalDone) => {
                         prop_assert!(behind, "deferred for no reason");
@@ -123,6 +132,17 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
     }
+    let usage = state.usage();
+    let any_critical = model.iter().any(|b| b.critical > 0);
+    for (i, b) in model.iter().enumerate() {
+        let want = Usage {
+            waiting: b.critical + b.deferred,
+            deferred: if any_critical { b.deferred } else { 0 },
+            granted: granted[i],
+        };
+        prop_assert_eq!(usage.accounts[i], want, "usage of account {}", i);
+    }
+    prop_assert_eq!(usage.shared, Usage { waiting: 0, deferred: 0, granted: shared_granted });
     // Every window, per bucket and in total.
     let qps = |b: &Bucket| b.rate as f64 * 1000.0 / UNIT as f64;
     let burst = |b: &Bucket| (b.burst / UNIT) as f64;

@@ -21,6 +21,10 @@
 //! Tokens only come from the buckets' refills, so in any window of `t`
 //! seconds the process sends at most `Σ burst + Σ qps · t` requests: no more
 //! than the processes it replaces could.
+//!
+//! The state also counts what the budget's metrics show ([`BudgetState::usage`]):
+//! the requests waiting and the tokens granted, per module and for the shared
+//! services; the counts of the shared services play no part in the rule.
 
 use std::time::Duration;
 
@@ -69,6 +73,8 @@ pub struct Account {
     pub critical_waiting: usize,
     /// Deferrable requests of this module waiting for a token.
     pub deferred_waiting: usize,
+    /// Tokens granted to this module's requests so far (from any bucket).
+    pub granted: u64,
 }
 
 impl Account {
@@ -83,6 +89,32 @@ impl Account {
 pub struct BudgetState {
     accounts: Vec<Account>,
     last: Duration,
+    /// The shared services' requests waiting for a token, and their tokens
+    /// granted so far (counted only: they lend and borrow regardless).
+    shared: Usage,
+}
+
+/// What the budget's metrics show of one taker (a module, or the shared
+/// services).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Requests waiting for a token now, critical and deferrable.
+    pub waiting: usize,
+    /// Event writes held back behind critical requests now: the taker's
+    /// deferrable requests waiting while a critical request of any module
+    /// waits.
+    pub deferred: usize,
+    /// Tokens granted to the taker's requests so far.
+    pub granted: u64,
+}
+
+/// [`Usage`] of every account, in index order, and of the shared services.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsageSnapshot {
+    /// Per account.
+    pub accounts: Vec<Usage>,
+    /// The shared services'.
+    pub shared: Usage,
 }
 
 impl BudgetState {
@@ -92,10 +124,10 @@ impl BudgetState {
             .iter()
             .map(|&(qps, burst)| {
                 let burst = f64::from(burst.max(1));
-                Account { qps, burst, tokens: burst, critical_waiting: 0, deferred_waiting: 0 }
+                Account { qps, burst, tokens: burst, critical_waiting: 0, deferred_waiting: 0, granted: 0 }
             })
             .collect();
-        BudgetState { accounts, last: now }
+        BudgetState { accounts, last: now, shared: Usage::default() }
     }
 
     /// The accounts, in index order.
@@ -108,8 +140,30 @@ impl BudgetState {
         self.accounts.iter().any(|a| a.critical_waiting > 0)
     }
 
-    /// Counts a request of `account` as waiting.
-    pub fn start_waiting(&mut self, account: usize, urgency: Urgency) {
+    /// What the metrics show now (pure).
+    pub fn usage(&self) -> UsageSnapshot {
+        let held_back = self.critical_waiting();
+        let accounts = self
+            .accounts
+            .iter()
+            .map(|a| Usage {
+                waiting: a.critical_waiting + a.deferred_waiting,
+                deferred: if held_back { a.deferred_waiting } else { 0 },
+                granted: a.granted,
+            })
+            .collect();
+        UsageSnapshot { accounts, shared: self.shared }
+    }
+
+    /// Counts a request of `taker` as waiting.
+    pub fn start_waiting(&mut self, taker: Taker, urgency: Urgency) {
+        let account = match taker {
+            Taker::Account(i) => i,
+            Taker::Shared => {
+                self.shared.waiting += 1;
+                return;
+            }
+        };
         if let Some(a) = self.accounts.get_mut(account) {
             match urgency {
                 Urgency::Critical => a.critical_waiting += 1,
@@ -118,10 +172,17 @@ impl BudgetState {
         }
     }
 
-    /// Un-counts a waiting request of `account`; says whether that may let
+    /// Un-counts a waiting request of `taker`; says whether that may let
     /// another request go (the account's last critical waiter left, or its
-    /// last waiter: it lends again).
-    pub fn stop_waiting(&mut self, account: usize, urgency: Urgency) -> bool {
+    /// last waiter: it lends again; never for the shared services).
+    pub fn stop_waiting(&mut self, taker: Taker, urgency: Urgency) -> bool {
+        let account = match taker {
+            Taker::Account(i) => i,
+            Taker::Shared => {
+                self.shared.waiting = self.shared.waiting.saturating_sub(1);
+                return false;
+            }
+        };
         let Some(a) = self.accounts.get_mut(account) else { return false };
         let count = match urgency {
             Urgency::Critical => &mut a.critical_waiting,
@@ -184,6 +245,10 @@ impl BudgetState {
         });
         if let Some(i) = pick {
             self.accounts[i].tokens -= 1.0;
+            match taker {
+                Taker::Account(own) => self.accounts[own].granted += 1,
+                Taker::Shared => self.shared.granted += 1,
+            }
             return Ok(i);
         }
         let soonest = sources
@@ -229,7 +294,7 @@ mod tests {
     #[test]
     fn a_module_with_critical_waiters_lends_nothing() {
         let mut s = three();
-        s.start_waiting(0, Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical);
         let got = drain(&mut s, Taker::Account(1), Duration::ZERO);
         assert_eq!(got.len(), 20, "its own and module 2's, not module 0's: {got:?}");
         assert!(!got.contains(&0));
@@ -240,8 +305,8 @@ mod tests {
     #[test]
     fn when_every_module_is_busy_each_gets_its_own_rate() {
         let mut s = BudgetState::new(&[(5.0, 10), (2.0, 4)], Duration::ZERO);
-        s.start_waiting(0, Urgency::Critical);
-        s.start_waiting(1, Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical);
+        s.start_waiting(Taker::Account(1), Urgency::Critical);
         assert_eq!(drain(&mut s, Taker::Account(0), Duration::ZERO), vec![0; 10]);
         assert_eq!(drain(&mut s, Taker::Account(1), Duration::ZERO), vec![1; 4]);
         assert_eq!(drain(&mut s, Taker::Account(0), Duration::from_secs(2)), vec![0; 10]);
@@ -253,31 +318,31 @@ mod tests {
     #[test]
     fn events_wait_while_any_modules_critical_request_waits() {
         let mut s = three();
-        s.start_waiting(2, Urgency::Critical);
+        s.start_waiting(Taker::Account(2), Urgency::Critical);
         assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
-        assert!(s.stop_waiting(2, Urgency::Critical), "its last critical waiter left");
+        assert!(s.stop_waiting(Taker::Account(2), Urgency::Critical), "its last critical waiter left");
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0));
     }
 
     #[test]
     fn a_module_with_only_events_waiting_lends_to_critical_requests_not_to_events() {
         let mut s = three();
-        s.start_waiting(1, Urgency::Deferrable);
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
         let got = drain(&mut s, Taker::Account(0), Duration::ZERO);
         assert_eq!(got.len(), 30, "module 1's events wait; its tokens serve module 0's critical work: {got:?}");
         let mut s = BudgetState::new(&[(5.0, 1), (5.0, 10), (5.0, 10)], Duration::ZERO);
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
-        s.start_waiting(1, Urgency::Deferrable);
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(2), "not module 1's");
     }
 
     #[test]
     fn the_shared_services_take_from_the_fullest_bucket_even_a_busy_one() {
         let mut s = three();
-        s.start_waiting(0, Urgency::Critical);
-        s.start_waiting(1, Urgency::Critical);
-        s.start_waiting(2, Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical);
+        s.start_waiting(Taker::Account(1), Urgency::Critical);
+        s.start_waiting(Taker::Account(2), Urgency::Critical);
         drain(&mut s, Taker::Account(0), Duration::ZERO);
         drain(&mut s, Taker::Account(2), Duration::ZERO);
         assert_eq!(s.try_take(Taker::Shared, Urgency::Critical, Duration::ZERO), Ok(1));
@@ -289,6 +354,37 @@ mod tests {
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, MS(100)), Err(Wait::For(MS(150))));
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, MS(250)), Ok(0));
+    }
+
+    #[test]
+    fn usage_counts_waiters_grants_and_events_held_back_behind_critical_requests() {
+        let mut s = BudgetState::new(&[(1.0, 2), (1.0, 2)], Duration::ZERO);
+        let usage = |s: &BudgetState, a: usize| s.usage().accounts[a];
+        assert_eq!(s.usage(), UsageSnapshot { accounts: vec![Usage::default(); 2], shared: Usage::default() });
+        // Module 0 takes its own two tokens and one of module 1's.
+        for want in [0, 0, 1] {
+            assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(want));
+        }
+        assert_eq!(s.try_take(Taker::Shared, Urgency::Critical, Duration::ZERO), Ok(1));
+        assert_eq!(usage(&s, 0).granted, 3, "granted to the taker, whichever bucket gave");
+        assert_eq!(usage(&s, 1).granted, 0);
+        assert_eq!(s.usage().shared.granted, 1);
+        // An event of module 1 waits for a token only: not held back.
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
+        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 0, granted: 0 });
+        // A critical request of module 0 waits: module 1's event is held back.
+        s.start_waiting(Taker::Account(0), Urgency::Critical);
+        assert_eq!(usage(&s, 0), Usage { waiting: 1, deferred: 0, granted: 3 });
+        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 1, granted: 0 });
+        s.start_waiting(Taker::Shared, Urgency::Critical);
+        assert_eq!(s.usage().shared.waiting, 1);
+        assert!(!s.stop_waiting(Taker::Shared, Urgency::Critical), "the shared services free nothing");
+        assert!(s.stop_waiting(Taker::Account(0), Urgency::Critical));
+        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 0, granted: 0 }, "no longer behind anything");
+        assert_eq!(s.try_take(Taker::Account(1), Urgency::Deferrable, Duration::from_secs(1)), Ok(1));
+        assert!(s.stop_waiting(Taker::Account(1), Urgency::Deferrable));
+        assert_eq!(usage(&s, 1), Usage { waiting: 0, deferred: 0, granted: 1 });
+        assert_eq!(s.usage().shared, Usage { waiting: 0, deferred: 0, granted: 1 });
     }
 
     #[test]
