@@ -333,6 +333,13 @@ async fn bad_input_exits_2_naming_it() {
         assert!(said.head.is_empty() && said.lines.is_empty(), "{args:?}: nothing on stdout: {said:?}");
         assert!(said.stderr.contains(&says), "{args:?}: {says:?} in {:?}", said.stderr);
     }
+    // A --kubeconfig that cannot be read (given last, it wins).
+    let absent = env.dir.path().join("absent.kubeconfig");
+    let mut args = env.args("pvc", &claim, &[]);
+    args.push(format!("--kubeconfig={}", absent.display()));
+    let said = explain(&args).await;
+    assert_eq!(said.code, Some(2), "{said:?}");
+    assert!(said.stderr.contains(&format!("kubeconfig {}: ", absent.display())), "{said:?}");
 }
 
 // ---- VolumeSnapshot ----
