@@ -111,7 +111,8 @@ pub struct Entry {
     pub waiting_for: WaitingFor,
     /// Consecutive failed attempts (the queue's backoff count).
     pub attempts: u32,
-    /// The text of the last Warning event about it (the last error).
+    /// The text of the last Warning event about it, or of the last error
+    /// written into its status (the last error).
     pub last_error: Option<String>,
     /// When the queue hands it to a worker again, if it will by itself.
     pub next_retry: Option<SystemTime>,
@@ -126,6 +127,12 @@ pub struct Entry {
 /// The key of an entry: the API kind and the queue's key
 /// (`namespace/name` or `name`).
 pub type EntryKey = (&'static str, String);
+
+/// Where an entry is filed: its object and the queue that synced it. Two
+/// queues of a module may sync one object with different decisions (the
+/// resizer's resize and modify queues): each files its own entry, so one
+/// queue's "done" does not erase what the other still waits for.
+type Slot = (EntryKey, &'static str);
 
 /// Who leads for a module, as its elector last saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +156,7 @@ pub struct Ledger {
 
 struct LedgerInner {
     module: &'static str,
-    entries: Mutex<BTreeMap<EntryKey, Entry>>,
+    entries: Mutex<BTreeMap<Slot, Entry>>,
     leader: Mutex<Option<LeaderSource>>,
 }
 
@@ -176,14 +183,16 @@ impl Ledger {
         source.map(|s| s())
     }
 
-    /// A copy of the entries (for the endpoint and gauges).
+    /// A copy of the entries (for the endpoint and gauges), ordered by
+    /// kind, key and queue (an object synced by two queues has two).
     pub fn entries(&self) -> Vec<(EntryKey, Entry)> {
-        self.inner.entries.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.inner.entries.lock().iter().map(|((k, _), v)| (k.clone(), v.clone())).collect()
     }
 
-    /// Calls `f` on each entry under the lock (no copy).
+    /// Calls `f` on each entry under the lock (no copy), in the order of
+    /// [`entries`](Self::entries).
     pub fn for_each(&self, mut f: impl FnMut(&EntryKey, &Entry)) {
-        for (k, v) in self.inner.entries.lock().iter() {
+        for ((k, _), v) in self.inner.entries.lock().iter() {
             f(k, v);
         }
     }
@@ -201,7 +210,7 @@ impl Ledger {
     /// The entry of `key`, created (waiting for `default`) if absent.
     fn with_entry<R>(&self, key: &EntryKey, queue: &'static str, f: impl FnOnce(&mut Entry) -> R) -> R {
         let mut entries = self.inner.entries.lock();
-        let entry = entries.entry(key.clone()).or_insert_with(|| Entry {
+        let entry = entries.entry((key.clone(), queue)).or_insert_with(|| Entry {
             queue,
             waiting_for: WaitingFor::Retry,
             attempts: 0,
@@ -214,9 +223,19 @@ impl Ledger {
         f(entry)
     }
 
-    /// Forgets `key` (done, or gone).
+    /// Forgets `key` as `queue` filed it.
+    pub fn remove_in(&self, key: &EntryKey, queue: &'static str) {
+        self.inner.entries.lock().remove(&(key.clone(), queue));
+    }
+
+    /// Forgets `key` in every queue (the object is gone).
     pub fn remove(&self, key: &EntryKey) {
-        self.inner.entries.lock().remove(key);
+        let mut entries = self.inner.entries.lock();
+        let slots: Vec<Slot> =
+            entries.range((key.clone(), "")..).take_while(|((k, _), _)| k == key).map(|(s, _)| s.clone()).collect();
+        for slot in slots {
+            entries.remove(&slot);
+        }
     }
 
     /// Starts a sync of `key` from `queue`.
@@ -342,11 +361,12 @@ impl SyncScope {
             let mut n = s.notes.lock();
             (n.waiting_for.take(), n.last_error.take())
         };
+        let slot = (s.key.clone(), s.queue);
         let mut entries = s.ledger.inner.entries.lock();
-        let previous = entries.get(&s.key);
+        let previous = entries.get(&slot);
         match after_sync(previous, waiting, error, finish) {
             None => {
-                entries.remove(&s.key);
+                entries.remove(&slot);
             }
             Some((waiting_for, attempts, last_error, delay)) => {
                 drop(entries);
@@ -372,7 +392,8 @@ pub fn waiting_for(w: WaitingFor) {
     let _ = CURRENT.try_with(|s| s.0.notes.lock().waiting_for = Some(w));
 }
 
-/// Files `text` (a Warning event's message) as the current sync's error.
+/// Files `text` (a Warning event's message, or the error a module without
+/// events writes into the object's status) as the current sync's error.
 pub fn failed(text: &str) {
     let _ = CURRENT.try_with(|s| s.0.notes.lock().last_error = Some(text.to_string()));
 }
@@ -397,7 +418,7 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         if let Some(s) = &self.0 {
             let mut entries = s.0.ledger.inner.entries.lock();
-            if let Some(e) = entries.get_mut(&s.0.key) {
+            if let Some(e) = entries.get_mut(&(s.0.key.clone(), s.0.queue)) {
                 e.csi_call = None;
             }
         }

@@ -97,7 +97,8 @@ pub struct Page {
     pub driver: Option<String>,
     /// Every module of the process.
     pub modules: Vec<ModuleView>,
-    /// The objects of this page, ordered by module, kind, namespace, name.
+    /// The objects of this page, ordered by module, kind, namespace, name
+    /// and queue (an object two queues of a module hold is listed twice).
     pub objects: Vec<ObjectView>,
     /// How many objects match the filters (over all pages).
     pub matching: usize,
@@ -148,9 +149,9 @@ fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
     }
 }
 
-/// The continue token of an object: where the next page starts after.
-fn token(module: &str, kind: &str, key: &str) -> String {
-    format!("{module}|{kind}|{key}")
+/// The continue token of an entry: where the next page starts after.
+fn token(module: &str, kind: &str, key: &str, queue: &str) -> String {
+    format!("{module}|{kind}|{key}|{queue}")
 }
 
 /// Clock readings of one answer.
@@ -195,7 +196,7 @@ pub fn page_of(q: &Query, driver: Option<String>, ledgers: &[Ledger], now: Now) 
                 return;
             }
             matching += 1;
-            let tok = token(module, key.0, &key.1);
+            let tok = token(module, key.0, &key.1, entry.queue);
             if q.after.as_deref().is_some_and(|after| tok.as_str() <= after) {
                 // Served on an earlier page.
                 return;

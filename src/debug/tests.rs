@@ -239,3 +239,36 @@ async fn notes_and_calls_reach_the_entry_only_inside_a_scope() {
     assert_eq!(r.ledger("provisioner").module(), "provisioner");
     assert_eq!(r.ledgers().len(), 1, "one ledger per module");
 }
+
+#[test]
+fn two_queues_of_one_object_keep_their_own_entries() {
+    let l = Registry::default().ledger("resizer");
+    let key: EntryKey = ("PersistentVolumeClaim", "ns/data".into());
+    let file = |queue: &'static str, w: Option<WaitingFor>, finish: Finish| {
+        let scope = l.scope(queue, key.0, key.1.clone());
+        scope.0.notes.lock().waiting_for = w;
+        scope.finish(finish);
+    };
+    file("resize", Some(WaitingFor::Driver), Finish::Again { delay: Duration::from_secs(5), attempts: 1 });
+    file("modify", Some(WaitingFor::Class), Finish::Done);
+    let queues = |l: &Ledger| l.entries().into_iter().map(|(_, e)| (e.queue, e.waiting_for)).collect::<Vec<_>>();
+    assert_eq!(queues(&l), [("modify", WaitingFor::Class), ("resize", WaitingFor::Driver)]);
+    // The modify queue finds nothing to do: only its entry goes.
+    file("modify", None, Finish::Done);
+    assert_eq!(queues(&l), [("resize", WaitingFor::Driver)]);
+    // Both again, then the object is gone: every queue's entry goes.
+    file("modify", Some(WaitingFor::Class), Finish::Done);
+    l.remove(&("PersistentVolumeClaim", "ns/dat".into()));
+    assert_eq!(l.len(), 2, "a key that is a prefix of another removes nothing");
+    l.remove(&key);
+    assert!(l.is_empty());
+    // Both are served, one page after the other.
+    file("resize", Some(WaitingFor::Driver), Finish::Done);
+    file("modify", Some(WaitingFor::Class), Finish::Done);
+    let q = Query { limit: Some(1), ..Query::default() };
+    let first = page(&q, std::slice::from_ref(&l), now());
+    let next = Query { after: first.after.clone(), ..q };
+    let second = page(&next, std::slice::from_ref(&l), now());
+    assert_eq!((first.objects[0].queue.as_str(), second.objects[0].queue.as_str()), ("modify", "resize"));
+    assert_eq!(second.after, None);
+}

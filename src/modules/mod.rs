@@ -9,6 +9,8 @@ pub mod provisioner;
 pub mod registrar;
 pub mod resizer;
 pub mod snapshotter;
+#[cfg(test)]
+mod testing;
 pub mod views;
 
 use std::{any::Any, fmt, time::Duration};

@@ -248,6 +248,17 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         self.lock().group.forget(self.id, key);
     }
 
+    /// This queue is done with `key` (its object is gone, or another
+    /// queue took it over): a tracked queue drops the ledger entry it filed
+    /// (one a sync left waiting for an event that will now never come).
+    /// Other queues' entries of the key stay. A sync running meanwhile may
+    /// file it again; its next sync, finding the object gone, removes it.
+    pub fn untrack(&self, key: &K) {
+        if let (Some(t), Some(k)) = (&self.tracker, key_text(key)) {
+            t.ledger.remove_in(&(t.kind, k), self.name);
+        }
+    }
+
     /// Consecutive failures of `key`.
     pub fn failures(&self, key: &K) -> u32 {
         self.lock().group.failures(self.id, key)

@@ -391,3 +391,22 @@ async fn a_tracked_queue_files_failures_and_forgets_the_key_once_done() {
     stop.cancel();
     worker.await.unwrap();
 }
+
+#[tokio::test]
+async fn untracking_a_gone_key_drops_only_its_entry() {
+    use crate::debug::{Finish, Registry, WaitingFor};
+    let ledger = Registry::default().ledger("resizer");
+    let q = q().tracked(&ledger, "PersistentVolumeClaim");
+    for (queue, key) in [("test", "ns/gone"), ("test", "ns/kept"), ("other", "ns/gone")] {
+        let scope = ledger.scope(queue, "PersistentVolumeClaim", key.to_string());
+        scope.run(async { crate::debug::waiting_for(WaitingFor::Class) }).await;
+        scope.finish(Finish::Done);
+    }
+    assert_eq!(ledger.len(), 3, "all wait (done, for an event)");
+    q.untrack(&"ns/gone".to_string());
+    let left: Vec<_> = ledger.entries().into_iter().map(|((_, k), e)| (e.queue, k)).collect();
+    assert_eq!(left, [("other", "ns/gone".to_string()), ("test", "ns/kept".to_string())], "the other queue's stays");
+    // An untracked queue (even of the same name) touches no ledger.
+    self::q().untrack(&"ns/kept".to_string());
+    assert_eq!(ledger.len(), 2);
+}

@@ -9,6 +9,8 @@
 
 pub mod config;
 pub mod decide;
+mod reconcile;
+pub mod waiting;
 
 use parking_lot::Mutex;
 use std::{
@@ -50,8 +52,12 @@ use crate::{
 };
 use config::AttacherFlags;
 use decide::{Handler, VaAction, VolumeSource};
+use waiting::Stop;
 
 const NAME: &str = "attacher";
+/// The API kinds of the queues' keys, in `/debug/objects`.
+const KIND_VA: &str = "VolumeAttachment";
+const KIND_PV: &str = "PersistentVolume";
 
 struct Attacher {
     cfg: AttacherFlags,
@@ -91,8 +97,15 @@ impl Queues {
                 "Nothing to do for this change (our own status or metadata write)"
             );
         }
-        if let Some(name) = work.gone {
-            forced.lock().remove(&name);
+        if let Some(name) = &work.gone {
+            forced.lock().remove(name);
+            self.attach.untrack(name);
+            self.detach.untrack(name);
+        }
+        if let Some(name) = &work.detach {
+            // Being deleted: what an attach waited for no longer matters
+            // (the detach files its own entry).
+            self.attach.untrack(name);
         }
         for (queue, key) in [(&self.attach, work.attach), (&self.detach, work.detach), (&self.pv, work.pv)] {
             if let Some(key) = key {
@@ -100,6 +113,13 @@ impl Queues {
             }
         }
     }
+}
+
+/// Files where a sync stopped for `/debug/objects`: what the object waits
+/// for, and `msg` (the error written into its status) as its last error.
+fn stopped(stop: Stop, msg: &str) {
+    crate::debug::waiting_for(stop.waiting_for());
+    crate::debug::failed(msg);
 }
 
 fn is_status(e: &::kube::Error, code: u16) -> bool {
@@ -147,13 +167,14 @@ impl Attacher {
     }
 
     /// The volume of an attachment, from its source: the cached PV (`None`
-    /// if not cached) or the inline spec. Err: the source is invalid.
+    /// if not cached) or the inline spec. Err: the source is invalid, or
+    /// the PV cannot be translated (with the step that stopped).
     /// An in-tree PV of a migrated plugin comes translated to its CSI form.
-    fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), String> {
-        let source = decide::volume_source(va)?;
+    fn volume_of(&self, va: &VolumeAttachment) -> Result<(Option<PersistentVolume>, VolumeSource), (Stop, String)> {
+        let source = decide::volume_source(va).map_err(|e| (Stop::Source, e))?;
         let pv = match &source {
             VolumeSource::Pv(name) => match self.pv(name) {
-                Some(pv) => Some(decide::csi_form(pv, &self.driver.name)?.0),
+                Some(pv) => Some(decide::csi_form(pv, &self.driver.name).map_err(|e| (Stop::Volume, e))?.0),
                 None => None,
             },
             VolumeSource::Inline => decide::inline_volume(va),
@@ -177,15 +198,17 @@ impl Attacher {
 
     /// The volume of an attachment being attached: its PV, which must exist
     /// and not be deleting, or its inline spec.
-    fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), String> {
+    fn volume_to_attach(&self, va: &VolumeAttachment) -> Result<(PersistentVolume, VolumeSource), (Stop, String)> {
         let (pv, source) = self.volume_of(va)?;
         let pv = match (&source, pv) {
-            (VolumeSource::Pv(name), None) => return Err(format!("persistentvolume \"{name}\" not found")),
+            (VolumeSource::Pv(name), None) => {
+                return Err((Stop::Volume, format!("persistentvolume \"{name}\" not found")));
+            }
             (VolumeSource::Pv(name), Some(pv)) if pv.metadata.deletion_timestamp.is_some() => {
-                return Err(format!("PersistentVolume {name} is marked for deletion"));
+                return Err((Stop::Volume, format!("PersistentVolume {name} is marked for deletion")));
             }
             (_, Some(pv)) => pv,
-            (VolumeSource::Inline, None) => return Err("the inline volume spec is gone".into()),
+            (VolumeSource::Inline, None) => return Err((Stop::Source, "the inline volume spec is gone".into())),
         };
         Ok((pv, source))
     }
@@ -225,6 +248,7 @@ impl Attacher {
                     Ok(()) => Outcome::Done,
                     Err(e) => {
                         tracing::warn!(va = %name, error = %e, "Marking attached failed");
+                        crate::debug::waiting_for(Stop::Api.waiting_for());
                         Outcome::Retry
                     }
                 }
@@ -236,14 +260,15 @@ impl Attacher {
 
     async fn attach(&self, va: &VolumeAttachment) -> Outcome {
         let name = va.metadata.name.clone().unwrap_or_default();
-        let fail = async |msg: String, code: Option<tonic::Code>| {
+        let fail = async |stop: Stop, msg: String, code: Option<tonic::Code>| {
             tracing::warn!(va = %name, error = %msg, "Attach failed");
+            stopped(stop, &msg);
             self.error_status(&name, "attachError", &msg, code).await;
             Outcome::Retry
         };
         let (pv, source) = match self.volume_to_attach(va) {
             Ok(v) => v,
-            Err(e) => return fail(e, None).await,
+            Err((stop, e)) => return fail(stop, e, None).await,
         };
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let node_id = match decide::node_id(
@@ -252,26 +277,26 @@ impl Attacher {
             &self.driver.name,
         ) {
             Ok(id) => id,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Node, e, None).await,
         };
         let mut req = match decide::publish_request(&pv, &node_id, &self.driver, &self.cfg.default_fstype) {
             Ok(r) => r,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Volume, e, None).await,
         };
         // Finalizers first: from now on a detach is owed.
         if source != VolumeSource::Inline
             && let Err(e) =
                 add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await
         {
-            return fail(format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e)), None)
-                .await;
+            let msg = format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e));
+            return fail(Stop::Api, msg, None).await;
         }
         if let Err(e) = self.mark_attaching(va, &node_id).await {
-            return fail(format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
+            return fail(Stop::Api, format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
         }
         match self.secrets(&pv).await {
             Ok(s) => req.secrets = s,
-            Err(e) => return fail(e, None).await,
+            Err(e) => return fail(Stop::Secret, e, None).await,
         }
         let resp = self.csi.controller_publish_volume(self.cfg.timeout, req).await;
         match resp {
@@ -280,53 +305,56 @@ impl Attacher {
                     serde_json::json!({"attached": true, "attachmentMetadata": r.publish_context, "attachError": null});
                 if let Err(e) = self.patch_status(&name, status).await {
                     tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
+                    stopped(Stop::Api, &format!("could not save the attach status: {}", crate::kube::error_text(&e)));
                     return Outcome::Retry;
                 }
                 self.forced.lock().remove(&name);
                 tracing::info!(va = %name, volume = %pv_name, node = %va.spec.node_name, "Attached");
                 Outcome::Done
             }
-            Err(s) => fail(compat::grpc_error_text(&s), Some(s.code())).await,
+            Err(s) => fail(Stop::Driver, compat::grpc_error_text(&s), Some(s.code())).await,
         }
     }
 
     async fn detach(&self, va: &VolumeAttachment) -> Outcome {
         let name = va.metadata.name.clone().unwrap_or_default();
-        let fail = async |msg: String| {
+        let fail = async |stop: Stop, msg: String| {
             tracing::warn!(va = %name, error = %msg, "Detach failed");
+            stopped(stop, &msg);
             self.error_status(&name, "detachError", &msg, None).await;
             Outcome::Retry
         };
         let csinode = self.csinodes.get(&ObjectRef::new(&va.spec.node_name));
         let node_id = match decide::detach_node_id(va, csinode.as_deref(), &self.driver.name) {
             Ok(id) => id,
-            Err(e) => return fail(e).await,
+            Err(e) => return fail(Stop::Node, e).await,
         };
         // A PV being deleted is still detached (its finalizer holds it).
         let pv = match self.volume_of(va) {
             Ok((pv, _)) => pv,
-            Err(e) => return fail(e).await,
+            Err((stop, e)) => return fail(stop, e).await,
         };
         let volume_id = pv.as_ref().and_then(|p| p.spec.as_ref()?.csi.as_ref().map(|c| c.volume_handle.clone()));
         let Some(volume_id) = volume_id else {
-            return fail("cannot find the volume handle: the PersistentVolume is gone".into()).await;
+            return fail(Stop::Volume, "cannot find the volume handle: the PersistentVolume is gone".into()).await;
         };
         // Upstream fails the detach when the secret cannot be read: a driver
         // must never be asked to unpublish with credentials missing.
         let secrets = match &pv {
             Some(p) => match self.secrets(p).await {
                 Ok(s) => s,
-                Err(e) => return fail(e).await,
+                Err(e) => return fail(Stop::Secret, e).await,
             },
             None => HashMap::new(),
         };
         let req = csi::ControllerUnpublishVolumeRequest { volume_id, node_id, secrets };
         let resp = self.csi.controller_unpublish_volume(self.cfg.timeout, req).await;
         if let Err(s) = resp {
-            return fail(compat::grpc_error_text(&s)).await;
+            return fail(Stop::Driver, compat::grpc_error_text(&s)).await;
         }
         if let Err(e) = crate::kube::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
             tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
+            stopped(Stop::Api, &format!("could not remove finalizer: {}", crate::kube::error_text(&e)));
             return Outcome::Retry;
         }
         let _ = self
@@ -349,104 +377,23 @@ impl Attacher {
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer, &self.driver.name) {
             let version = pv.metadata.resource_version.as_deref().unwrap_or_default();
             tracing::debug!(pv = %name, resource_version = %version, referenced, "PersistentVolume finalizer kept");
+            // Done, but a PV held only by its attachments waits for their
+            // deletion (which queues it again).
+            if let Some(w) = waiting::pv_waiting(&pv, referenced, &self.finalizer, &self.driver.name) {
+                crate::debug::waiting_for(w);
+            }
             return Outcome::Done;
         }
         match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
             .await
         {
             Ok(()) => Outcome::Done,
-            Err(_) => Outcome::Retry,
-        }
-    }
-
-    /// The driver's answer to a whole ListVolumes pass: volume handle →
-    /// published node IDs. `None` if the pass did not complete: an error,
-    /// shutdown, or `--timeout` for the whole pass (as upstream's one
-    /// context), so a driver that never stops returning `next_token` cannot
-    /// hold the reconciler (or shutdown). A partial answer is never used:
-    /// a volume missing from it would read as unpublished.
-    async fn list_published(&self, shutdown: &CancellationToken) -> Option<HashMap<String, Vec<String>>> {
-        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
-        let mut published: HashMap<String, Vec<String>> = HashMap::new();
-        let mut token = String::new();
-        let mut pages = 0u64;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
-                return None;
-            }
-            let req = csi::ListVolumesRequest { max_entries: self.cfg.max_entries, starting_token: token.clone() };
-            let call = self.csi.list_volumes(left, req);
-            let resp = tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                r = call => r,
-            };
-            let resp = match resp {
-                Ok(r) => r,
-                Err(s) => {
-                    tracing::warn!(pages, error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
-                    return None;
-                }
-            };
-            pages += 1;
-            for e in resp.entries {
-                if let Some(v) = e.volume {
-                    published.insert(v.volume_id, e.status.map(|s| s.published_node_ids).unwrap_or_default());
-                }
-            }
-            if resp.next_token.is_empty() {
-                return Some(published);
-            }
-            token = resp.next_token;
-        }
-    }
-
-    /// One ListVolumes pass: VAs whose `attached` disagrees with the driver's
-    /// published nodes are synced again, forced.
-    async fn reconcile(&self, attach: &WorkQueue<String>, detach: &WorkQueue<String>, shutdown: &CancellationToken) {
-        let Some(published) = self.list_published(shutdown).await else { return };
-        for cached in self.vas.state() {
-            if *cached.spec.attacher != *self.driver.name {
-                continue;
-            }
-            let va = cached.to_full();
-            let name = va.metadata.name.clone().unwrap_or_default();
-            let pv = self.volume_of(&va).ok().and_then(|(pv, _)| pv);
-            let Some(handle) = pv.and_then(|p| p.spec?.csi.map(|c| c.volume_handle)) else {
-                continue;
-            };
-            let Ok(node_id) = decide::detach_node_id(
-                &va,
-                self.csinodes.get(&ObjectRef::new(&va.spec.node_name)).as_deref(),
-                &self.driver.name,
-            ) else {
-                continue;
-            };
-            // A migrated volume's translated handle can lack what the driver
-            // names it by (a GCE PD's project and zone): completed from the node.
-            let handle = if self.is_migrated(&va) {
-                match crate::migration::repair_volume_handle(&self.driver.name, &handle, &node_id) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        tracing::warn!(va = %name, error = %e, "Failed to repair the migrated volume handle {handle}");
-                        continue;
-                    }
-                }
-            } else {
-                handle
-            };
-            let attached = va.status.as_ref().is_some_and(|s| s.attached);
-            // A volume missing from the answer is published nowhere (upstream).
-            let is_published = published.get(&handle).is_some_and(|nodes| nodes.contains(&node_id));
-            match decide::reconcile(attached, va.metadata.deletion_timestamp.is_some(), is_published) {
-                decide::Reconcile::InSync => {}
-                decide::Reconcile::Resync => {
-                    tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
-                    self.forced.lock().insert(name.clone());
-                    attach.add(name);
-                }
-                decide::Reconcile::Detach => detach.add(name),
+            Err(e) => {
+                stopped(
+                    Stop::Api,
+                    &format!("could not remove PersistentVolume finalizer: {}", crate::kube::error_text(&e)),
+                );
+                Outcome::Retry
             }
         }
     }
@@ -494,11 +441,12 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let csinode_inf = kube.informers.get::<CSINode>();
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff);
+    let ledger = ctx.debug.ledger(NAME);
+    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff).tracked(&ledger, KIND_VA);
     // Its own workers (a pile of failing detaches cannot starve attaches),
     // but never at the same time as an attach of the same attachment.
-    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH);
-    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff);
+    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH).tracked(&ledger, KIND_VA);
+    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff).tracked(&ledger, KIND_PV);
     let forced = Forced::default();
     {
         let queues = Queues { attach: attach_q.clone(), detach: detach_q.clone(), pv: pv_q.clone() };
@@ -511,8 +459,11 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         let (pv_q, finalizer) = (pv_q.clone(), up::finalizer(&driver.name));
         pv_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
             let pv = c.object();
-            if !c.is_deleted() && pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
-                pv_q.add(pv.metadata.name.clone().unwrap_or_default());
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            if c.is_deleted() {
+                pv_q.untrack(&name);
+            } else if pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
+                pv_q.add(name);
             }
         });
     }

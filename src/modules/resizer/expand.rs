@@ -13,10 +13,12 @@ use super::{
     Expander, Resizer,
     decide::{self, Failure, Memory, Step},
     is_status, set_of,
+    waiting::ExpandStop,
 };
 use crate::{
     compat::{self, resizer as up},
     csi::proto::csi::v1::controller_service_capability::rpc::Type as Rpc,
+    debug::{self, WaitingFor},
     kube::{events::EventType, queue::Outcome},
 };
 
@@ -54,6 +56,7 @@ impl Resizer {
             Err(e) => {
                 // Bad input: said once per change (a fix re-queues the claim).
                 tracing::warn!(error = %e, "Cannot read the claim's sizes");
+                debug::waiting_for(e.waiting_for());
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &e.to_string());
                 return Outcome::Done;
             }
@@ -65,6 +68,7 @@ impl Resizer {
             if decide::resize_asked_without_volume(&pvc, &sizes) && annotated_for(&pvc, &self.driver.name) {
                 let msg = format!("PersistentVolume {pv_name} of claim {key} not found; cannot resize");
                 tracing::warn!(pv = %pv_name, "{msg}");
+                debug::waiting_for(WaitingFor::Dependent);
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
                 return Outcome::Retry;
             }
@@ -76,6 +80,7 @@ impl Resizer {
             && let Err(e) = self.patch_pv(&pv_name, decide::pv_annotation_removal()).await
         {
             tracing::warn!(pv = %pv_name, error = %e, "Removing the pre-resize annotation failed");
+            debug::waiting_for(WaitingFor::ApiServer);
             return Outcome::Retry;
         }
         if !decide::needs_resize(&pvc, &sizes) {
@@ -98,7 +103,10 @@ impl Resizer {
             };
             match decide::plan(&pvc, &sizes, memory) {
                 Step::Skip => return Outcome::Done,
-                Step::HeldBack => {
+                step @ Step::HeldBack => {
+                    if let Some(w) = step.waiting_for() {
+                        debug::waiting_for(w);
+                    }
                     let left = slow.unwrap_or(self.cfg.retry_interval_max);
                     tracing::info!(retry_in = ?left, "{}", up::text_infeasible_skipped(&key));
                     return Outcome::RetryAfter(left);
@@ -120,6 +128,7 @@ impl Resizer {
                 } else {
                     tracing::warn!(error = %e, "Marking the resize in progress failed");
                 }
+                debug::waiting_for(WaitingFor::ApiServer);
                 return Outcome::Retry;
             }
         };
@@ -127,6 +136,7 @@ impl Resizer {
         if set_of(&self.in_use_errors).contains(&uid) && self.in_use(&pvc) {
             let msg = up::text_in_use(&key, &self.driver.name);
             tracing::info!("{msg}");
+            debug::waiting_for(WaitingFor::VolumeInUse);
             self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
             return Outcome::Retry;
         }
@@ -134,30 +144,33 @@ impl Resizer {
         set_of(&self.in_use_errors).remove(&uid);
         match self.expand(&pv, target).await {
             Ok((new_size, node_required)) => self.expanded(&key, &pvc, &pv, new_size, node_required).await,
-            Err((code, err)) => self.failed(&key, &pvc, &pv_name, code, &err).await,
+            Err((stop, err)) => self.failed(&key, &pvc, &pv_name, stop, &err).await,
         }
     }
 
     /// The driver's call (or the trivial answer): the new size and whether
-    /// the node must finish. Err: the gRPC code (if any) and the error text.
-    async fn expand(&self, pv: &PersistentVolume, target: i64) -> Result<(i64, bool), (Option<tonic::Code>, String)> {
+    /// the node must finish. Err: where it stopped (with the gRPC code, if
+    /// any) and the error text.
+    async fn expand(&self, pv: &PersistentVolume, target: i64) -> Result<(i64, bool), (ExpandStop, String)> {
         if self.expander == Expander::Trivial {
             return Ok((target, true));
         }
-        let (pv, migrated) = decide::csi_form(pv, &self.driver.name).map_err(|e| (None, e))?;
+        let (pv, migrated) = decide::csi_form(pv, &self.driver.name).map_err(|e| (ExpandStop::Volume, e))?;
         let smw = self.driver.has_controller_capability(Rpc::SingleNodeMultiWriter);
-        let mut req = decide::expand_request(&pv, target, smw).map_err(|e| (None, e.to_string()))?;
+        let mut req = decide::expand_request(&pv, target, smw).map_err(|e| (ExpandStop::Volume, e.to_string()))?;
         if let Some(r) =
             pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| c.controller_expand_secret_ref.as_ref())
         {
             let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
-            req.secrets = crate::kube::secrets::secret_data(&self.client, &name, &ns).await.map_err(|e| (None, e))?;
+            req.secrets = crate::kube::secrets::secret_data(&self.client, &name, &ns)
+                .await
+                .map_err(|e| (ExpandStop::Secret, e))?;
         }
         let call = self.csi.controller_expand_volume(self.cfg.timeout, req);
         let resp = crate::csi::connection::migrated_scope(migrated, call)
             .await
-            .map_err(|s| (Some(s.code()), compat::grpc_error_text(&s)))?;
-        let size = decide::checked_capacity(target, resp.capacity_bytes).map_err(|e| (None, e))?;
+            .map_err(|s| (ExpandStop::Call(s.code()), compat::grpc_error_text(&s)))?;
+        let size = decide::checked_capacity(target, resp.capacity_bytes).map_err(|e| (ExpandStop::Answer, e))?;
         Ok((size, resp.node_expansion_required))
     }
 
@@ -174,11 +187,13 @@ impl Resizer {
         let patch = decide::pv_patch(pv, pvc, new_size, node_required, self.gates.annotate_fs_resize);
         if let Err(e) = self.patch_pv(&pv_name, patch).await {
             tracing::warn!(pv = %pv_name, error = %e, "Updating the PV capacity failed");
+            debug::waiting_for(WaitingFor::ApiServer);
             return Outcome::Retry;
         }
         let patch = decide::success_patch(pvc, new_size, node_required, self.gates.recover, Timestamp::now());
         if let Err(e) = self.patch_status(pvc, patch).await {
             tracing::warn!(error = %e, "Updating the claim status failed");
+            debug::waiting_for(WaitingFor::ApiServer);
             return Outcome::Retry;
         }
         if node_required {
@@ -196,9 +211,11 @@ impl Resizer {
         key: &str,
         pvc: &PersistentVolumeClaim,
         pv_name: &str,
-        code: Option<tonic::Code>,
+        stop: ExpandStop,
         err: &str,
     ) -> Outcome {
+        debug::waiting_for(stop.waiting_for(self.pods.is_some()));
+        let code = stop.code();
         if code == Some(tonic::Code::FailedPrecondition) && self.pods.is_some() {
             set_of(&self.in_use_errors).insert(pvc.metadata.uid.clone().unwrap_or_default());
         }
@@ -229,7 +246,8 @@ impl Resizer {
     }
 }
 
-fn annotated_for(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
+/// Whether the claim is annotated as provisioned or resized by `driver`.
+pub(super) fn annotated_for(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
     let a = pvc.metadata.annotations.as_ref();
     [
         compat::provisioner::ANN_STORAGE_PROVISIONER,

@@ -12,7 +12,8 @@ use crate::kube::{cached::CachedPvc, informers::Change, queue::WorkQueue};
 pub(super) type InUseErrors = Arc<Mutex<HashSet<String>>>;
 
 /// The resize queue's claim handler: a claim that needs a sync is queued;
-/// a deleted one leaves the queue's backoff and the in-use errors.
+/// a deleted one leaves the queue's backoff, `/debug/objects` and the
+/// in-use errors.
 pub(super) fn resize_claim_changed(
     change: &Change<'_, CachedPvc>,
     queue: &WorkQueue<String>,
@@ -23,6 +24,8 @@ pub(super) fn resize_claim_changed(
     match change {
         Change::Deleted(c) => {
             queue.forget(&key);
+            // Gone: this queue's ledger entry goes too.
+            queue.untrack(&key);
             if let Some(uid) = &c.metadata.uid {
                 in_use_errors.lock().remove(uid);
             }
@@ -62,5 +65,28 @@ mod tests {
         resize_claim_changed(&Change::Deleted(&c), &q, false, &in_use);
         assert!(q.take_ready().await.is_empty());
         assert_eq!(*in_use.lock(), HashSet::from(["uid-2".to_string()]), "only the deleted claim's UID goes");
+    }
+
+    /// A deleted claim loses the resize queue's entry in `/debug/objects`,
+    /// whatever it was waiting for (an entry done but waiting would
+    /// otherwise stay); the modify queue's is its own handler's to drop.
+    #[tokio::test]
+    async fn a_deleted_claim_leaves_the_ledger() {
+        use crate::debug::{Finish, Registry, WaitingFor};
+        let ledger = Registry::default().ledger("resizer");
+        let backoff = Backoff { start: Duration::from_millis(1), max: Duration::from_millis(9) };
+        let q = WorkQueue::new("test-resize", backoff).tracked(&ledger, "PersistentVolumeClaim");
+        for (queue, w) in [("test-resize", WaitingFor::Driver), ("test-modify", WaitingFor::Class)] {
+            let scope = ledger.scope(queue, "PersistentVolumeClaim", "ns/data".into());
+            scope.run(async { crate::debug::waiting_for(w) }).await;
+            scope.finish(Finish::Done);
+        }
+        assert_eq!(ledger.len(), 2);
+        let c = claim("uid-1");
+        resize_claim_changed(&Change::Resync(&c), &q, false, &InUseErrors::default());
+        assert_eq!(ledger.len(), 2, "a live claim keeps its entries");
+        resize_claim_changed(&Change::Deleted(&c), &q, false, &InUseErrors::default());
+        let left: Vec<_> = ledger.entries().into_iter().map(|(_, e)| e.queue).collect();
+        assert_eq!(left, ["test-modify"], "the modify queue's handler drops its own");
     }
 }

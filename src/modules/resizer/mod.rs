@@ -18,6 +18,7 @@ pub mod decide;
 mod expand;
 mod feed;
 mod modify;
+pub mod waiting;
 
 use parking_lot::Mutex;
 use std::{
@@ -58,6 +59,8 @@ use crate::{
 use config::{Gates, ResizerFlags};
 
 const NAME: &str = "resizer";
+/// The API kind of both queues' keys, in `/debug/objects`.
+const KIND: &str = "PersistentVolumeClaim";
 
 /// How the driver expands volumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,7 +259,8 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         return Err(fatal("CSI driver does not support resize nor modify".into()));
     }
     let watch_pods = cfg.handle_volume_inuse_error && expander == Some(Expander::Csi) && offline_only(&driver);
-    let wiring = Wiring::new(&kube.informers, &driver.name, &cfg, modifies, watch_pods);
+    let ledger = ctx.debug.ledger(NAME);
+    let wiring = Wiring::new(&kube.informers, &driver.name, &cfg, modifies, watch_pods, &ledger);
     tracing::info!(driver = %driver.name, ?expander, modifies, watch_pods, ?gates, "Resizer starting");
 
     let in_use_errors = feed::InUseErrors::default();
@@ -305,7 +309,14 @@ struct Wiring {
 }
 
 impl Wiring {
-    fn new(informers: &Informers, driver: &str, cfg: &ResizerFlags, modifies: bool, watch_pods: bool) -> Self {
+    fn new(
+        informers: &Informers,
+        driver: &str,
+        cfg: &ResizerFlags,
+        modifies: bool,
+        watch_pods: bool,
+        ledger: &crate::debug::Ledger,
+    ) -> Self {
         let claims = crate::modules::views::bound_claims(informers, driver, decide::claim_may_be_for_driver);
         let pvs = crate::modules::views::driver_pvs(informers, driver);
         let vacs = modifies.then(|| informers.get::<VolumeAttributesClass>());
@@ -313,11 +324,11 @@ impl Wiring {
         let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
         // One queue per process and driver: the name lives as long as the process.
         let queue_name: &'static str = Box::leak(up::queue_resize(driver).into_boxed_str());
-        let resize: WorkQueue<String> = WorkQueue::new(queue_name, backoff);
+        let resize: WorkQueue<String> = WorkQueue::new(queue_name, backoff).tracked(ledger, KIND);
         // The modify queue has its own workers and metrics name, and never runs
         // a claim while the resize queue does (sibling queues).
         let modify_name: &'static str = Box::leak(up::queue_modify(driver).into_boxed_str());
-        let modify = resize.sibling(modify_name);
+        let modify = resize.sibling(modify_name).tracked(ledger, KIND);
         Wiring { claims, pvs, pods, vacs, resize, modify }
     }
 
@@ -339,7 +350,10 @@ impl Wiring {
             self.claims.on_change_with_resync(cfg.resync_period, shutdown, move |c| {
                 let key = decide::claim_key(&c.object().metadata);
                 match c {
-                    Change::Deleted(_) => q.forget(&key),
+                    Change::Deleted(_) => {
+                        q.forget(&key);
+                        q.untrack(&key);
+                    }
                     Change::Updated { old, new } if !decide::modify_update_needs_sync(old, new) => {}
                     _ => q.add(key),
                 }
@@ -436,3 +450,6 @@ impl Wiring {
         tokio::join!(resize, modify);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,6 +13,7 @@ use super::{
 };
 use crate::{
     compat::{self, modifier as mo},
+    debug::{self, WaitingFor},
     kube::{events::EventType, queue::Outcome},
 };
 
@@ -50,6 +51,12 @@ impl Resizer {
         }
         let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)).map(|p| p.to_full()) else {
             tracing::debug!(pv = %pv_name, "PV not among the driver's; no modification");
+            // Done; a claim of the driver waits for its PV (whose arrival
+            // queues it again).
+            let annotated = super::expand::annotated_for(&pvc, &self.driver.name);
+            if let Some(w) = super::waiting::modify_without_volume(&pvc, annotated) {
+                debug::waiting_for(w);
+            }
             return Outcome::Done;
         };
         if pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_none_or(|c| *c.driver != *self.driver.name) {
@@ -71,8 +78,11 @@ impl Resizer {
         let pvc_name = pvc.metadata.name.clone().unwrap_or_default();
         let (pvc, target) = match decide::plan_modify(&pvc, uncertain, slow) {
             ModifyStep::Nothing => return Outcome::Done,
-            ModifyStep::HeldBack => {
+            step @ ModifyStep::HeldBack => {
                 tracing::info!("{}", mo::text_infeasible_skipped(&key));
+                if let Some(w) = step.waiting_for() {
+                    debug::waiting_for(w);
+                }
                 return Outcome::Retry;
             }
             ModifyStep::Rollback { had_condition } => {
@@ -81,6 +91,7 @@ impl Resizer {
                 }
                 if let Err(e) = self.patch_status(&pvc, decide::modify_rollback_patch(&pvc)).await {
                     tracing::warn!(error = %e, "Removing the ModifyingVolume condition failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     return Outcome::Retry;
                 }
                 self.event(&pvc, EventType::Normal, mo::REASON_MODIFY_CANCELED, mo::TEXT_CANCELED);
@@ -99,8 +110,10 @@ impl Resizer {
                 };
                 if let Some(msg) = problem {
                     // Pending until the user changes the class (upstream
-                    // does not retry either: the write ends the sync).
+                    // does not retry either: the write ends the sync), so
+                    // done, but waiting for the class.
                     tracing::warn!(vac = %target, "{msg}");
+                    debug::waiting_for(WaitingFor::Class);
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
                     return match self.patch_status(&pvc, decide::modify_pending_patch(&pvc)).await {
                         Ok(_) => Outcome::Done,
@@ -117,10 +130,12 @@ impl Resizer {
                     // re-queues the claim, and no call was made.
                     Err(e) if is_status(&e, 409) => {
                         tracing::debug!("Claim changed meanwhile; syncing again");
+                        debug::waiting_for(WaitingFor::ApiServer);
                         return Outcome::Retry;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "Marking the modification in progress failed");
+                        debug::waiting_for(WaitingFor::ApiServer);
                         return Outcome::Retry;
                     }
                 };
@@ -129,12 +144,14 @@ impl Resizer {
             }
         };
         let Some(vac) = m.vacs.get(&ObjectRef::new(&target)) else {
+            debug::waiting_for(WaitingFor::Class);
             self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &mo::text_vac_missing(&target));
             return Outcome::Retry;
         };
         let mut req = match decide::modify_request(&pv, &pvc, vac.parameters.as_ref(), self.cfg.extra_modify_metadata) {
             Ok(r) => r,
             Err(e) => {
+                debug::waiting_for(e.waiting_for());
                 self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e.to_string());
                 return Outcome::Retry;
             }
@@ -143,6 +160,7 @@ impl Resizer {
             match crate::kube::secrets::secret_data(&self.client, &name, &ns).await {
                 Ok(s) => req.secrets = s,
                 Err(e) => {
+                    debug::waiting_for(WaitingFor::Secret);
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e);
                     return Outcome::Retry;
                 }
@@ -155,10 +173,12 @@ impl Resizer {
                 m.slow.remove(&key);
                 if let Err(e) = self.patch_pv(&pv_name, decide::pv_vac_patch(&target)).await {
                     tracing::warn!(pv = %pv_name, error = %e, "Recording the class on the PV failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     return Outcome::Retry;
                 }
                 if let Err(e) = self.patch_status(&pvc, decide::modify_success_patch(&pvc, &target)).await {
                     tracing::warn!(error = %e, "Recording the class on the claim failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     return Outcome::Retry;
                 }
                 tracing::info!(vac = %target, "Volume modified");
@@ -173,6 +193,7 @@ impl Resizer {
             Err(status) => {
                 let mut text = compat::grpc_error_text(&status);
                 let failed = decide::modify_failed(status.code());
+                debug::waiting_for(failed.waiting_for());
                 if failed.uncertain {
                     set_of(&m.uncertain).insert(key.clone());
                     text.push_str(&mo::text_still_modifying(&target));

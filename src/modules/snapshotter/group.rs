@@ -19,6 +19,7 @@ use super::{
 use crate::{
     compat::{self, snapshotter as up},
     csi::{Connection, proto::csi::v1 as csi},
+    debug::{self, WaitingFor},
     kube::{
         cache::Cache,
         events::{EventType, Recorder, reference},
@@ -103,6 +104,7 @@ impl GroupSnapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateVolumeGroupSnapshot failed");
+                        debug::waiting_for(super::waiting::group_create_waiting(&latest, &e));
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
                         Outcome::Retry
                     }
@@ -116,6 +118,7 @@ impl GroupSnapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(error = %e, "Removing the group being-created annotation failed");
+                        debug::waiting_for(WaitingFor::ApiServer);
                         Outcome::Retry
                     }
                 }
@@ -124,6 +127,7 @@ impl GroupSnapshotter {
                 Ok(c) => self.ready_or_poll(&c),
                 Err(e) => {
                     tracing::warn!(error = %e, "Checking the group snapshot failed");
+                    debug::waiting_for(e.waiting_for());
                     let latest = self.current(&name).unwrap_or(content);
                     self.record_error(
                         &latest,
@@ -286,6 +290,7 @@ impl GroupSnapshotter {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "No group snapshotter secret for the deletion");
+                    debug::waiting_for(e.waiting_for());
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
                     return Outcome::Retry;
                 }
@@ -294,6 +299,7 @@ impl GroupSnapshotter {
                 Ok(ids) => ids,
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot delete the group snapshot");
+                    debug::waiting_for(e.waiting_for());
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
                     return Outcome::Retry;
                 }
@@ -302,6 +308,7 @@ impl GroupSnapshotter {
             let req = csi::DeleteVolumeGroupSnapshotRequest { group_snapshot_id: id.clone(), snapshot_ids, secrets };
             if let Err(s) = self.csi.delete_volume_group_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(group_snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteVolumeGroupSnapshot failed");
+                debug::waiting_for(WaitingFor::Driver);
                 self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
                 return Outcome::Retry;
             }
@@ -315,6 +322,7 @@ impl GroupSnapshotter {
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the group content status failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
                     return Outcome::Retry;
                 }
@@ -327,6 +335,7 @@ impl GroupSnapshotter {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Removing the group content finalizer failed");
+                debug::waiting_for(WaitingFor::ApiServer);
                 Outcome::Retry
             }
         }

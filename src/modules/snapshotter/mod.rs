@@ -17,8 +17,10 @@
 
 pub mod config;
 pub mod decide;
+mod discovery;
 mod group;
 pub mod group_decide;
+pub mod waiting;
 mod written;
 
 use parking_lot::Mutex;
@@ -36,13 +38,14 @@ use crate::{
         Connection, DriverInfo,
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
+    debug::{self, WaitingFor},
     kube::{
         KubeContext,
         cache::Cache,
         events::{EventType, Recorder, reference},
         informers::{Change, Informer},
         queue::{Backoff, Outcome, WorkQueue},
-        snapshot_api::{self, VolumeSnapshotClass, VolumeSnapshotContent},
+        snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
     },
     modules::{Module, ModuleContext, ModuleError},
 };
@@ -50,9 +53,9 @@ use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};
 
 const NAME: &str = "snapshotter";
-
-/// How often a missing snapshot API is looked for again at start.
-const CRD_RETRY: Duration = Duration::from_secs(5);
+/// The API kinds of the queues' keys, in `/debug/objects`.
+const KIND_CONTENT: &str = "VolumeSnapshotContent";
+const KIND_GROUP_CONTENT: &str = "VolumeGroupSnapshotContent";
 
 /// The newest version of each content this process wrote (see `written`).
 type Written = written::Written<VolumeSnapshotContent>;
@@ -128,6 +131,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateSnapshot failed");
+                        debug::waiting_for(waiting::create_waiting(&latest, &e));
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
                         Outcome::Retry
                     }
@@ -141,6 +145,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(error = %e, "Removing the being-created annotation failed");
+                        debug::waiting_for(WaitingFor::ApiServer);
                         Outcome::Retry
                     }
                 }
@@ -150,6 +155,7 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
+                        debug::waiting_for(e.waiting_for());
                         let latest = self.current(&name).unwrap_or(content);
                         self.record_error(&latest, up::REASON_CHECK_FAILED, &up::text_check_failed(&e.to_string()))
                             .await;
@@ -157,7 +163,12 @@ impl Snapshotter {
                     }
                 }
             }
-            Step::Wait => Outcome::Retry,
+            step @ Step::Wait => {
+                if let Some(w) = step.waiting_for() {
+                    debug::waiting_for(w);
+                }
+                Outcome::Retry
+            }
         }
     }
 
@@ -345,12 +356,14 @@ impl Snapshotter {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "Reading the snapshotter secret failed");
+                        debug::waiting_for(WaitingFor::Secret);
                         self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
                         return Outcome::Retry;
                     }
                 },
                 Err(e) => {
                     tracing::warn!(error = %e, "No snapshotter secret for the deletion");
+                    debug::waiting_for(e.waiting_for());
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
                     return Outcome::Retry;
                 }
@@ -359,6 +372,7 @@ impl Snapshotter {
             let req = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), secrets };
             if let Err(s) = self.csi.delete_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteSnapshot failed");
+                debug::waiting_for(WaitingFor::Driver);
                 self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_FAILED);
                 return Outcome::Retry;
             }
@@ -372,6 +386,7 @@ impl Snapshotter {
                 Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the content status failed");
+                    debug::waiting_for(WaitingFor::ApiServer);
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
                     return Outcome::Retry;
                 }
@@ -384,70 +399,11 @@ impl Snapshotter {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Removing the content finalizer failed");
+                debug::waiting_for(WaitingFor::ApiServer);
                 Outcome::Retry
             }
         }
     }
-}
-
-/// Waits until the apiserver serves VolumeSnapshotContents; `false` on
-/// shutdown. (Upstream's informers retry their lists for as long.)
-async fn wait_for_api(client: &Client, shutdown: &CancellationToken) -> bool {
-    let mut said = false;
-    loop {
-        match snapshot_api::installed(client, "volumesnapshotcontents").await {
-            Ok(true) => return true,
-            Ok(false) if !said => {
-                tracing::error!(
-                    "The snapshot.storage.k8s.io/v1 API is not served (snapshot CRDs not installed); waiting"
-                );
-                said = true;
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "Cannot discover snapshot.storage.k8s.io/v1; retrying"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return false,
-            _ = tokio::time::sleep(CRD_RETRY) => {}
-        }
-    }
-}
-
-/// Whether group snapshots are served in this run (the gate is on): the
-/// group API must be installed (else they are off for this run, with a
-/// warning, as upstream); then the driver's GroupController capability is
-/// asked for, and its absence is only a warning (upstream's behaviour:
-/// group contents then fail at the driver and get its error).
-async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Duration) -> bool {
-    match crate::kube::group_snapshot_api::installed(client).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(
-                "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run. Install the VolumeGroupSnapshot CRDs to use this feature"
-            );
-            return false;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "VolumeGroupSnapshot CRDs were not found; disabling the VolumeGroupSnapshot feature for this run");
-            return false;
-        }
-    }
-    use csi::group_controller_service_capability::{Type, rpc::Type as GroupRpc};
-    match csi.group_controller_get_capabilities(timeout).await {
-        Ok(r) => {
-            let can = r.capabilities.iter().any(|c| {
-                matches!(&c.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32)
-            });
-            if !can {
-                tracing::warn!("{}", up::text_no_group_capability(driver));
-            }
-        }
-        Err(s) => tracing::error!(
-            error = %compat::grpc_error_text(&s),
-            "error determining if driver supports create/delete group snapshot operations"
-        ),
-    }
-    true
 }
 
 /// After a create or check of a content or group content: done when ready,
@@ -456,6 +412,9 @@ async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Dur
 /// whose removal is our own change and so not announced to us (upstream
 /// waits for the resync there).
 fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Outcome {
+    if let Some(w) = waiting::after_answer(c) {
+        debug::waiting_for(w);
+    }
     match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
         (true, false) => Outcome::Done,
         (true, true) => Outcome::RetryAfter(soon),
@@ -489,8 +448,8 @@ async fn record_error<K>(
 }
 
 /// Feeds the changes of a content (or group content) view into its queue,
-/// resynced every `period`: a deleted one is forgotten by the queue and the
-/// written store, an update is queued only when [`decide::should_enqueue`]
+/// resynced every `period`: a deleted one is forgotten by the queue, the
+/// written store and `/debug/objects`, an update is queued only when [`decide::should_enqueue`]
 /// says so, and anything else is queued.
 fn feed<K: decide::Content + Send + Sync + 'static>(
     inf: &Informer<K>,
@@ -504,6 +463,7 @@ fn feed<K: decide::Content + Send + Sync + 'static>(
         match c {
             Change::Deleted(_) => {
                 q.forget(&name);
+                q.untrack(&name);
                 lock(&written).remove(&name);
             }
             Change::Updated { old, new } if !decide::should_enqueue(*old, *new) => {}
@@ -554,10 +514,11 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
         return Err(fatal(up::text_no_create_capability(&driver.name)));
     }
-    if !wait_for_api(&kube.client, &ctx.shutdown).await {
+    if !discovery::wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
     }
-    let groups = gates.volume_group_snapshot && group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
+    let groups =
+        gates.volume_group_snapshot && discovery::group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
     if groups && cfg.groupsnapshot_name_prefix.is_empty() {
         return Err(config(up::TEXT_EMPTY_GROUP_PREFIX.into()));
     }
@@ -581,12 +542,14 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     tracing::info!(driver = %driver.name, node = ?node, ?gates, group_snapshots = groups, "Snapshotter starting");
 
     let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff);
+    let ledger = ctx.debug.ledger(NAME);
+    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff).tracked(&ledger, KIND_CONTENT);
     let written: Written = Arc::default();
     feed(&content_inf, cfg.resync_period, &ctx.shutdown, queue.clone(), written.clone());
     // Created only with group snapshots: its metrics exist only then, as upstream's.
-    let group_queue: Option<WorkQueue<String>> =
-        group_infs.as_ref().map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff));
+    let group_queue: Option<WorkQueue<String>> = group_infs
+        .as_ref()
+        .map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff).tracked(&ledger, KIND_GROUP_CONTENT));
     let group_written: group::Written = Arc::default();
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
@@ -656,3 +619,6 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     };
     crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
 }
+
+#[cfg(test)]
+mod tests;
