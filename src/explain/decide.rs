@@ -78,6 +78,8 @@ pub struct Snapshot {
     pub class_driver: Option<String>,
     /// `spec.source.persistentVolumeClaimName`.
     pub source_claim: Option<String>,
+    /// The source claim is Bound (read only while there is no content).
+    pub source_claim_bound: bool,
     /// The content's `status.error.message`.
     pub content_error: Option<String>,
     /// The content's `spec.driver`.
@@ -377,6 +379,9 @@ pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
     let mut v = Verdict::waits(match (&s.content, s.deleting) {
         (_, true) => "being deleted".to_string(),
         (None, false) => match &s.source_claim {
+            Some(c) if s.source_claim_bound => format!(
+                "no VolumeSnapshotContent yet: the source claim {c} is bound; the snapshot-controller has not made one yet"
+            ),
             Some(c) => format!(
                 "no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim {c} is bound"
             ),

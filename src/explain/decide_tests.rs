@@ -280,6 +280,11 @@ fn attachments_and_snapshots() {
         decide::snapshot(&unbound, &Sidecar::NotAsked, &[]).lines[0],
         "no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim data is bound"
     );
+    let bound_source = Snapshot { source_claim_bound: true, ..unbound };
+    assert_eq!(
+        decide::snapshot(&bound_source, &Sidecar::NotAsked, &[]).lines[0],
+        "no VolumeSnapshotContent yet: the source claim data is bound; the snapshot-controller has not made one yet"
+    );
     let errored = Snapshot { content_error: Some("rpc error: code = Internal desc = no space".into()), ..s };
     assert!(
         decide::snapshot(&errored, &Sidecar::NotAsked, &[])

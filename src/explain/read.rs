@@ -184,13 +184,25 @@ pub async fn snapshot(client: &Client, namespace: &str, name: &str) -> Result<Sn
         Some(c) => Api::<VolumeSnapshotContent>::all(client.clone()).get_opt(c).await.ok().flatten(),
         None => None,
     };
+    let source_claim = vs.spec.source.persistent_volume_claim_name.clone();
+    let source_claim_bound = match (&content_name, &source_claim) {
+        (None, Some(c)) => Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+            .get_opt(c)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|pvc| pvc.status?.phase)
+            .is_some_and(|p| p == "Bound"),
+        _ => false,
+    };
     Ok(Snapshot {
         key,
         ready: status.ready_to_use == Some(true),
         content: content_name,
         error: status.error.and_then(|e| e.message),
         class_driver,
-        source_claim: vs.spec.source.persistent_volume_claim_name.clone(),
+        source_claim,
+        source_claim_bound,
         content_error: content.as_ref().and_then(|c| c.status.as_ref()?.error.as_ref()?.message.clone()),
         content_driver: content.map(|c| c.spec.driver),
         deleting: vs.metadata.deletion_timestamp.is_some(),
