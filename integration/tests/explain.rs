@@ -375,6 +375,26 @@ async fn a_ready_snapshot_is_done() {
 }
 
 #[tokio::test]
+async fn a_snapshot_of_an_unbound_claim_waits_for_the_claim() {
+    let env = Env::new("xp-vs-unbound").await;
+    let _driver = env.driver(|s| s.snapshots = true);
+    let (_p, addr) = env.serving("csi-sidecar", &[], &["provisioner", "snapshotter"]);
+    let sc = env.storage_class("wffc", |c| c.volume_binding_mode = Some("WaitForFirstConsumer".into())).await;
+    env.claim("late", &sc).await;
+    let snaps = SnapApis::new(env.ns.client(), env.ns.name());
+    let class = env.ns.scoped("vsc");
+    snaps.class(&class, &env.driver_name, "Delete", serde_json::Value::Null).await;
+    snaps.snapshot_of("snap", &class, "late").await;
+    let said = env.explain("vs", &env.key("snap"), &[&addr]).await;
+    assert_eq!(said.code, Some(1), "{said:?}");
+    assert_eq!(
+        said.lines.first().map(String::as_str),
+        Some("no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim late is bound"),
+        "{said:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_snapshot_the_driver_calls_not_ready_waits_for_it_then_is_done() {
     let env = Env::new("xp-vs-unready").await;
     let (driver, _p, addr, content) = snapshot_of_a_claim(&env, |s| s.snapshot_not_ready = true).await;
