@@ -63,6 +63,7 @@ KNOWN_SECONDS = {
     "leader_election": 15,
     "cluster": 15,
     "dropin_runtime": 15,
+    "explain": 10,
     "monitoring_scrape": 10,
     "real_node": 155,
 }

@@ -78,6 +78,8 @@ pub struct Snapshot {
     pub class_driver: Option<String>,
     /// `spec.source.persistentVolumeClaimName`.
     pub source_claim: Option<String>,
+    /// The source claim is Bound (read only while there is no content).
+    pub source_claim_bound: bool,
     /// The content's `status.error.message`.
     pub content_error: Option<String>,
     /// The content's `spec.driver`.
@@ -169,11 +171,15 @@ fn entries<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> impl Iterat
         .filter(move |o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
 }
 
-/// "this replica is not the leader ..." when the module is led elsewhere.
+/// "this replica is not the leader ..." when the module is led elsewhere:
+/// no endpoint asked runs it as the leader (or without leader election).
 fn not_leader(sidecar: &Sidecar, module: &str) -> Option<String> {
     let Sidecar::Pages(pages) = sidecar else { return None };
-    let view = pages.iter().flat_map(|p| &p.modules).find(|m| m.module == module)?;
-    let leader = view.leader.as_ref().filter(|l| !l.leading)?;
+    let mut views = pages.iter().flat_map(|p| &p.modules).filter(|m| m.module == module);
+    if views.clone().any(|m| m.leader.as_ref().is_none_or(|l| l.leading)) {
+        return None;
+    }
+    let leader = views.next()?.leader.as_ref()?;
     Some(match &leader.holder {
         Some(h) => format!(
             "this replica is not the leader (the Lease {} is held by {h}): ask the leader's debug endpoint",
@@ -226,7 +232,12 @@ pub fn held(o: &ObjectView, deleting: bool, node: Option<&str>) -> String {
         WaitingFor::Class => format!("the StorageClass cannot be used{last}"),
         WaitingFor::Secret => format!("a secret the class names is missing or cannot be read{last}"),
         WaitingFor::DataSource => format!("the data source cannot be used yet{last}"),
-        WaitingFor::SnapshotReady => format!("the source VolumeSnapshot is not ready to use yet{last}"),
+        WaitingFor::SnapshotReady => match o.kind.as_str() {
+            "VolumeSnapshotContent" | "VolumeGroupSnapshotContent" => {
+                format!("the CSI driver says the snapshot is not ready to use yet{last}")
+            }
+            _ => format!("the source VolumeSnapshot is not ready to use yet{last}"),
+        },
         WaitingFor::Node => format!("the node is not ready for the driver yet (no CSINode or node ID){last}"),
         WaitingFor::Topology => format!("the accessibility requirements cannot be built yet{last}"),
         WaitingFor::VolumeInUse => {
@@ -401,6 +412,9 @@ pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
     let mut v = Verdict::waits(match (&s.content, s.deleting) {
         (_, true) => "being deleted".to_string(),
         (None, false) => match &s.source_claim {
+            Some(c) if s.source_claim_bound => format!(
+                "no VolumeSnapshotContent yet: the source claim {c} is bound; the snapshot-controller has not made one yet"
+            ),
             Some(c) => format!(
                 "no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim {c} is bound"
             ),

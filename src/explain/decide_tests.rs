@@ -37,6 +37,24 @@ fn pages(objects: Vec<ObjectView>, leader: Option<LeaderView>) -> Sidecar {
     }])
 }
 
+/// Two replicas' pages: a standby holding nothing, then the leader
+/// holding `held`.
+fn two_replicas(held: ObjectView) -> Sidecar {
+    let leader = |leading| LeaderView { lease: "kube-system/l".into(), leading, holder: Some("pod-a".into()) };
+    let page = |leading, objects: Vec<ObjectView>| Page {
+        driver: Some("hostpath.csi.k8s.io".into()),
+        modules: vec![ModuleView {
+            module: "provisioner".into(),
+            leader: Some(leader(leading)),
+            not_done: objects.len(),
+        }],
+        matching: objects.len(),
+        objects,
+        after: None,
+    };
+    Sidecar::Pages(vec![page(false, vec![]), page(true, vec![held])])
+}
+
 fn pending(key: &str) -> Claim {
     Claim { key: key.into(), phase: Some("Pending".into()), class_name: Some("fast".into()), ..Claim::default() }
 }
@@ -118,7 +136,7 @@ fn claims() {
             "a missing secret, with the event",
             pending("ns/data"),
             ours.clone(),
-            pages(vec![secret], None),
+            pages(vec![secret.clone()], None),
             &events,
             false,
             &[
@@ -136,6 +154,26 @@ fn claims() {
             &[
                 "this replica is not the leader (the Lease kube-system/hostpath-csi-k8s-io is held by pod-a): ask the leader's debug endpoint",
             ],
+        ),
+        (
+            "the standby and the leader both asked: the leader's entry, no standby line",
+            pending("ns/data"),
+            ours.clone(),
+            two_replicas(secret.clone()),
+            &[],
+            false,
+            &[
+                "a secret the class names is missing or cannot be read (last: secret \"s\" not found); next attempt in 12 s",
+            ],
+        ),
+        (
+            "restoring a snapshot that is not ready",
+            pending("ns/data"),
+            ours.clone(),
+            pages(vec![object("PersistentVolumeClaim", "ns/data", WaitingFor::SnapshotReady, 1, None)], None),
+            &[],
+            false,
+            &["the source VolumeSnapshot is not ready to use yet; next attempt in 12 s"],
         ),
         (
             "the sidecar unreachable: the events speak",
@@ -257,13 +295,18 @@ fn attachments_and_snapshots() {
         v.lines,
         [
             "not ready to use yet (content snapcontent-1)",
-            "the source VolumeSnapshot is not ready to use yet; next attempt in 1 s"
+            "the CSI driver says the snapshot is not ready to use yet; next attempt in 1 s"
         ]
     );
     let unbound = Snapshot { content: None, source_claim: Some("data".into()), ..Snapshot::default() };
     assert_eq!(
         decide::snapshot(&unbound, &Sidecar::NotAsked, &[]).lines[0],
         "no VolumeSnapshotContent yet: the snapshot-controller makes one once the source claim data is bound"
+    );
+    let bound_source = Snapshot { source_claim_bound: true, ..unbound };
+    assert_eq!(
+        decide::snapshot(&bound_source, &Sidecar::NotAsked, &[]).lines[0],
+        "no VolumeSnapshotContent yet: the source claim data is bound; the snapshot-controller has not made one yet"
     );
     let errored = Snapshot { content_error: Some("rpc error: code = Internal desc = no space".into()), ..s };
     assert!(

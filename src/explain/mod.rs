@@ -216,26 +216,28 @@ pub async fn explain(req: &Request) -> Result<Verdict, ExplainError> {
     Ok(match req.kind {
         Kind::Claim => {
             let (claim, class) = read::claim(&client, ns, &req.name).await?;
-            let events = read::events(&client, Some(ns), "PersistentVolumeClaim", &req.name).await;
+            let events = read::events(&client, &[(Some(ns), "PersistentVolumeClaim", &req.name)]).await;
             let sidecar = read::sidecar(&req.endpoints, "PersistentVolumeClaim", Some(ns), &req.name).await;
             decide::claim(&claim, &class, &sidecar, &events)
         }
         Kind::Attachment => {
             let a = read::attachment(&client, &req.name).await?;
-            let events = read::events(&client, None, "VolumeAttachment", &req.name).await;
+            let events = read::events(&client, &[(None, "VolumeAttachment", &req.name)]).await;
             let sidecar = read::sidecar(&req.endpoints, "VolumeAttachment", None, &req.name).await;
             decide::attachment(&a, &sidecar, &events)
         }
         Kind::Snapshot => {
             let s = read::snapshot(&client, ns, &req.name).await?;
-            let mut events = read::events(&client, Some(ns), "VolumeSnapshot", &req.name).await;
+            let mut subjects = vec![(Some(ns), "VolumeSnapshot", req.name.as_str())];
             let sidecar = match &s.content {
                 Some(c) => {
-                    events.extend(read::events(&client, None, "VolumeSnapshotContent", c).await);
+                    subjects.push((None, "VolumeSnapshotContent", c));
                     read::sidecar(&req.endpoints, "VolumeSnapshotContent", None, c).await
                 }
                 None => read::sidecar(&req.endpoints, "VolumeSnapshot", Some(ns), &req.name).await,
             };
+            // The snapshot's and its content's events, newest first together.
+            let events = read::events(&client, &subjects).await;
             decide::snapshot(&s, &sidecar, &events)
         }
     })

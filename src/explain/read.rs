@@ -46,21 +46,29 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(::kube::Error) -> ReadError {
     move |source| ReadError::Api { what, source }
 }
 
-/// The events about the object of `kind` named `name` in `namespace`
-/// (every namespace when `None`), newest first.
-pub async fn events(client: &Client, namespace: Option<&str>, kind: &str, name: &str) -> Vec<Event> {
-    let api: Api<CoreEvent> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name}"));
-    let list: ObjectList<CoreEvent> = match api.list(&lp).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot list the events");
-            return Vec::new();
-        }
-    };
+/// One object whose events are read: its namespace (`None`: cluster
+/// scoped, its events in any namespace), kind and name.
+pub type Subject<'a> = (Option<&'a str>, &'a str, &'a str);
+
+/// The events about the `subjects` (an object and, say, its content), all
+/// of them newest first.
+pub async fn events(client: &Client, subjects: &[Subject<'_>]) -> Vec<Event> {
+    let mut items = Vec::new();
+    for (namespace, kind, name) in subjects {
+        let api: Api<CoreEvent> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let lp = ListParams::default().fields(&format!("involvedObject.kind={kind},involvedObject.name={name}"));
+        let list: ObjectList<CoreEvent> = match api.list(&lp).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot list the events");
+                continue;
+            }
+        };
+        items.extend(list.items);
+    }
     let when = |e: &CoreEvent| -> Option<Timestamp> {
         e.last_timestamp.as_ref().map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0)).or(e
             .metadata
@@ -68,7 +76,6 @@ pub async fn events(client: &Client, namespace: Option<&str>, kind: &str, name: 
             .as_ref()
             .map(|t| t.0))
     };
-    let mut items = list.items;
     items.sort_by_key(|e| std::cmp::Reverse(when(e)));
     items
         .into_iter()
@@ -177,13 +184,25 @@ pub async fn snapshot(client: &Client, namespace: &str, name: &str) -> Result<Sn
         Some(c) => Api::<VolumeSnapshotContent>::all(client.clone()).get_opt(c).await.ok().flatten(),
         None => None,
     };
+    let source_claim = vs.spec.source.persistent_volume_claim_name.clone();
+    let source_claim_bound = match (&content_name, &source_claim) {
+        (None, Some(c)) => Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+            .get_opt(c)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|pvc| pvc.status?.phase)
+            .is_some_and(|p| p == "Bound"),
+        _ => false,
+    };
     Ok(Snapshot {
         key,
         ready: status.ready_to_use == Some(true),
         content: content_name,
         error: status.error.and_then(|e| e.message),
         class_driver,
-        source_claim: vs.spec.source.persistent_volume_claim_name.clone(),
+        source_claim,
+        source_claim_bound,
         content_error: content.as_ref().and_then(|c| c.status.as_ref()?.error.as_ref()?.message.clone()),
         content_driver: content.map(|c| c.spec.driver),
         deleting: vs.metadata.deletion_timestamp.is_some(),
