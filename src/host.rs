@@ -159,6 +159,10 @@ pub async fn run(inv: Invocation) -> ExitCode {
     } else {
         None
     };
+    // Every controller module is listed from the start (`Starting`).
+    for m in inv.modules.iter().filter(|m| m.needs_kube()) {
+        debug.ledger(m.name());
+    }
     let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), kube, debug };
     let mut modules = JoinSet::new();
     for m in inv.modules {

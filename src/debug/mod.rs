@@ -145,6 +145,22 @@ pub struct LeaderView {
     pub holder: Option<String>,
 }
 
+/// Where a module is in its start-up (ordered: later phases are greater).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Starting: waiting for the CSI driver, checking what the apiserver
+    /// serves.
+    #[default]
+    Starting,
+    /// Waiting to lead (its Lease is held elsewhere, or not won yet).
+    Standby,
+    /// Leading (or without election), filling its caches from the API.
+    SyncingCache,
+    /// Its workers run.
+    Running,
+}
+
 /// A source of the module's current [`LeaderView`].
 pub type LeaderSource = Arc<dyn Fn() -> LeaderView + Send + Sync>;
 
@@ -158,12 +174,18 @@ struct LedgerInner {
     module: &'static str,
     entries: Mutex<BTreeMap<Slot, Entry>>,
     leader: Mutex<Option<LeaderSource>>,
+    phase: Mutex<Phase>,
 }
 
 impl Ledger {
     fn new(module: &'static str) -> Self {
         Ledger {
-            inner: Arc::new(LedgerInner { module, entries: Mutex::new(BTreeMap::new()), leader: Mutex::new(None) }),
+            inner: Arc::new(LedgerInner {
+                module,
+                entries: Mutex::new(BTreeMap::new()),
+                leader: Mutex::new(None),
+                phase: Mutex::new(Phase::Starting),
+            }),
         }
     }
 
@@ -175,6 +197,16 @@ impl Ledger {
     /// Where the module's leadership is read from (set once it campaigns).
     pub fn set_leader(&self, source: LeaderSource) {
         *self.inner.leader.lock() = Some(source);
+    }
+
+    /// Records where the module is in its start-up.
+    pub fn set_phase(&self, phase: Phase) {
+        *self.inner.phase.lock() = phase;
+    }
+
+    /// Where the module is in its start-up.
+    pub fn phase(&self) -> Phase {
+        *self.inner.phase.lock()
     }
 
     /// The module's leadership now (`None`: it runs without election).

@@ -40,6 +40,9 @@ pub struct ModuleView {
     pub leader: Option<LeaderView>,
     /// How many objects it holds that are not done.
     pub not_done: usize,
+    /// Where it is in its start-up.
+    #[serde(default)]
+    pub phase: super::Phase,
 }
 
 /// The CSI call in flight for an object.
@@ -190,7 +193,12 @@ pub fn page_of(q: &Query, driver: Option<String>, ledgers: &[Ledger], now: Now) 
     let mut last_token = None;
     for ledger in sorted {
         let module = ledger.module();
-        modules.push(ModuleView { module: module.to_string(), leader: ledger.leader(), not_done: ledger.len() });
+        modules.push(ModuleView {
+            module: module.to_string(),
+            leader: ledger.leader(),
+            not_done: ledger.len(),
+            phase: ledger.phase(),
+        });
         ledger.for_each(|key, entry| {
             if !matches(q, module, key) {
                 return;

@@ -179,6 +179,7 @@ fn the_json_has_the_documented_shape() {
     assert!(o["next_retry"].as_str().unwrap().ends_with('Z'));
     assert!(o.get("csi_call").is_none());
     assert_eq!(v["objects"][0]["namespace"], serde_json::Value::Null, "a cluster-scoped kind has none");
+    assert_eq!(v["modules"][0]["phase"], "starting", "a module is starting until its workers run");
     let back: Page = serde_json::from_value(v).unwrap();
     assert_eq!(back, p, "explain reads back what the endpoint writes");
 }

@@ -3,7 +3,7 @@
 //! is done, what blocks it, and what happens next.
 
 use crate::debug::{
-    WaitingFor,
+    Phase, WaitingFor,
     query::{ObjectView, Page},
 };
 
@@ -169,6 +169,30 @@ fn entries<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> impl Iterat
         .iter()
         .flat_map(|p| &p.objects)
         .filter(move |o| o.kind == kind && o.name == name && o.namespace.as_deref() == ns)
+}
+
+/// What the asked endpoints say of `module` itself: not run there, still
+/// starting or filling its cache, or not leading.
+fn module_state(sidecar: &Sidecar, module: &str) -> Option<String> {
+    let Sidecar::Pages(pages) = sidecar else { return None };
+    let views: Vec<&crate::debug::query::ModuleView> =
+        pages.iter().flat_map(|p| &p.modules).filter(|m| m.module == module).collect();
+    let Some(furthest) = views.iter().map(|m| m.phase).max() else {
+        return Some(format!(
+            "the csi-sidecar asked does not run the {module} module: give the --endpoint of the one that does"
+        ));
+    };
+    match furthest {
+        Phase::Starting => Some(format!(
+            "csi-sidecar's {module} is still starting: it waits for its CSI driver to answer{}",
+            if pages.iter().any(|p| p.driver.is_some()) { "" } else { " (no driver discovered yet)" }
+        )),
+        Phase::Standby => not_leader(sidecar, module),
+        Phase::SyncingCache => Some(format!(
+            "csi-sidecar's {module} is filling its cache from the API; it acts on objects once that is done"
+        )),
+        Phase::Running => None,
+    }
 }
 
 /// "this replica is not the leader ..." when the module is led elsewhere:
@@ -352,9 +376,7 @@ pub fn claim(c: &Claim, class: &Class, sidecar: &Sidecar, events: &[Event]) -> V
         }
     }
     let mut v = Verdict { done: false, lines: Vec::new() };
-    if let Some(line) = not_leader(sidecar, "provisioner") {
-        v.lines.push(line);
-    }
+    v.lines.extend(module_state(sidecar, "provisioner"));
     match entry(sidecar, "PersistentVolumeClaim", &c.key) {
         Some(o) => v.lines.push(held(o, false, c.selected_node.as_deref())),
         None if matches!(sidecar, Sidecar::Pages(_)) && v.lines.is_empty() => v
@@ -384,9 +406,7 @@ pub fn attachment(a: &Attachment, sidecar: &Sidecar, events: &[Event]) -> Verdic
     } else {
         format!("not attached to node {} yet", a.node)
     });
-    if let Some(line) = not_leader(sidecar, "attacher") {
-        v.lines.push(line);
-    }
+    v.lines.extend(module_state(sidecar, "attacher"));
     if let Some(o) = entry(sidecar, "VolumeAttachment", &a.name) {
         v.lines.push(held(o, a.deleting, None));
     }
@@ -422,9 +442,7 @@ pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
         },
         (Some(c), false) => format!("not ready to use yet (content {c})"),
     });
-    if let Some(line) = not_leader(sidecar, "snapshotter") {
-        v.lines.push(line);
-    }
+    v.lines.extend(module_state(sidecar, "snapshotter"));
     if let Some(o) = s.content.as_deref().and_then(|c| entry(sidecar, "VolumeSnapshotContent", c)) {
         v.lines.push(held(o, s.deleting, None));
     }

@@ -1,6 +1,6 @@
 use super::{decide::*, *};
 use crate::debug::{
-    LeaderView, WaitingFor,
+    LeaderView, Phase, WaitingFor,
     query::{CallView, ModuleView, ObjectView, Page},
 };
 
@@ -26,7 +26,12 @@ fn object(kind: &str, key: &str, waiting_for: WaitingFor, attempts: u32, error: 
 fn pages(objects: Vec<ObjectView>, leader: Option<LeaderView>) -> Sidecar {
     let modules = ["attacher", "provisioner", "snapshotter"]
         .iter()
-        .map(|m| ModuleView { module: (*m).into(), leader: leader.clone(), not_done: objects.len() })
+        .map(|m| ModuleView {
+            module: (*m).into(),
+            leader: leader.clone(),
+            not_done: objects.len(),
+            phase: if leader.as_ref().is_some_and(|l| !l.leading) { Phase::Standby } else { Phase::Running },
+        })
         .collect();
     Sidecar::Pages(vec![Page {
         driver: Some("hostpath.csi.k8s.io".into()),
@@ -47,6 +52,7 @@ fn two_replicas(held: ObjectView) -> Sidecar {
             module: "provisioner".into(),
             leader: Some(leader(leading)),
             not_done: objects.len(),
+            phase: if leading { Phase::Running } else { Phase::Standby },
         }],
         matching: objects.len(),
         objects,
@@ -358,4 +364,35 @@ fn rendering() {
     };
     let v = Verdict { done: false, lines: vec!["a".into(), "b".into()] };
     assert_eq!(render(&req, &v), "PersistentVolumeClaim ns/data: waiting\n  - a\n  - b\n");
+}
+
+#[test]
+fn a_module_not_running_yet_or_not_here_is_said() {
+    let with = |module: &str, phase: Phase, driver: Option<&str>| {
+        Sidecar::Pages(vec![Page {
+            driver: driver.map(str::to_string),
+            modules: vec![ModuleView { module: module.into(), leader: None, not_done: 0, phase }],
+            matching: 0,
+            objects: vec![],
+            after: None,
+        }])
+    };
+    let ours = class("hostpath.csi.k8s.io", false);
+    let lines = |s: Sidecar| decide::claim(&pending("ns/data"), &ours, &s, &[]).lines;
+    assert_eq!(
+        lines(with("provisioner", Phase::Starting, None)),
+        [
+            "csi-sidecar's provisioner is still starting: it waits for its CSI driver to answer (no driver discovered yet)"
+        ]
+    );
+    assert_eq!(
+        lines(with("provisioner", Phase::SyncingCache, Some("hostpath.csi.k8s.io"))),
+        ["csi-sidecar's provisioner is filling its cache from the API; it acts on objects once that is done"]
+    );
+    assert_eq!(
+        lines(with("attacher", Phase::Running, Some("hostpath.csi.k8s.io"))),
+        ["the csi-sidecar asked does not run the provisioner module: give the --endpoint of the one that does"]
+    );
+    let running = lines(with("provisioner", Phase::Running, Some("hostpath.csi.k8s.io")));
+    assert_eq!(running, ["csi-sidecar holds nothing for it: provisioning has not failed; it is queued or in progress"]);
 }

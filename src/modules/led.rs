@@ -23,11 +23,20 @@ where
     let fatal = |message: String| ModuleError::Fatal { module, message };
     let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
     let ledger = ctx.debug.ledger(module);
+    // The workers' queues record `Running` when they start.
+    let work = {
+        let ledger = ledger.clone();
+        move |token| {
+            ledger.set_phase(crate::debug::Phase::SyncingCache);
+            work(token)
+        }
+    };
     if let Some(shared) = kube.shared_lease(&ctx.shutdown).await.map_err(|e| fatal(e.to_string()))? {
         let elector = shared.elector().clone();
         ledger.set_leader(std::sync::Arc::new(move || elector.view()));
         ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
         tracing::info!(module, "Waiting for the process's shared Lease");
+        ledger.set_phase(crate::debug::Phase::Standby);
         let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
         // On shutdown the work drains (in-flight calls finish, then the
         // Lease is released); on a lost Lease it is dropped at once, as the
@@ -46,6 +55,7 @@ where
             let check = elector.health_check();
             ctx.health.register(&format!("leader-election-{module}"), check.clone());
             kube.leader_health.add(check);
+            ledger.set_phase(crate::debug::Phase::Standby);
             ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
             elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
         }

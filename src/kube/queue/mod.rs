@@ -385,6 +385,9 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         Fut: Future<Output = Outcome> + Send,
     {
         let handle = Arc::new(handle);
+        if let Some(t) = &self.tracker {
+            t.ledger.set_phase(crate::debug::Phase::Running);
+        }
         let mut tasks = tokio::task::JoinSet::new();
         {
             let (q, shutdown) = (self.clone(), shutdown.clone());

@@ -360,8 +360,10 @@ async fn a_tracked_queue_files_failures_and_forgets_the_key_once_done() {
             .await
         })
     };
+    assert_eq!(ledger.phase(), crate::debug::Phase::Starting);
     q.add("ns/claim".into());
     failed.notified().await;
+    assert_eq!(ledger.phase(), crate::debug::Phase::Running, "the workers run");
     let filed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             if let Some((_, e)) = ledger.entries().into_iter().next().filter(|(_, e)| e.attempts == 1) {

@@ -89,6 +89,7 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         nodes,
         gauges,
         driver: driver.clone(),
+        ledger: ctx.debug.ledger(NAME),
         cfg,
     });
     let work = move |token| m.lead(token);

@@ -71,6 +71,8 @@ pub(super) struct Monitor {
     pub cfg: HealthMonitorFlags,
     pub plan: Plan,
     pub driver: Arc<DriverInfo>,
+    /// The module's ledger (its start-up phase).
+    pub ledger: crate::debug::Ledger,
     pub csi: Connection,
     pub client: Client,
     pub events: Recorder,
@@ -120,6 +122,7 @@ impl Monitor {
             Mode::Get => self.cfg.monitor_interval,
         };
         tracing::info!(?interval, "Caches synced; monitoring volume health");
+        self.ledger.set_phase(crate::debug::Phase::Running);
         loop {
             if token.run_until_cancelled(self.pass()).await.is_none() {
                 return;
