@@ -58,8 +58,8 @@ if [[ -n ${CSI_SIDECAR_IMAGE_BINARY:-} ]]; then
 	PROFILE=given
 else
 	case $PROFILE in
-	release) cargo build --release --locked -p csi-sidecar --bin csi-sidecar >&2 && BIN=target/release/csi-sidecar ;;
-	debug) cargo build -p csi-sidecar --bin csi-sidecar >&2 && BIN=target/debug/csi-sidecar ;;
+	release) cargo build --release --locked -p csi-sidecar --bin csi-sidecar >&2 && BIN="${CARGO_TARGET_DIR:-target}/release/csi-sidecar" ;;
+	debug) cargo build -p csi-sidecar --bin csi-sidecar >&2 && BIN="${CARGO_TARGET_DIR:-target}/debug/csi-sidecar" ;;
 	*) die "CSI_SIDECAR_IMAGE_PROFILE=$PROFILE: release or debug" ;;
 	esac
 fi
