@@ -239,20 +239,9 @@ impl Ledger {
         self.len() == 0
     }
 
-    /// The entry of `key`, created (waiting for `default`) if absent.
+    /// The entry of `key` as `queue` files it, created if absent.
     fn with_entry<R>(&self, key: &EntryKey, queue: &'static str, f: impl FnOnce(&mut Entry) -> R) -> R {
-        let mut entries = self.inner.entries.lock();
-        let entry = entries.entry((key.clone(), queue)).or_insert_with(|| Entry {
-            queue,
-            waiting_for: WaitingFor::Retry,
-            attempts: 0,
-            last_error: None,
-            next_retry: None,
-            csi_call: None,
-            since: SystemTime::now(),
-            since_mono: Instant::now(),
-        });
-        f(entry)
+        f(self.inner.entries.lock().entry((key.clone(), queue)).or_insert_with(|| Entry::new(queue)))
     }
 
     /// Forgets `key` as `queue` filed it.
@@ -394,21 +383,19 @@ impl SyncScope {
             (n.waiting_for.take(), n.last_error.take())
         };
         let slot = (s.key.clone(), s.queue);
+        // One critical section: a CSI call guard of another sync cannot
+        // slip between the decision and the write.
         let mut entries = s.ledger.inner.entries.lock();
-        let previous = entries.get(&slot);
-        match after_sync(previous, waiting, error, finish) {
+        match after_sync(entries.get(&slot), waiting, error, finish) {
             None => {
                 entries.remove(&slot);
             }
             Some((waiting_for, attempts, last_error, delay)) => {
-                drop(entries);
-                s.ledger.with_entry(&s.key, s.queue, |e| {
-                    e.queue = s.queue;
-                    e.waiting_for = waiting_for;
-                    e.attempts = attempts;
-                    e.last_error = last_error;
-                    e.next_retry = delay.map(|d| SystemTime::now() + d);
-                });
+                let e = entries.entry(slot).or_insert_with(|| Entry::new(s.queue));
+                e.waiting_for = waiting_for;
+                e.attempts = attempts;
+                e.last_error = last_error;
+                e.next_retry = delay.map(|d| SystemTime::now() + d);
             }
         }
     }
@@ -458,6 +445,20 @@ impl Drop for CallGuard {
 }
 
 impl Entry {
+    /// A new entry of `queue`: not done since now, no reason noted yet.
+    fn new(queue: &'static str) -> Self {
+        Entry {
+            queue,
+            waiting_for: WaitingFor::Retry,
+            attempts: 0,
+            last_error: None,
+            next_retry: None,
+            csi_call: None,
+            since: SystemTime::now(),
+            since_mono: Instant::now(),
+        }
+    }
+
     /// How long the object has not been done, at `now`.
     pub fn waited(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.since_mono)
