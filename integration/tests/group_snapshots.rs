@@ -131,13 +131,25 @@ impl Env {
         let _ = self.contents.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
     }
 
+    /// Deletes group `name` once the snapshot-controller has settled it, as
+    /// a user running `kubectl wait` first would: ready, and its
+    /// bound-protection finalizer in place. Deleted earlier, the real
+    /// controller may be midway binding the content and never release it
+    /// (the content stays, and the snapshotter is never asked to delete).
     async fn delete_group(&self, name: &str) {
+        wait_for(&self.groups, name, T, group_settled).await;
         self.groups.delete(name, &DeleteParams::default()).await.expect("delete group");
     }
 }
 
 fn group_ready(o: &DynamicObject) -> bool {
     o.data["status"]["readyToUse"].as_bool() == Some(true)
+}
+
+/// A group the snapshot-controller has finished with: ready, with its
+/// bound-protection finalizer.
+fn group_settled(o: &DynamicObject) -> bool {
+    group_ready(o) && o.metadata.finalizers.iter().flatten().any(|f| f.starts_with("groupsnapshot.storage.kubernetes.io/"))
 }
 
 #[tokio::test]
@@ -388,16 +400,9 @@ async fn a_pre_provisioned_group_content_is_checked_with_get_and_deleted_with_it
     assert_eq!(gets[0].target, group_id);
     assert_eq!(gets[0].ids, ids);
     assert_eq!(driver.group_calls_of(GroupMethod::Create).len(), 1, "no create for a pre-provisioned group");
-    // Ready, and protected by the snapshot-controller: deleted before its
-    // finalizer lands, the controller never releases the content's
-    // bound-protection finalizer (an upstream race a CI run hit: the
-    // content stayed with that finalizer after the group was gone).
-    wait_for(&env.groups, "pre", T, |o| {
-        group_ready(o)
-            && o.metadata.finalizers.iter().flatten().any(|f| f.starts_with("groupsnapshot.storage.kubernetes.io/"))
-    })
-    .await;
-
+    // delete_group waits until it is settled: deleted before the
+    // controller's finalizer lands, the controller never releases the
+    // content's bound-protection finalizer (an upstream race a CI run hit).
     env.delete_group("pre").await;
     wait_deleted(&env.contents, &pre, T).await;
     let deletes = driver.group_calls_of(GroupMethod::Delete);
@@ -491,7 +496,14 @@ async fn group_cycle_under_rbac(prefix: &str, drop: Option<(&str, &str, &str)>) 
             return (true, Err(e.clone()));
         }
         let c = env.contents.get_opt(&content).await.ok().flatten();
-        if !deleted && c.as_ref().is_some_and(group_ready) {
+        // Deleted only once both the content is ready and the group is
+        // settled by the snapshot-controller (see Env::delete_group): a
+        // group deleted while the controller still binds it leaves the
+        // content behind forever (the CI flake this test had).
+        if !deleted
+            && c.as_ref().is_some_and(group_ready)
+            && env.groups.get_opt("g").await.ok().flatten().is_some_and(|g| group_settled(&g))
+        {
             let _ = env.groups.delete("g", &DeleteParams::default()).await;
             deleted = true;
         }
