@@ -149,7 +149,8 @@ fn group_ready(o: &DynamicObject) -> bool {
 /// A group the snapshot-controller has finished with: ready, with its
 /// bound-protection finalizer.
 fn group_settled(o: &DynamicObject) -> bool {
-    group_ready(o) && o.metadata.finalizers.iter().flatten().any(|f| f.starts_with("groupsnapshot.storage.kubernetes.io/"))
+    group_ready(o)
+        && o.metadata.finalizers.iter().flatten().any(|f| f.starts_with("groupsnapshot.storage.kubernetes.io/"))
 }
 
 #[tokio::test]
