@@ -2,7 +2,10 @@
 //! answers (pure; the HTTP handler in `http.rs` only gathers the ledgers).
 //! The same types are what `csi-sidecar explain` reads back.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::{
+    fmt,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +29,78 @@ pub struct Query {
     pub name: Option<String>,
     /// At most this many objects (default [`DEFAULT_LIMIT`], at most [`MAX_LIMIT`]).
     pub limit: Option<usize>,
-    /// The `continue` token of the previous page.
-    pub after: Option<String>,
+    /// Where the previous page ended (its `continue` token).
+    pub after: Option<Cursor>,
+}
+
+/// Where a page ended: its last entry, in the endpoint's order (module,
+/// kind, key, queue, compared as a tuple). Its text, the `continue` token,
+/// is the four joined by `|`, each with `%` and `|` percent-encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Cursor {
+    /// The module.
+    pub module: String,
+    /// The API kind.
+    pub kind: String,
+    /// The queue's key (`namespace/name` or `name`).
+    pub key: String,
+    /// The queue.
+    pub queue: String,
+}
+
+impl Cursor {
+    /// The four parts, in the order entries are compared.
+    fn as_tuple(&self) -> (&str, &str, &str, &str) {
+        (&self.module, &self.kind, &self.key, &self.queue)
+    }
+
+    /// The cursor a `continue` token names (`None`: not a token).
+    pub fn decode(token: &str) -> Option<Cursor> {
+        let mut parts = token.split('|').map(unescape);
+        let cursor =
+            Cursor { module: parts.next()??, kind: parts.next()??, key: parts.next()??, queue: parts.next()?? };
+        parts.next().is_none().then_some(cursor)
+    }
+}
+
+/// `%25` and `%7C` decoded; any other `%` is not a token's.
+fn unescape(part: &str) -> Option<String> {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i + 1..i + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "7C" | "7c" => '|',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let escape = |s: &str| s.replace('%', "%25").replace('|', "%7C");
+        let (module, kind, key, queue) = self.as_tuple();
+        write!(f, "{}|{}|{}|{}", escape(module), escape(kind), escape(key), escape(queue))
+    }
+}
+
+impl TryFrom<String> for Cursor {
+    type Error = QueryError;
+    fn try_from(token: String) -> Result<Self, QueryError> {
+        Cursor::decode(&token).ok_or(QueryError::Continue(token))
+    }
+}
+
+impl From<Cursor> for String {
+    fn from(c: Cursor) -> String {
+        c.to_string()
+    }
 }
 
 /// One module's summary.
@@ -107,7 +180,7 @@ pub struct Page {
     pub matching: usize,
     /// The token of the next page, when there is one.
     #[serde(rename = "continue", skip_serializing_if = "Option::is_none", default)]
-    pub after: Option<String>,
+    pub after: Option<Cursor>,
 }
 
 /// The API kind an alias names (`pvc` → `PersistentVolumeClaim`), or the
@@ -152,11 +225,6 @@ fn seconds_between(from: SystemTime, to: SystemTime) -> f64 {
     }
 }
 
-/// The continue token of an entry: where the next page starts after.
-fn token(module: &str, kind: &str, key: &str, queue: &str) -> String {
-    format!("{module}|{kind}|{key}|{queue}")
-}
-
 /// Clock readings of one answer.
 #[derive(Clone, Copy, Debug)]
 pub struct Now {
@@ -190,7 +258,7 @@ pub fn page_of(q: &Query, driver: Option<String>, ledgers: &[Ledger], now: Now) 
     let mut modules = Vec::with_capacity(sorted.len());
     let mut objects = Vec::new();
     let (mut matching, mut remaining) = (0, 0);
-    let mut last_token = None;
+    let mut last = None;
     for ledger in sorted {
         let module = ledger.module();
         modules.push(ModuleView {
@@ -204,20 +272,25 @@ pub fn page_of(q: &Query, driver: Option<String>, ledgers: &[Ledger], now: Now) 
                 return;
             }
             matching += 1;
-            let tok = token(module, key.0, &key.1, entry.queue);
-            if q.after.as_deref().is_some_and(|after| tok.as_str() <= after) {
+            if q.after.as_ref().is_some_and(|c| (module, key.0, key.1.as_str(), entry.queue) <= c.as_tuple()) {
                 // Served on an earlier page.
                 return;
             }
             remaining += 1;
             if objects.len() < limit {
                 objects.push(view(module, key, entry, now));
-                last_token = Some(tok);
+                last = Some((module, key.0, key.1.clone(), entry.queue));
             }
         });
     }
     let more = objects.len() < remaining;
-    Page { driver, modules, objects, matching, after: if more { last_token } else { None } }
+    let after = last.filter(|_| more).map(|(module, kind, key, queue)| Cursor {
+        module: module.to_string(),
+        kind: kind.to_string(),
+        key,
+        queue: queue.to_string(),
+    });
+    Page { driver, modules, objects, matching, after }
 }
 
 fn view(module: &str, key: &EntryKey, e: &Entry, now: Now) -> ObjectView {
@@ -252,6 +325,9 @@ pub enum QueryError {
     /// `limit` is not a positive number.
     #[error("limit {0:?}: want a number from 1 to {MAX_LIMIT}")]
     Limit(String),
+    /// `continue` is not a token a page gave.
+    #[error("continue {0:?}: not a token a page gave (module|kind|key|queue)")]
+    Continue(String),
     /// Bad percent-encoding.
     #[error("parameter {0:?} is not valid percent-encoded UTF-8")]
     Encoding(String),
@@ -291,7 +367,13 @@ impl Query {
                 "kind" => &mut q.kind,
                 "namespace" => &mut q.namespace,
                 "name" => &mut q.name,
-                "continue" => &mut q.after,
+                "continue" => {
+                    q.after = match value.as_str() {
+                        "" => None,
+                        token => Some(Cursor::decode(token).ok_or(QueryError::Continue(value))?),
+                    };
+                    continue;
+                }
                 "limit" => {
                     let n: usize = value.parse().map_err(|_| QueryError::Limit(value.clone()))?;
                     if n == 0 || n > MAX_LIMIT {
@@ -320,13 +402,14 @@ impl Query {
                 .collect::<String>()
         };
         let limit = self.limit.map(|n| n.to_string());
+        let after = self.after.as_ref().map(Cursor::to_string);
         [
             ("module", self.module.as_deref()),
             ("kind", self.kind.as_deref()),
             ("namespace", self.namespace.as_deref()),
             ("name", self.name.as_deref()),
             ("limit", limit.as_deref()),
-            ("continue", self.after.as_deref()),
+            ("continue", after.as_deref()),
         ]
         .iter()
         .filter_map(|(k, v)| v.map(|v| format!("{k}={}", enc(v))))

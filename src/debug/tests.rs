@@ -146,13 +146,14 @@ fn filters_by_module_kind_alias_namespace_and_name() {
 
 #[test]
 fn the_query_string_parses_and_rejects_by_name() {
-    let q =
-        Query::parse("module=provisioner&kind=pvc&namespace=a%2Db&name=x+y&limit=5&continue=p%7CK%7Ca%2Fb").unwrap();
+    let q = Query::parse("module=provisioner&kind=pvc&namespace=a%2Db&name=x+y&limit=5&continue=p%7CK%7Ca%2Fb%7Cq")
+        .unwrap();
     assert_eq!(q.module.as_deref(), Some("provisioner"));
     assert_eq!(q.namespace.as_deref(), Some("a-b"));
     assert_eq!(q.name.as_deref(), Some("x y"));
     assert_eq!(q.limit, Some(5));
-    assert_eq!(q.after.as_deref(), Some("p|K|a/b"));
+    let after = Cursor { module: "p".into(), kind: "K".into(), key: "a/b".into(), queue: "q".into() };
+    assert_eq!(q.after, Some(after));
     assert_eq!(Query::parse(&q.to_query_string()).unwrap(), q, "round trip");
     assert_eq!(Query::parse("").unwrap(), Query::default());
     assert_eq!(Query::parse("name=").unwrap(), Query::default(), "empty is no filter");
@@ -161,6 +162,12 @@ fn the_query_string_parses_and_rejects_by_name() {
     assert_eq!(Query::parse("limit=lots").unwrap_err(), QueryError::Limit("lots".into()));
     assert!(matches!(Query::parse("name=%ZZ"), Err(QueryError::Encoding(_))));
     assert!(Query::parse("limit=9999").unwrap_err().to_string().contains("limit"));
+    for token in ["p|K|a/b", "p|K|a/b|q|x", "p|K|a%2Fb|q", "p|K|a%7|q"] {
+        let raw = format!("continue={}", token.replace('%', "%25").replace('|', "%7C"));
+        let err = Query::parse(&raw).unwrap_err();
+        assert_eq!(err, QueryError::Continue(token.into()), "{token}");
+        assert!(err.to_string().starts_with("continue "), "{err}");
+    }
 }
 
 #[test]
@@ -182,6 +189,10 @@ fn the_json_has_the_documented_shape() {
     assert_eq!(v["modules"][0]["phase"], "starting", "a module is starting until its workers run");
     let back: Page = serde_json::from_value(v).unwrap();
     assert_eq!(back, p, "explain reads back what the endpoint writes");
+    let first = page(&Query { limit: Some(1), ..Query::default() }, &r.ledgers(), now());
+    let v = serde_json::to_value(&first).unwrap();
+    assert_eq!(v["continue"], "attacher|VolumeAttachment|csi-123|csi-attacher-va", "the token is text");
+    assert_eq!(serde_json::from_value::<Page>(v).unwrap(), first);
 }
 
 #[test]
@@ -272,4 +283,96 @@ fn two_queues_of_one_object_keep_their_own_entries() {
     let second = page(&next, std::slice::from_ref(&l), now());
     assert_eq!((first.objects[0].queue.as_str(), second.objects[0].queue.as_str()), ("modify", "resize"));
     assert_eq!(second.after, None);
+}
+
+/// One entry as the endpoint orders them: module, kind, key, queue.
+type Row = (&'static str, &'static str, String, &'static str);
+
+/// Ledgers holding `rows` (each waiting for the driver).
+fn ledgers_of(rows: &[Row]) -> Vec<Ledger> {
+    let r = Registry::default();
+    for (module, kind, key, queue) in rows {
+        let scope = r.ledger(module).scope(queue, kind, key.clone());
+        scope.0.notes.lock().waiting_for = Some(WaitingFor::Driver);
+        scope.finish(Finish::Done);
+    }
+    r.ledgers()
+}
+
+/// Every page of `ledgers`, `limit` objects at a time, concatenated.
+fn every_page(ledgers: &[Ledger], limit: usize) -> Vec<(String, String, String, String)> {
+    let mut q = Query { limit: Some(limit), ..Query::default() };
+    let mut seen = Vec::new();
+    for _ in 0..=ledgers.iter().map(Ledger::len).sum::<usize>() {
+        let p = page(&q, ledgers, now());
+        seen.extend(p.objects.iter().map(|o| {
+            let key = o.namespace.as_ref().map_or_else(|| o.name.clone(), |ns| format!("{ns}/{}", o.name));
+            (o.module.clone(), o.kind.clone(), key, o.queue.clone())
+        }));
+        match p.after {
+            Some(t) => q.after = Some(t),
+            None => return seen,
+        }
+    }
+    panic!("paging does not end: {seen:?}");
+}
+
+fn owned(rows: &[Row]) -> Vec<(String, String, String, String)> {
+    rows.iter().map(|(m, k, key, q)| (m.to_string(), k.to_string(), key.clone(), q.to_string())).collect()
+}
+
+#[test]
+fn a_page_resumes_after_its_last_entry_whatever_follows_it() {
+    let pv = |name: &str| ("provisioner", "PersistentVolume", name.to_string(), "volumes");
+    let pvc = |key: &str| ("provisioner", "PersistentVolumeClaim", key.to_string(), "claims");
+    let cases: &[(&str, Vec<Row>)] = &[
+        ("a page ending on a PersistentVolume, claims after it", vec![pv("pv-1"), pvc("ns/a"), pvc("ns/b")]),
+        (
+            "a page ending at a key that prefixes the next ones",
+            vec![pvc("ns/data-web-1"), pvc("ns/data-web-10"), pvc("ns/data-web-11"), pvc("ns/data-web-19")],
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (name, rows) in cases {
+        let ledgers = ledgers_of(rows);
+        for limit in 1..=rows.len() {
+            let got = every_page(&ledgers, limit);
+            if got != owned(rows) {
+                wrong.push(format!("{name}, limit {limit}: served {:?}", got.iter().map(|r| &r.2).collect::<Vec<_>>()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+proptest::proptest! {
+    /// A cursor's token reads back as the cursor, whatever its parts hold.
+    #[test]
+    fn a_token_reads_back_as_its_cursor(parts in proptest::array::uniform4("[a|%7C2/-]{0,6}")) {
+        let [module, kind, key, queue] = parts;
+        let c = Cursor { module, kind, key, queue };
+        proptest::prop_assert_eq!(Cursor::decode(&c.to_string()), Some(c.clone()));
+        let q = Query { after: Some(c), ..Query::default() };
+        proptest::prop_assert_eq!(Query::parse(&q.to_query_string()), Ok(q));
+    }
+
+    /// Paging with any limit serves every entry once, in the endpoint's
+    /// order, whatever the keys (prefixes of each other, '-', '/', digits).
+    #[test]
+    fn paging_serves_every_entry_once_in_order(
+        rows in proptest::collection::vec(
+            (
+                proptest::sample::select(&["attacher", "provisioner", "resizer"][..]),
+                proptest::sample::select(&["PersistentVolume", "PersistentVolumeClaim", "VolumeAttachment"][..]),
+                "[ab019/-]{1,5}",
+                proptest::sample::select(&["modify", "resize"][..]),
+            ),
+            0..24,
+        ),
+        limit in 1usize..8,
+    ) {
+        let ledgers = ledgers_of(&rows);
+        let model: std::collections::BTreeSet<_> = owned(&rows).into_iter().collect();
+        proptest::prop_assert_eq!(every_page(&ledgers, limit), model.into_iter().collect::<Vec<_>>());
+    }
 }
