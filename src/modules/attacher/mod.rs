@@ -50,7 +50,7 @@ use crate::{
     },
     modules::{Module, ModuleContext, ModuleError},
 };
-use config::AttacherFlags;
+use config::{AttacherFlags, Gates};
 use decide::{Handler, VaAction, VolumeSource};
 use waiting::Stop;
 
@@ -61,6 +61,7 @@ const KIND_PV: &str = "PersistentVolume";
 
 struct Attacher {
     cfg: AttacherFlags,
+    gates: Gates,
     driver: Arc<DriverInfo>,
     handler: Handler,
     finalizer: String,
@@ -140,9 +141,11 @@ impl Attacher {
         }
     }
 
+    /// Records an error as `field`; the gRPC `code` only while
+    /// `MutableCSINodeAllocatableCount` is on.
     async fn error_status(&self, name: &str, field: &str, message: &str, code: Option<tonic::Code>) {
         let mut err = serde_json::json!({ "message": message, "time": Timestamp::now() });
-        if let Some(c) = code {
+        if let Some(c) = code.filter(|_| self.gates.error_code) {
             err["errorCode"] = serde_json::json!(c as i32);
         }
         let mut status = serde_json::Map::new();
@@ -410,7 +413,7 @@ async fn add_finalizer(
 /// The module's entry points for the host.
 impl Module for AttacherFlags {
     fn validate(&self) -> Result<(), ModuleError> {
-        AttacherFlags::validate(self).map_err(|message| ModuleError::Config { module: NAME, message })
+        AttacherFlags::validate(self).map(|_| ()).map_err(|message| ModuleError::Config { module: NAME, message })
     }
 
     fn discovery_timeout(&self) -> Duration {
@@ -430,7 +433,7 @@ impl Module for AttacherFlags {
 pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
     let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    let gates = cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
     // One connection for the process: the cap holds for every module's responses.
     ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
@@ -480,6 +483,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         pv_queue: pv_q.clone(),
         driver: driver.clone(),
         cfg,
+        gates,
     });
     let reconciles = handler == Handler::Csi
         && driver.has_controller_capability(Rpc::ListVolumes)
