@@ -105,6 +105,9 @@ pub struct Script {
     pub required_secret: Option<(String, String)>,
     /// `ControllerPublishVolume` fails with this (after its delay) while set.
     pub publish_error: Option<(Code, String)>,
+    /// The publish context a successful `ControllerPublishVolume` answers
+    /// (`None`: `device=/dev/fault`).
+    pub publish_context: Option<BTreeMap<String, String>>,
     /// `ListVolumes` never ends: every page answers a new `next_token`.
     pub list_volumes_endless: bool,
     /// `NodeGetInfo` answers this node ID and accessible topology (the
@@ -207,6 +210,7 @@ impl Default for Script {
             publish_readonly: false,
             required_secret: None,
             publish_error: None,
+            publish_context: None,
             publish_failures_per_pair: 0,
             expand: false,
             expand_delay: Duration::ZERO,
@@ -553,9 +557,11 @@ impl Service {
         if !nodes.contains(&req.node_id) {
             nodes.push(req.node_id);
         }
-        Ok(Response::new(csi::ControllerPublishVolumeResponse {
-            publish_context: [("device".to_string(), "/dev/fault".to_string())].into(),
-        }))
+        let publish_context = match s.publish_context {
+            Some(c) => c.into_iter().collect(),
+            None => [("device".to_string(), "/dev/fault".to_string())].into(),
+        };
+        Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context }))
     }
 
     async fn unpublish(

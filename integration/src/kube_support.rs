@@ -206,6 +206,22 @@ pub fn volume_attachment(name: &str, driver: &str, node: &str, pv: &str) -> Volu
     }
 }
 
+/// Whether the apiserver keeps `status.attachError.errorCode` of a
+/// VolumeAttachment: written through `/status` on a throwaway object of
+/// `attacher` (no attacher handles it: the name is not its own) and read back.
+pub async fn server_keeps_error_code(vas: &Api<VolumeAttachment>, attacher: &str) -> bool {
+    use kube::api::{Patch, PatchParams};
+    let name = unique_name("probe-error-code");
+    let va = volume_attachment(&name, &format!("x-{attacher}"), "nowhere", "none");
+    vas.create(&PostParams::default(), &va).await.expect("create the probe VolumeAttachment");
+    let status =
+        serde_json::json!({"status": {"attached": false, "attachError": {"message": "probe", "errorCode": 5}}});
+    let patched =
+        vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch its status");
+    let _ = vas.delete(&name, &DeleteParams::default()).await;
+    patched.status.and_then(|s| s.attach_error).and_then(|e| e.error_code).is_some()
+}
+
 /// How many VolumeAttachments whose name starts with `prefix` are attached
 /// (0 when listing fails).
 pub async fn attached_count(vas: &Api<VolumeAttachment>, prefix: &str) -> usize {

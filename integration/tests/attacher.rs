@@ -7,7 +7,8 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     component_bin,
     kube_support::{
-        TestNamespace, create, csi_node, node, pod, pvc, storage_class, unique_name, wait_deleted, wait_for,
+        TestNamespace, create, csi_node, node, pod, pvc, server_keeps_error_code, storage_class, unique_name,
+        wait_deleted, wait_for,
     },
     process::Proc,
     sidecar_bin, wait_until,
@@ -197,21 +198,4 @@ async fn without_publish_capability_the_trivial_handler_marks_attached() {
     let va = wait_for(&vas, &name, T, |v| v.status.as_ref().is_some_and(|st| st.attached)).await;
     assert!(va.metadata.finalizers.unwrap_or_default().is_empty(), "the trivial handler adds no finalizer");
     assert!(!s.driver.logs().contains("ControllerPublishVolume"), "no publish call");
-}
-
-/// Whether the apiserver keeps `status.attachError.errorCode` of a
-/// VolumeAttachment: written through `/status` on a throwaway object of
-/// `attacher` (no attacher handles it: the name is not its own) and read back.
-async fn server_keeps_error_code(vas: &Api<VolumeAttachment>, attacher: &str) -> bool {
-    use kube::api::{Patch, PatchParams, PostParams};
-    let name = unique_name("probe-error-code");
-    let va =
-        csi_sidecar_integration::kube_support::volume_attachment(&name, &format!("x-{attacher}"), "nowhere", "none");
-    vas.create(&PostParams::default(), &va).await.expect("create the probe VolumeAttachment");
-    let status =
-        serde_json::json!({"status": {"attached": false, "attachError": {"message": "probe", "errorCode": 5}}});
-    let patched =
-        vas.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("patch its status");
-    let _ = vas.delete(&name, &DeleteParams::default()).await;
-    patched.status.and_then(|s| s.attach_error).and_then(|e| e.error_code).is_some()
 }

@@ -2,19 +2,25 @@
 //! queued behind 200 detaches that keep failing slowly, and still complete
 //! promptly. The measured time is printed (`--nocapture`) and in the README.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use csi_sidecar_integration::{
     cluster::ControlPlane,
     fault_driver::{FaultDriver, Script, Transport},
-    kube_support::{TestNamespace, attached_count, create, csi_node, csi_pv, unique_name, volume_attachment},
+    kube_support::{
+        TestNamespace, attached_count, create, csi_node, csi_pv, server_keeps_error_code, unique_name,
+        volume_attachment,
+    },
     process::Proc,
     sidecar_bin, wait_until,
 };
 use futures::future::join_all;
 use k8s_openapi::api::{
     core::v1::PersistentVolume,
-    storage::v1::{CSINode, VolumeAttachment},
+    storage::v1::{CSINode, VolumeAttachment, VolumeAttachmentStatus},
 };
 use kube::{
     Api,
@@ -142,7 +148,7 @@ struct Reconciled {
     // before the directory holding the log.
     attacher: Proc,
     driver: FaultDriver,
-    _ns: TestNamespace,
+    ns: TestNamespace,
     _dir: tempfile::TempDir,
     node: String,
     socket: std::path::PathBuf,
@@ -182,23 +188,40 @@ impl Reconciled {
             (ok, ())
         })
         .await;
-        let r = Reconciled { _ns: ns, _dir: dir, driver, attacher, node, socket, driver_name };
+        let r = Reconciled { ns, _dir: dir, driver, attacher, node, socket, driver_name };
         assert_eq!(r.publishes(), 1);
         r
+    }
+
+    /// The attachment's status as last written.
+    async fn status(&self) -> VolumeAttachmentStatus {
+        let vas: Api<VolumeAttachment> = Api::all(self.ns.client().clone());
+        vas.get(&format!("{}-va", self.ns.name())).await.ok().and_then(|v| v.status).unwrap_or_default()
+    }
+
+    /// Makes the driver forget the publication, then waits for the
+    /// reconciler's publish number `n` to complete.
+    async fn republish(&self, n: u64) {
+        self.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+        self.wait_published(n).await;
+    }
+
+    /// The counter moves when the call arrives; the publication is recorded
+    /// when it completes.
+    async fn wait_published(&self, n: u64) {
+        wait_until("the reconciler to publish the volume again", Duration::from_secs(30), async || {
+            let nodes = self.driver.published.lock().expect("published").get("vol-recon").cloned().unwrap_or_default();
+            (self.publishes() >= n && nodes == vec![self.node.clone()], (self.publishes(), nodes))
+        })
+        .await;
     }
 
     fn publishes(&self) -> u64 {
         self.driver.counters.publishes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The counter moves when the call arrives; the publication is recorded
-    /// when it completes.
     async fn wait_republished(&self) {
-        wait_until("the reconciler to publish the volume again", Duration::from_secs(30), async || {
-            let nodes = self.driver.published.lock().expect("published").get("vol-recon").cloned().unwrap_or_default();
-            (self.publishes() >= 2 && nodes == vec![self.node.clone()], (self.publishes(), nodes))
-        })
-        .await;
+        self.wait_published(2).await;
         assert!(self.attacher.logs().contains("Driver disagrees"), "{}", self.attacher.logs());
     }
 }
@@ -210,6 +233,57 @@ async fn the_reconciler_repairs_a_volume_the_driver_reports_detached() {
     let r = Reconciled::start("recon", &[]).await;
     r.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
     r.wait_republished().await;
+}
+
+/// A re-attach whose publish context has other or fewer keys: the status
+/// ends with exactly the new keys (the status is patched from the old
+/// status to the new, as upstream's merge patch of the object and its
+/// clone; the old keys used to stay beside the new ones).
+#[tokio::test]
+async fn a_republish_leaves_exactly_the_new_publish_context() {
+    let r = Reconciled::start("recctx", &[]).await;
+    let context = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let steps = [context(&[("devicePath", "/dev/sdb"), ("lun", "3")]), context(&[("devicePath", "/dev/sdc")])];
+    for (n, want) in (2..).zip(steps) {
+        r.driver.update(|s| s.publish_context = Some(want.clone()));
+        r.republish(n).await;
+        let got = wait_until("the status of the new publish", Duration::from_secs(30), async || {
+            let s = r.status().await;
+            let metadata = s.attachment_metadata.unwrap_or_default();
+            (s.attached && metadata.get("devicePath") == want.get("devicePath"), metadata)
+        })
+        .await;
+        assert_eq!(got, want, "publish {n}: only the keys of the last publish context");
+    }
+}
+
+/// An attach error without a gRPC code (the CSINode is gone) after one with
+/// a code: the old `errorCode` goes with the old error. (Only where the
+/// apiserver keeps the field: 1.34 drops it, see docs/versions.md.)
+#[tokio::test]
+async fn a_later_error_without_a_code_drops_the_old_error_code() {
+    let r = Reconciled::start("reccode", &["--retry-interval-max=2s"]).await;
+    if !server_keeps_error_code(&Api::all(r.ns.client().clone()), &r.driver_name).await {
+        eprintln!("skipped: this apiserver drops status.attachError.errorCode");
+        return;
+    }
+    r.driver.update(|s| s.publish_error = Some((Code::Internal, "backend down".into())));
+    r.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+    wait_until("the driver's error in the status", Duration::from_secs(30), async || {
+        let e = r.status().await.attach_error;
+        (e.as_ref().is_some_and(|e| e.error_code == Some(Code::Internal as i32)), e)
+    })
+    .await;
+    let csinodes: Api<CSINode> = Api::all(r.ns.client().clone());
+    csinodes.delete(&r.node, &DeleteParams::default()).await.expect("delete csinode");
+    let e = wait_until("the missing CSINode in the status", Duration::from_secs(30), async || {
+        let e = r.status().await.attach_error;
+        (e.as_ref().and_then(|e| e.message.as_deref()).is_some_and(|m| m.contains("not found")), e)
+    })
+    .await;
+    assert_eq!(e.and_then(|e| e.error_code), None, "no gRPC code for this error");
 }
 
 /// A volume missing from the driver's answer is published nowhere, as

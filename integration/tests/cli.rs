@@ -114,12 +114,21 @@ async fn the_kep_4958_command_line_runs_the_same_modules() {
     let (code, out, err) = run_to_end(&aio, &["--help"], T);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("--controllers") && out.contains("node-driver-registrar"), "{out}");
+    assert!(out.contains("health-monitor"), "{out}");
     let (code, _, err) = run_to_end(&aio, &["--controllers=attacher,nope"], T);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("unknown controller \"nope\""), "{err}");
     let (code, _, err) = run_to_end(&aio, &["--controllers=livenessprobe", "--livenessprobe-probe-timeout=soon"], T);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("prober") && err.contains("soon"), "{err}");
+    // The health monitor's own flags under its prefix (a bad value names it).
+    let (code, _, err) = run_to_end(
+        &aio,
+        &["--controllers=attacher,health-monitor", "--health-monitor-monitor-interval=soon", "--timeout=30s"],
+        T,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("health-monitor") && err.contains("soon"), "{err}");
 
     let socket = dir.path().join("csi.sock");
     let _driver = Proc::spawn(

@@ -256,9 +256,9 @@ mod tests {
     use crate::{
         cli::parse,
         modules::{
-            ModuleConfig, attacher::config::AttacherFlags, prober::config::ProberFlags,
-            provisioner::config::ProvisionerFlags, registrar::config::RegistrarFlags, resizer::config::ResizerFlags,
-            snapshotter::config::SnapshotterFlags,
+            ModuleConfig, attacher::config::AttacherFlags, health::config::HealthMonitorFlags,
+            prober::config::ProberFlags, provisioner::config::ProvisionerFlags, registrar::config::RegistrarFlags,
+            resizer::config::ResizerFlags, snapshotter::config::SnapshotterFlags,
         },
     };
 
@@ -385,6 +385,41 @@ mod tests {
             let extra = if *module == "registrar" { " --kubelet-registration-path=/k/csi.sock" } else { "" };
             let (_, m) = modules_of(&format!("csi-sidecar --controllers={controller}{extra}"));
             assert_eq!(m.iter().map(ModuleConfig::name).collect::<Vec<_>>(), [*module], "{controller}");
+        }
+    }
+
+    /// The health monitor (upstream's external-health-monitor-controller) in
+    /// the KEP form beside a controller: its own prefixed flags (a value, a
+    /// switch), the common ones it shares, and its usage errors.
+    #[test]
+    fn the_health_monitor_takes_its_prefixed_and_common_flags() {
+        let (_, modules) = modules_of(
+            "csi-sidecars --controllers=attacher,health-monitor --timeout=30s --worker-threads=3 \
+             --health-monitor-monitor-interval=30s --health-monitor-enable-node-watcher \
+             --health-monitor-worker-threads=7 --health-monitor-list-volumes-interval=2m",
+        );
+        assert_eq!(modules.iter().map(ModuleConfig::name).collect::<Vec<_>>(), ["attacher", "health-monitor"]);
+        for m in &modules {
+            if let Some(h) = m.flags::<HealthMonitorFlags>() {
+                assert_eq!(h.monitor_interval, Duration::from_secs(30));
+                assert_eq!(h.list_volumes_interval, Duration::from_secs(120));
+                assert!(h.enable_node_watcher);
+                assert_eq!((h.timeout, h.worker_threads), (Duration::from_secs(30), 7), "common, then its own");
+            } else if let Some(a) = m.flags::<AttacherFlags>() {
+                assert_eq!((a.timeout, a.worker_threads), (Duration::from_secs(30), 3));
+            } else {
+                panic!("unexpected {m:?}");
+            }
+            assert!(m.validate().is_ok(), "{m:?}");
+        }
+        for (line, want) in [
+            ("csi-sidecars --controllers=health-monitor --health-monitor-timeout=soon", "soon"),
+            ("csi-sidecars --controllers=attacher --health-monitor-monitor-interval=1m", "is for health-monitor"),
+            ("csi-sidecars --controllers=health-monitor --feature-gates=Topology=true", "unrecognized feature gate"),
+        ] {
+            let (code, text) = exit(line);
+            assert_eq!(code, 2, "{line}: {text}");
+            assert!(text.contains(want), "{line}: {text}");
         }
     }
 

@@ -13,6 +13,7 @@ pub mod finalizers;
 pub mod group_snapshot_api;
 pub mod informers;
 pub mod leader;
+pub mod merge_patch;
 pub mod names;
 pub mod own_writes;
 pub mod quantity;

@@ -51,7 +51,7 @@ pub struct AttacherFlags {
     /// cap on the logged gRPC response length (-v=5); -1 means no cap (default -1); one connection per process: it caps every module's responses
     #[argh(option, default = "-1")]
     pub max_grpc_log_length: i64,
-    /// feature gates k=v: MutableCSINodeAllocatableCount, ReleaseLeaderElectionOnExit
+    /// feature gates k=v: MutableCSINodeAllocatableCount (GA, default true: the gRPC code of a failed publish as status.attachError.errorCode; false: no code, as upstream), ReleaseLeaderElectionOnExit
     #[argh(option, default = "String::new()")]
     pub feature_gates: String,
 }
@@ -59,19 +59,53 @@ pub struct AttacherFlags {
 /// Shared flags upstream external-attacher accepts, besides logging.
 pub const SHARED_FLAGS: &[&[&str]] = &[crate::flags::shared::CONTROLLER];
 
-/// Feature gates external-attacher knows, with their defaults.
-pub const FEATURE_GATES: KnownGates =
-    &[("MutableCSINodeAllocatableCount", false), ("ReleaseLeaderElectionOnExit", false)];
+/// The gate that writes a driver error's gRPC code into the status.
+pub const GATE_ERROR_CODE: &str = "MutableCSINodeAllocatableCount";
+
+/// Feature gates external-attacher knows, with their defaults
+/// (`MutableCSINodeAllocatableCount`: GA and on since external-attacher
+/// v4.12, still settable).
+pub const FEATURE_GATES: KnownGates = &[(GATE_ERROR_CODE, true), ("ReleaseLeaderElectionOnExit", false)];
 
 use crate::flags::gates::{self, KnownGates};
 
+/// The feature gates in effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    /// `MutableCSINodeAllocatableCount`: `attachError.errorCode` is written.
+    pub error_code: bool,
+}
+
+/// Parses `--feature-gates` ([`gates::parse`]) into the attacher's gates.
+pub fn parse_gates(s: &str) -> Result<Gates, String> {
+    let g = gates::parse(s, FEATURE_GATES).map_err(|e| e.to_string())?;
+    Ok(Gates { error_code: g.enabled(GATE_ERROR_CODE) })
+}
+
 impl AttacherFlags {
-    /// Start-up checks (upstream exits for these).
-    pub fn validate(&self) -> Result<(), String> {
+    /// Start-up checks (upstream exits for these); the gates in effect.
+    pub fn validate(&self) -> Result<Gates, String> {
         if self.worker_threads == 0 {
             return Err("--worker-threads must be greater than 0".into());
         }
-        gates::parse(&self.feature_gates, FEATURE_GATES).map_err(|e| e.to_string())?;
-        Ok(())
+        parse_gates(&self.feature_gates)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// external-attacher v4.12 made `MutableCSINodeAllocatableCount` GA and
+    /// on by default: the gRPC code of a failed publish is written as
+    /// `attachError.errorCode` unless the gate is switched off.
+    #[test]
+    fn mutable_csinode_allocatable_count_is_on_by_default() {
+        let on = |s: &str| gates::parse(s, FEATURE_GATES).unwrap().enabled("MutableCSINodeAllocatableCount");
+        assert!(on(""), "on unless given");
+        assert!(!on("MutableCSINodeAllocatableCount=false"), "as upstream's gate: off when set false");
+        assert_eq!(parse_gates("").unwrap(), Gates { error_code: true });
+        assert_eq!(parse_gates("MutableCSINodeAllocatableCount=false").unwrap(), Gates { error_code: false });
+        assert!(parse_gates("Topology=true").unwrap_err().contains("unrecognized feature gate: Topology"));
     }
 }

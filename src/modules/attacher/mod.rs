@@ -10,6 +10,7 @@
 pub mod config;
 pub mod decide;
 mod reconcile;
+pub mod status;
 pub mod waiting;
 
 use parking_lot::Mutex;
@@ -28,7 +29,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{
         core::v1::PersistentVolume,
-        storage::v1::{CSINode, VolumeAttachment},
+        storage::v1::{CSINode, VolumeAttachment, VolumeError},
     },
     jiff::Timestamp,
 };
@@ -50,8 +51,9 @@ use crate::{
     },
     modules::{Module, ModuleContext, ModuleError},
 };
-use config::AttacherFlags;
+use config::{AttacherFlags, Gates};
 use decide::{Handler, VaAction, VolumeSource};
+use status::Write;
 use waiting::Stop;
 
 const NAME: &str = "attacher";
@@ -61,6 +63,7 @@ const KIND_PV: &str = "PersistentVolume";
 
 struct Attacher {
     cfg: AttacherFlags,
+    gates: Gates,
     driver: Arc<DriverInfo>,
     handler: Handler,
     finalizer: String,
@@ -131,8 +134,13 @@ impl Attacher {
         Api::all(self.client.clone())
     }
 
-    async fn patch_status(&self, name: &str, status: serde_json::Value) -> Result<(), ::kube::Error> {
-        let patch = serde_json::json!({ "status": status });
+    /// Writes `write` into the attachment's status: one merge patch from
+    /// the status it has (as cached) to the new one, so keys the new status
+    /// lacks are removed ([`status`]).
+    async fn write_status(&self, va: &VolumeAttachment, write: Write) -> Result<(), ::kube::Error> {
+        let name = va.metadata.name.as_deref().unwrap_or_default();
+        let old = va.status.as_ref();
+        let patch = status::patch(old, &status::next(old, write));
         match self.va_api().patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
@@ -140,14 +148,18 @@ impl Attacher {
         }
     }
 
-    async fn error_status(&self, name: &str, field: &str, message: &str, code: Option<tonic::Code>) {
-        let mut err = serde_json::json!({ "message": message, "time": Timestamp::now() });
-        if let Some(c) = code {
-            err["errorCode"] = serde_json::json!(c as i32);
-        }
-        let mut status = serde_json::Map::new();
-        status.insert(field.to_string(), err);
-        if let Err(e) = self.patch_status(name, serde_json::Value::Object(status)).await {
+    /// Records an error as `attachError` or `detachError` (`field`); the
+    /// gRPC `code` only while `MutableCSINodeAllocatableCount` is on.
+    async fn error_status(
+        &self,
+        va: &VolumeAttachment,
+        field: fn(VolumeError) -> Write,
+        message: &str,
+        code: Option<tonic::Code>,
+    ) {
+        let error = status::volume_error(message, Timestamp::now(), code, self.gates.error_code);
+        if let Err(e) = self.write_status(va, field(error)).await {
+            let name = va.metadata.name.as_deref().unwrap_or_default();
             tracing::warn!(va = name, error = %e, "Cannot record the error in the VolumeAttachment status");
         }
     }
@@ -244,7 +256,7 @@ impl Attacher {
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
             VaAction::Ignore => Outcome::Done,
             VaAction::Attach if self.handler == Handler::Trivial => {
-                match self.patch_status(&name, serde_json::json!({"attached": true})).await {
+                match self.write_status(&va, Write::Attached(HashMap::new())).await {
                     Ok(()) => Outcome::Done,
                     Err(e) => {
                         tracing::warn!(va = %name, error = %e, "Marking attached failed");
@@ -263,7 +275,7 @@ impl Attacher {
         let fail = async |stop: Stop, msg: String, code: Option<tonic::Code>| {
             tracing::warn!(va = %name, error = %msg, "Attach failed");
             stopped(stop, &msg);
-            self.error_status(&name, "attachError", &msg, code).await;
+            self.error_status(va, Write::AttachError, &msg, code).await;
             Outcome::Retry
         };
         let (pv, source) = match self.volume_to_attach(va) {
@@ -301,9 +313,7 @@ impl Attacher {
         let resp = self.csi.controller_publish_volume(self.cfg.timeout, req).await;
         match resp {
             Ok(r) => {
-                let status =
-                    serde_json::json!({"attached": true, "attachmentMetadata": r.publish_context, "attachError": null});
-                if let Err(e) = self.patch_status(&name, status).await {
+                if let Err(e) = self.write_status(va, Write::Attached(r.publish_context)).await {
                     tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
                     stopped(Stop::Api, &format!("could not save the attach status: {}", crate::kube::error_text(&e)));
                     return Outcome::Retry;
@@ -321,7 +331,7 @@ impl Attacher {
         let fail = async |stop: Stop, msg: String| {
             tracing::warn!(va = %name, error = %msg, "Detach failed");
             stopped(stop, &msg);
-            self.error_status(&name, "detachError", &msg, None).await;
+            self.error_status(va, Write::DetachError, &msg, None).await;
             Outcome::Retry
         };
         let csinode = self.csinodes.get(&ObjectRef::new(&va.spec.node_name));
@@ -357,12 +367,7 @@ impl Attacher {
             stopped(Stop::Api, &format!("could not remove finalizer: {}", crate::kube::error_text(&e)));
             return Outcome::Retry;
         }
-        let _ = self
-            .patch_status(
-                &name,
-                serde_json::json!({"attached": false, "detachError": null, "attachmentMetadata": null}),
-            )
-            .await;
+        let _ = self.write_status(va, Write::Detached).await;
         self.forced.lock().remove(&name);
         if let Some(pv) = va.spec.source.persistent_volume_name.clone() {
             self.pv_queue.add(pv);
@@ -410,7 +415,7 @@ async fn add_finalizer(
 /// The module's entry points for the host.
 impl Module for AttacherFlags {
     fn validate(&self) -> Result<(), ModuleError> {
-        AttacherFlags::validate(self).map_err(|message| ModuleError::Config { module: NAME, message })
+        AttacherFlags::validate(self).map(|_| ()).map_err(|message| ModuleError::Config { module: NAME, message })
     }
 
     fn discovery_timeout(&self) -> Duration {
@@ -430,7 +435,7 @@ impl Module for AttacherFlags {
 pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
     let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
     let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    let gates = cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
     // One connection for the process: the cap holds for every module's responses.
     ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
@@ -480,6 +485,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         pv_queue: pv_q.clone(),
         driver: driver.clone(),
         cfg,
+        gates,
     });
     let reconciles = handler == Handler::Csi
         && driver.has_controller_capability(Rpc::ListVolumes)

@@ -78,6 +78,7 @@ fn attacher(vas: &[serde_json::Value], pvs: &[serde_json::Value]) -> Attacher {
     let backoff = Backoff { start: Duration::from_millis(1), max: Duration::from_millis(10) };
     Attacher {
         cfg: argh::FromArgs::from_args(&["attacher"], &[]).expect("default flags"),
+        gates: config::Gates { error_code: true },
         driver: Arc::new(DriverInfo::with_capabilities(
             "driver",
             &[Svc::ControllerService],
