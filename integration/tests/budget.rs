@@ -156,7 +156,7 @@ async fn the_total_rate_never_exceeds_the_budget_and_every_event_is_written() {
 /// Phase A: 60 claims, the provisioner busy alone: it borrows the idle
 /// modules' share (well above its own bucket), never above the pool.
 /// Phase B: 60 new claims, 30 attachments and 30 expansions at once: while
-/// every module has critical work (events wait behind it, process-wide),
+/// every module has critical work (each module's events wait behind its own),
 /// each gets its own rate (within 10 %); nobody exceeds the pool.
 #[tokio::test]
 async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() {
@@ -284,7 +284,7 @@ async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() 
     let of = |program: &str, from: f64, to: f64| -> Vec<f64> {
         requests.iter().filter(|r| r.program == program && r.at >= from && r.at <= to).map(|r| r.at).collect()
     };
-    // The work a user waits for (events wait behind it, process-wide).
+    // The work a user waits for (a module's events wait behind its own).
     let critical = |program: &str, from: f64, to: f64| -> Vec<f64> {
         let of = requests.iter().filter(|r| r.program == program && !r.event);
         of.filter(|r| r.at >= from && r.at <= to).map(|r| r.at).collect()

@@ -329,8 +329,9 @@ pub const BUDGET_HELP: &str = "\nAPI budget: every module has its own --kube-api
      it replaces had in its own process. Given before the first module they apply to every module;\n\
      inside a module's segment (or as KEP-4958's --<controller>-kube-api-qps) to that module only.\n\
      The modules' buckets are pooled: a module borrows what modules without critical work leave,\n\
-     every module with critical work gets at least its own rate, Event writes wait while any\n\
-     other request waits, and the process never sends more than the sum of the modules' budgets.\n";
+     every module with critical work gets at least its own rate, a module's Event writes wait\n\
+     while its own other requests wait, and the process never sends more than the sum of the\n\
+     modules' budgets.\n";
 
 fn module_help(title: &str, desc: &ModuleDesc) -> String {
     let mut out =

@@ -61,7 +61,7 @@ pub mod names {
     pub const DEFERRED_EVENTS: &str = "csi_sidecar_api_budget_deferred_events";
     /// Help of [`DEFERRED_EVENTS`].
     pub const DEFERRED_EVENTS_HELP: &str =
-        "Event writes of the module now held back because a critical request of some module waits for a token.";
+        "Event writes of the module now held back because a critical request of the module itself waits for a token.";
     /// The label.
     pub const LABEL_MODULE: &str = "module";
     /// The `module` of the shared services' requests (the informers' lists
@@ -201,7 +201,7 @@ impl Budget {
                 if taken.is_err() && waiting.is_none() {
                     // Counted from its first refusal until served, also if
                     // the caller gives up waiting.
-                    state.start_waiting(taker, urgency);
+                    state.start_waiting(taker, urgency, now);
                     waiting = Some(Waiter(&self, taker, urgency));
                 }
                 self.publish(&state);
@@ -353,7 +353,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn usage_shows_a_waiting_request_until_it_is_served_and_events_held_back_meanwhile() {
+    async fn usage_shows_a_waiting_request_until_it_is_served_and_its_modules_events_held_back_meanwhile() {
         let budget = Budget::new(&[(1.0, 1), (1.0, 1)]);
         let (me, other) = (Taker::Account(0), Taker::Account(1));
         budget.clone().acquire(me, Urgency::Critical).await;
@@ -361,19 +361,57 @@ mod tests {
         assert_eq!(budget.usage().accounts[0], Usage { waiting: 0, deferred: 0, granted: 1 }, "served at once");
         let critical = tokio::spawn(budget.clone().acquire(me, Urgency::Critical));
         until("the critical request waits", || budget.usage().accounts[0].waiting == 1).await;
-        let event = tokio::spawn(budget.clone().acquire(other, Urgency::Deferrable));
-        until("the event is held back", || budget.usage().accounts[1].deferred == 1).await;
-        assert_eq!(budget.usage().accounts[1], Usage { waiting: 1, deferred: 1, granted: 1 });
+        let own_event = tokio::spawn(budget.clone().acquire(me, Urgency::Deferrable));
+        until("the event is held back", || budget.usage().accounts[0].deferred == 1).await;
+        assert_eq!(budget.usage().accounts[0], Usage { waiting: 2, deferred: 1, granted: 1 });
+        let other_event = tokio::spawn(budget.clone().acquire(other, Urgency::Deferrable));
+        until("the other module's event waits", || budget.usage().accounts[1].waiting == 1).await;
+        assert_eq!(
+            budget.usage().accounts[1],
+            Usage { waiting: 1, deferred: 0, granted: 1 },
+            "waits for a token only, not behind another module's critical request"
+        );
         critical.await.expect("served");
-        assert_eq!(budget.usage().accounts[0], Usage { waiting: 0, deferred: 0, granted: 2 });
-        assert_eq!(budget.usage().accounts[1].deferred, 0, "nothing critical waits any more");
-        event.await.expect("served");
+        assert_eq!(budget.usage().accounts[0].deferred, 0, "nothing critical of its module waits any more");
+        own_event.await.expect("served");
+        other_event.await.expect("served");
+        assert_eq!(budget.usage().accounts[0], Usage { waiting: 0, deferred: 0, granted: 3 });
         assert_eq!(budget.usage().accounts[1], Usage { waiting: 0, deferred: 0, granted: 2 });
-        // The shared services wait too once every bucket is empty.
+        // The shared services wait too once every bucket is empty (module
+        // 1's has refilled one token).
+        budget.clone().acquire(Taker::Shared, Urgency::Critical).await;
         let shared = tokio::spawn(budget.clone().acquire(Taker::Shared, Urgency::Critical));
         until("the informers' request waits", || budget.usage().shared.waiting == 1).await;
         shared.await.expect("served");
-        assert_eq!(budget.usage().shared, Usage { waiting: 0, deferred: 0, granted: 1 });
+        assert_eq!(budget.usage().shared, Usage { waiting: 0, deferred: 0, granted: 2 });
+    }
+
+    /// Module 0 storms (three callers always waiting, borrowing every token
+    /// module 1 does not use); module 1's events still go, each within two
+    /// periods of its bucket, not after the storm.
+    #[tokio::test(start_paused = true)]
+    async fn a_modules_events_are_not_deferred_behind_another_modules_critical_requests() {
+        let budget = Budget::new(&[(5.0, 10), (5.0, 10)]);
+        let mut storm = tokio::task::JoinSet::new();
+        for _ in 0..3 {
+            let b = budget.clone();
+            storm.spawn(async move {
+                loop {
+                    b.clone().acquire(Taker::Account(0), Urgency::Critical).await;
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(budget.usage().accounts[0].waiting >= 2, "module 0 has critical requests waiting");
+        for i in 0..5 {
+            let start = tokio::time::Instant::now();
+            let event = budget.clone().acquire(Taker::Account(1), Urgency::Deferrable);
+            tokio::time::timeout(Duration::from_secs(2), event)
+                .await
+                .unwrap_or_else(|_| panic!("event {i} of module 1 deferred behind module 0's critical requests"));
+            assert!(start.elapsed() <= Duration::from_millis(410), "event {i} waited {:?}", start.elapsed());
+        }
+        storm.abort_all();
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,11 +5,16 @@
 //! - the state grants a token exactly when the model has one the taker may
 //!   take (work-conserving: nothing is refused that a bucket could give),
 //!   from a bucket the taker may take from, its own first;
-//! - no event is granted while a critical request of any module waits;
+//! - an event waits only while a critical request of its own module waits
+//!   (never behind another module's);
+//! - a module whose events wait lends its bucket to other modules' critical
+//!   requests for at most one period of its bucket (`1 / qps`) since its
+//!   events started waiting or last got a token;
 //! - in every window, every bucket and the whole budget stay within
 //!   `burst + qps · t` (the total never exceeds what separate processes had);
 //! - the usage the metrics show counts each taker's grants and waiters, and
-//!   holds events back exactly while a critical request waits.
+//!   holds a module's events back exactly while its own critical request
+//!   waits.
 
 use std::time::Duration;
 
@@ -45,6 +50,17 @@ struct Bucket {
     tokens: i64,
     critical: usize,
     deferred: usize,
+    /// Since when (ms) its events wait without a token: since the first
+    /// started waiting, or the last got one.
+    events_since: Option<u64>,
+}
+
+impl Bucket {
+    /// Whether its events have waited a whole period of the bucket: then
+    /// it lends nothing to other modules' critical requests.
+    fn keeps_for_events(&self, now: u64) -> bool {
+        self.events_since.is_some_and(|since| (now - since) as i64 * self.rate >= UNIT)
+    }
 }
 
 fn urgency(critical: bool) -> Urgency {
@@ -61,7 +77,7 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
         .iter()
         .map(|&(q2, burst)| {
             let burst = i64::from(burst.max(1)) * UNIT;
-            Bucket { rate: i64::from(q2), burst, tokens: burst, critical: 0, deferred: 0 }
+            Bucket { rate: i64::from(q2), burst, tokens: burst, critical: 0, deferred: 0, events_since: None }
         })
         .collect();
     let mut now = Duration::ZERO;
@@ -80,38 +96,58 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
                 }
             }
             Op::StartWaiting(i, critical) => {
-                state.start_waiting(Taker::Account(i), urgency(critical));
-                *if critical { &mut model[i].critical } else { &mut model[i].deferred } += 1;
+                state.start_waiting(Taker::Account(i), urgency(critical), now);
+                let b = &mut model[i];
+                if !critical && b.deferred == 0 {
+                    b.events_since = Some(now.as_millis() as u64);
+                }
+                *if critical { &mut b.critical } else { &mut b.deferred } += 1;
             }
             Op::StopWaiting(i, critical) => {
                 let freed = state.stop_waiting(Taker::Account(i), urgency(critical));
                 let count = if critical { &mut model[i].critical } else { &mut model[i].deferred };
                 let was = *count;
                 *count = was.saturating_sub(1);
+                if !critical && model[i].deferred == 0 {
+                    model[i].events_since = None;
+                }
                 prop_assert_eq!(freed, was == 1, "stop_waiting says when the last waiter of a kind left");
             }
             Op::Take(who, critical) => {
                 let taker = who.map_or(Taker::Shared, Taker::Account);
-                let any_critical = model.iter().any(|b| b.critical > 0);
-                let behind = !critical && any_critical && who.is_some();
+                let ms = now.as_millis() as u64;
+                let behind = !critical && who.is_some_and(|own| model[own].critical > 0);
                 // The rule written out: own bucket; a critical request
-                // borrows from a module without a critical waiter, an event
-                // (only while no critical request waits) from a module with
-                // no waiter at all; the shared services take from any.
+                // borrows from a module without a critical waiter whose
+                // events have not waited a whole period, an event (only
+                // while no critical request of its module waits) from a
+                // module with no waiter at all; the shared services take
+                // from any.
                 let may = |i: usize| match who {
                     None => true,
                     Some(own) if i == own => true,
-                    Some(_) if critical => model[i].critical == 0,
+                    Some(_) if critical => model[i].critical == 0 && !model[i].keeps_for_events(ms),
                     Some(_) => model[i].critical + model[i].deferred == 0,
                 };
                 let has = |b: &Bucket| b.tokens >= UNIT;
                 let available: Vec<usize> = (0..model.len()).filter(|&i| may(i) && has(&model[i])).collect();
                 match state.try_take(taker, urgency(critical), now) {
                     Ok(src) => {
-                        prop_assert!(!behind, "an event went before a waiting critical request");
+                        prop_assert!(!behind, "an event went before a waiting critical request of its module");
+                        if let Some(own) = who.filter(|&own| critical && src != own) {
+                            prop_assert!(
+                                !model[src].keeps_for_events(ms),
+                                "module {}'s events waited a period while module {} borrowed its tokens",
+                                src,
+                                own
+                            );
+                        }
                         prop_assert!(available.contains(&src), "took from {} which it may not or which is empty", src);
                         if let Some(own) = who {
                             prop_assert!(src == own || !has(&model[own]), "borrowed while its own bucket had a token");
+                        }
+                        if let Some(own) = who.filter(|&own| !critical && model[own].deferred > 0) {
+                            model[own].events_since = Some(ms);
                         }
                         model[src].tokens -= UNIT;
                         grants.push((now.as_secs_f64(), src));
@@ -121,7 +157,7 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
                         }
                     }
                     Err(Wait::CriticalDone) => {
-                        prop_assert!(behind, "deferred for no reason");
+                        prop_assert!(behind, "an event deferred although no critical request of its module waits");
                     }
                     Err(Wait::For(d)) => {
                         prop_assert!(!behind, "an event behind critical requests waits for them");
@@ -133,11 +169,10 @@ fn check(specs: &[(u32, u32)], ops: &[Op]) -> Result<(), TestCaseError> {
         }
     }
     let usage = state.usage();
-    let any_critical = model.iter().any(|b| b.critical > 0);
     for (i, b) in model.iter().enumerate() {
         let want = Usage {
             waiting: b.critical + b.deferred,
-            deferred: if any_critical { b.deferred } else { 0 },
+            deferred: if b.critical > 0 { b.deferred } else { 0 },
             granted: granted[i],
         };
         prop_assert_eq!(usage.accounts[i], want, "usage of account {}", i);

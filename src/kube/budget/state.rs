@@ -9,11 +9,15 @@
 //!   a module with no critical request waiting (an idle module's share goes
 //!   to a busy one). So when every module has critical work each is limited
 //!   to its own bucket, and when one is busy alone it may use the others'.
-//! - Critical writes go before events, process-wide: an Event write
-//!   (deferrable) waits while a critical request of any module waits, then
-//!   takes from its own bucket, or borrows from a module with nothing
-//!   waiting. Events are only deferred (the recorder aggregates repeats
-//!   meanwhile), never dropped.
+//! - A module's critical writes go before its own events: an Event write
+//!   (deferrable) waits while a critical request of its module waits (never
+//!   behind another module's), then takes from its own bucket, or borrows
+//!   from a module with nothing waiting.
+//! - A module's event share is lent to other modules' critical requests for
+//!   one period of its bucket (`1 / qps`) at most: once its events have
+//!   waited that long without a token (since the first started waiting, or
+//!   the last got one), it lends nothing until they got one. So a storm in
+//!   one module delays another module's events by two periods at most.
 //! - A request of the shared services (the informers' lists and watches,
 //!   one per kind for all modules) takes a token from whichever bucket has
 //!   the most, waiters or not: it is rare, and the modules all need it.
@@ -73,14 +77,28 @@ pub struct Account {
     pub critical_waiting: usize,
     /// Deferrable requests of this module waiting for a token.
     pub deferred_waiting: usize,
+    /// Since when its events wait without a token: since the first started
+    /// waiting, or the last got one (`None`: none waits).
+    pub events_waiting_since: Option<Duration>,
     /// Tokens granted to this module's requests so far (from any bucket).
     pub granted: u64,
 }
 
 impl Account {
-    /// Whether a request of the module waits: then it lends nothing.
+    /// Whether a request of the module waits: then it lends nothing to
+    /// events.
     pub fn busy(&self) -> bool {
         self.critical_waiting + self.deferred_waiting > 0
+    }
+
+    /// Whether it lends to another module's critical request at `now`:
+    /// none of its own critical requests waits, and its events have not
+    /// waited a whole period of its bucket.
+    pub fn lends_to_critical(&self, now: Duration) -> bool {
+        let starved = self
+            .events_waiting_since
+            .is_some_and(|since| now.saturating_sub(since).as_secs_f64() * self.qps + EPSILON >= 1.0);
+        self.critical_waiting == 0 && !starved
     }
 }
 
@@ -101,8 +119,8 @@ pub struct Usage {
     /// Requests waiting for a token now, critical and deferrable.
     pub waiting: usize,
     /// Event writes held back behind critical requests now: the taker's
-    /// deferrable requests waiting while a critical request of any module
-    /// waits.
+    /// deferrable requests waiting while a critical request of its own
+    /// module waits.
     pub deferred: usize,
     /// Tokens granted to the taker's requests so far.
     pub granted: u64,
@@ -124,7 +142,15 @@ impl BudgetState {
             .iter()
             .map(|&(qps, burst)| {
                 let burst = f64::from(burst.max(1));
-                Account { qps, burst, tokens: burst, critical_waiting: 0, deferred_waiting: 0, granted: 0 }
+                Account {
+                    qps,
+                    burst,
+                    tokens: burst,
+                    critical_waiting: 0,
+                    deferred_waiting: 0,
+                    events_waiting_since: None,
+                    granted: 0,
+                }
             })
             .collect();
         BudgetState { accounts, last: now, shared: Usage::default() }
@@ -135,28 +161,22 @@ impl BudgetState {
         &self.accounts
     }
 
-    /// Whether any critical request waits, in any account.
-    pub fn critical_waiting(&self) -> bool {
-        self.accounts.iter().any(|a| a.critical_waiting > 0)
-    }
-
     /// What the metrics show now (pure).
     pub fn usage(&self) -> UsageSnapshot {
-        let held_back = self.critical_waiting();
         let accounts = self
             .accounts
             .iter()
             .map(|a| Usage {
                 waiting: a.critical_waiting + a.deferred_waiting,
-                deferred: if held_back { a.deferred_waiting } else { 0 },
+                deferred: if a.critical_waiting > 0 { a.deferred_waiting } else { 0 },
                 granted: a.granted,
             })
             .collect();
         UsageSnapshot { accounts, shared: self.shared }
     }
 
-    /// Counts a request of `taker` as waiting.
-    pub fn start_waiting(&mut self, taker: Taker, urgency: Urgency) {
+    /// Counts a request of `taker` as waiting from `now` on.
+    pub fn start_waiting(&mut self, taker: Taker, urgency: Urgency, now: Duration) {
         let account = match taker {
             Taker::Account(i) => i,
             Taker::Shared => {
@@ -167,7 +187,12 @@ impl BudgetState {
         if let Some(a) = self.accounts.get_mut(account) {
             match urgency {
                 Urgency::Critical => a.critical_waiting += 1,
-                Urgency::Deferrable => a.deferred_waiting += 1,
+                Urgency::Deferrable => {
+                    if a.deferred_waiting == 0 {
+                        a.events_waiting_since = Some(now);
+                    }
+                    a.deferred_waiting += 1;
+                }
             }
         }
     }
@@ -192,7 +217,11 @@ impl BudgetState {
             return false;
         }
         *count -= 1;
-        *count == 0
+        let last = *count == 0;
+        if last && urgency == Urgency::Deferrable {
+            a.events_waiting_since = None;
+        }
+        last
     }
 
     fn refill(&mut self, now: Duration) {
@@ -205,21 +234,23 @@ impl BudgetState {
         }
     }
 
-    /// The buckets `taker` may take from with `urgency`, own first (pure
-    /// rule; `None`: deferred behind its module's critical requests).
-    fn sources(&self, taker: Taker, urgency: Urgency) -> Option<Vec<usize>> {
+    /// The buckets `taker` may take from with `urgency` at `now`, own
+    /// first (pure rule; `None`: deferred behind its module's critical
+    /// requests).
+    fn sources(&self, taker: Taker, urgency: Urgency, now: Duration) -> Option<Vec<usize>> {
         let all = 0..self.accounts.len();
         let Taker::Account(own) = taker else { return Some(all.collect()) };
-        self.accounts.get(own)?;
+        let mine = self.accounts.get(own)?;
         let lends = |a: &Account| match urgency {
             // A critical request borrows from any module without a critical
-            // request of its own waiting (its events can wait).
-            Urgency::Critical => a.critical_waiting == 0,
-            // An event goes only when no critical request waits anywhere,
-            // and borrows only from a module with nothing waiting.
+            // request of its own waiting, whose events have not waited a
+            // whole period (they can wait that long).
+            Urgency::Critical => a.lends_to_critical(now),
+            // An event borrows only from a module with nothing waiting.
             Urgency::Deferrable => !a.busy(),
         };
-        if urgency == Urgency::Deferrable && self.critical_waiting() {
+        // An event goes only when no critical request of its module waits.
+        if urgency == Urgency::Deferrable && mine.critical_waiting > 0 {
             return None;
         }
         Some(std::iter::once(own).chain(all.filter(|&i| i != own && lends(&self.accounts[i]))).collect())
@@ -229,7 +260,7 @@ impl BudgetState {
     /// to wait. A module's own bucket goes first, then the fullest lender.
     pub fn try_take(&mut self, taker: Taker, urgency: Urgency, now: Duration) -> Result<usize, Wait> {
         self.refill(now);
-        let Some(sources) = self.sources(taker, urgency) else {
+        let Some(sources) = self.sources(taker, urgency, now) else {
             return Err(Wait::CriticalDone);
         };
         let own = match taker {
@@ -246,7 +277,14 @@ impl BudgetState {
         if let Some(i) = pick {
             self.accounts[i].tokens -= 1.0;
             match taker {
-                Taker::Account(own) => self.accounts[own].granted += 1,
+                Taker::Account(own) => {
+                    let a = &mut self.accounts[own];
+                    a.granted += 1;
+                    // Its events got a token: their period starts anew.
+                    if urgency == Urgency::Deferrable && a.deferred_waiting > 0 {
+                        a.events_waiting_since = Some(now);
+                    }
+                }
                 Taker::Shared => self.shared.granted += 1,
             }
             return Ok(i);
@@ -294,7 +332,7 @@ mod tests {
     #[test]
     fn a_module_with_critical_waiters_lends_nothing() {
         let mut s = three();
-        s.start_waiting(Taker::Account(0), Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical, Duration::ZERO);
         let got = drain(&mut s, Taker::Account(1), Duration::ZERO);
         assert_eq!(got.len(), 20, "its own and module 2's, not module 0's: {got:?}");
         assert!(!got.contains(&0));
@@ -305,8 +343,8 @@ mod tests {
     #[test]
     fn when_every_module_is_busy_each_gets_its_own_rate() {
         let mut s = BudgetState::new(&[(5.0, 10), (2.0, 4)], Duration::ZERO);
-        s.start_waiting(Taker::Account(0), Urgency::Critical);
-        s.start_waiting(Taker::Account(1), Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical, Duration::ZERO);
+        s.start_waiting(Taker::Account(1), Urgency::Critical, Duration::ZERO);
         assert_eq!(drain(&mut s, Taker::Account(0), Duration::ZERO), vec![0; 10]);
         assert_eq!(drain(&mut s, Taker::Account(1), Duration::ZERO), vec![1; 4]);
         assert_eq!(drain(&mut s, Taker::Account(0), Duration::from_secs(2)), vec![0; 10]);
@@ -316,33 +354,59 @@ mod tests {
     }
 
     #[test]
-    fn events_wait_while_any_modules_critical_request_waits() {
+    fn events_wait_only_while_their_own_modules_critical_request_waits() {
         let mut s = three();
-        s.start_waiting(Taker::Account(2), Urgency::Critical);
-        assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
-        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Err(Wait::CriticalDone));
+        s.start_waiting(Taker::Account(2), Urgency::Critical, Duration::ZERO);
+        assert_eq!(
+            s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO),
+            Err(Wait::CriticalDone),
+            "behind its own module's"
+        );
+        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0), "not behind module 2's");
         assert!(s.stop_waiting(Taker::Account(2), Urgency::Critical), "its last critical waiter left");
-        assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(0));
+        assert_eq!(s.try_take(Taker::Account(2), Urgency::Deferrable, Duration::ZERO), Ok(2));
+    }
+
+    #[test]
+    fn a_module_whose_events_wait_lends_to_critical_requests_for_one_period_of_its_bucket_at_most() {
+        // Module 1's period: 250 ms.
+        let mut s = BudgetState::new(&[(1.0, 1), (4.0, 1)], Duration::ZERO);
+        let (busy, events) = (Taker::Account(0), Taker::Account(1));
+        s.start_waiting(busy, Urgency::Critical, Duration::ZERO);
+        assert_eq!(drain(&mut s, busy, Duration::ZERO), vec![0, 1], "its own, then the idle module's");
+        assert_eq!(s.try_take(events, Urgency::Deferrable, MS(100)), Err(Wait::For(MS(150))));
+        s.start_waiting(events, Urgency::Deferrable, MS(100));
+        assert_eq!(s.try_take(busy, Urgency::Critical, MS(250)), Ok(1), "its events waited 150 ms: it lends");
+        assert_eq!(
+            s.try_take(busy, Urgency::Critical, MS(500)),
+            Err(Wait::For(MS(500))),
+            "its events waited a whole period: its next token is theirs"
+        );
+        assert_eq!(s.try_take(events, Urgency::Deferrable, MS(500)), Ok(1));
+        assert!(s.stop_waiting(events, Urgency::Deferrable));
+        // Nothing waits for module 1's tokens any more: it lends again.
+        assert_eq!(s.try_take(busy, Urgency::Critical, MS(1000)), Ok(0));
+        assert_eq!(s.try_take(busy, Urgency::Critical, MS(1000)), Ok(1));
     }
 
     #[test]
     fn a_module_with_only_events_waiting_lends_to_critical_requests_not_to_events() {
         let mut s = three();
-        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable, Duration::ZERO);
         let got = drain(&mut s, Taker::Account(0), Duration::ZERO);
         assert_eq!(got.len(), 30, "module 1's events wait; its tokens serve module 0's critical work: {got:?}");
         let mut s = BudgetState::new(&[(5.0, 1), (5.0, 10), (5.0, 10)], Duration::ZERO);
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Critical, Duration::ZERO), Ok(0));
-        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable, Duration::ZERO);
         assert_eq!(s.try_take(Taker::Account(0), Urgency::Deferrable, Duration::ZERO), Ok(2), "not module 1's");
     }
 
     #[test]
     fn the_shared_services_take_from_the_fullest_bucket_even_a_busy_one() {
         let mut s = three();
-        s.start_waiting(Taker::Account(0), Urgency::Critical);
-        s.start_waiting(Taker::Account(1), Urgency::Critical);
-        s.start_waiting(Taker::Account(2), Urgency::Critical);
+        s.start_waiting(Taker::Account(0), Urgency::Critical, Duration::ZERO);
+        s.start_waiting(Taker::Account(1), Urgency::Critical, Duration::ZERO);
+        s.start_waiting(Taker::Account(2), Urgency::Critical, Duration::ZERO);
         drain(&mut s, Taker::Account(0), Duration::ZERO);
         drain(&mut s, Taker::Account(2), Duration::ZERO);
         assert_eq!(s.try_take(Taker::Shared, Urgency::Critical, Duration::ZERO), Ok(1));
@@ -357,7 +421,7 @@ mod tests {
     }
 
     #[test]
-    fn usage_counts_waiters_grants_and_events_held_back_behind_critical_requests() {
+    fn usage_counts_waiters_grants_and_events_held_back_behind_their_modules_critical_requests() {
         let mut s = BudgetState::new(&[(1.0, 2), (1.0, 2)], Duration::ZERO);
         let usage = |s: &BudgetState, a: usize| s.usage().accounts[a];
         assert_eq!(s.usage(), UsageSnapshot { accounts: vec![Usage::default(); 2], shared: Usage::default() });
@@ -370,17 +434,21 @@ mod tests {
         assert_eq!(usage(&s, 1).granted, 0);
         assert_eq!(s.usage().shared.granted, 1);
         // An event of module 1 waits for a token only: not held back.
-        s.start_waiting(Taker::Account(1), Urgency::Deferrable);
+        s.start_waiting(Taker::Account(1), Urgency::Deferrable, Duration::ZERO);
         assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 0, granted: 0 });
-        // A critical request of module 0 waits: module 1's event is held back.
-        s.start_waiting(Taker::Account(0), Urgency::Critical);
+        // A critical request of module 0 waits: module 1's event is not
+        // behind it, module 0's own is.
+        s.start_waiting(Taker::Account(0), Urgency::Critical, Duration::ZERO);
         assert_eq!(usage(&s, 0), Usage { waiting: 1, deferred: 0, granted: 3 });
-        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 1, granted: 0 });
-        s.start_waiting(Taker::Shared, Urgency::Critical);
+        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 0, granted: 0 });
+        s.start_waiting(Taker::Account(0), Urgency::Deferrable, Duration::ZERO);
+        assert_eq!(usage(&s, 0), Usage { waiting: 2, deferred: 1, granted: 3 });
+        s.start_waiting(Taker::Shared, Urgency::Critical, Duration::ZERO);
         assert_eq!(s.usage().shared.waiting, 1);
         assert!(!s.stop_waiting(Taker::Shared, Urgency::Critical), "the shared services free nothing");
         assert!(s.stop_waiting(Taker::Account(0), Urgency::Critical));
-        assert_eq!(usage(&s, 1), Usage { waiting: 1, deferred: 0, granted: 0 }, "no longer behind anything");
+        assert_eq!(usage(&s, 0), Usage { waiting: 1, deferred: 0, granted: 3 }, "no longer behind anything");
+        assert!(s.stop_waiting(Taker::Account(0), Urgency::Deferrable));
         assert_eq!(s.try_take(Taker::Account(1), Urgency::Deferrable, Duration::from_secs(1)), Ok(1));
         assert!(s.stop_waiting(Taker::Account(1), Urgency::Deferrable));
         assert_eq!(usage(&s, 1), Usage { waiting: 0, deferred: 0, granted: 1 });

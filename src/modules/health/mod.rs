@@ -81,7 +81,7 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         plan,
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown),
+        events: Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown),
         pvs_informer: pvs,
         claims_informer: claims,
         reported: Default::default(),

@@ -551,13 +551,14 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         controller_publish_readonly: cfg.controller_publish_readonly,
     };
     let component = library_event_component(&driver.name);
+    let events = Recorder::new(kube.client.clone(), NAME, &component, "", &ctx.shutdown);
     let p = Arc::new(Provisioner {
         settings,
         identity: node_deployment::identity(identity(&driver.name), node.as_ref().map(|n| n.node.as_str())),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &component, "", &ctx.shutdown),
-        own_events: Recorder::new(kube.client.clone(), up::EVENT_COMPONENT, "", &ctx.shutdown),
+        own_events: events.for_component(up::EVENT_COMPONENT),
+        events,
         pvcs: views.claims.store(),
         pvs: views.volumes.store(),
         classes: views.classes.store(),

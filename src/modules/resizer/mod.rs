@@ -271,7 +271,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         expander: expander.unwrap_or(Expander::Trivial),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown),
+        events: Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown),
         claims: wiring.claims.store(),
         pvs: wiring.pvs.store(),
         pods: wiring.pods.as_ref().map(|p| p.store()),

@@ -19,7 +19,7 @@ fn resizer(client: Client, claims: &[serde_json::Value], pvs: &[serde_json::Valu
         gates: cfg.validate().expect("gates"),
         expander: Expander::Csi,
         csi: Connection::new("unix:///nonexistent/csi.sock").expect("address"),
-        events: Recorder::new(failing_client(), "test", "", &CancellationToken::new()),
+        events: Recorder::new(failing_client(), "test", "test", "", &CancellationToken::new()),
         client,
         claims: cache_of(claims),
         pvs: cache_of(pvs),

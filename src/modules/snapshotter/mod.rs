@@ -555,7 +555,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
     }
     informers.start(&ctx.shutdown);
-    let events = Recorder::new(kube.client.clone(), &up::event_component(&driver.name), "", &ctx.shutdown);
+    let events = Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown);
     let group = group_infs.as_ref().map(|(contents, classes)| {
         Arc::new(group::GroupSnapshotter {
             cfg: cfg.clone(),

@@ -15,7 +15,7 @@ fn snapshotter(contents: &[serde_json::Value]) -> Snapshotter {
         driver: Arc::new(DriverInfo::with_capabilities("driver", &[], &[Rpc::CreateDeleteSnapshot])),
         csi: Connection::new("unix:///nonexistent/csi.sock").expect("address"),
         client: failing_client(),
-        events: Recorder::new(failing_client(), "test", "", &CancellationToken::new()),
+        events: Recorder::new(failing_client(), "test", "test", "", &CancellationToken::new()),
         contents: cache_of(contents),
         classes: Cache::default(),
         written: Written::default(),
