@@ -9,7 +9,11 @@
 //! a retry. Every version the controller read before a write, or got back
 //! from a write it later replaced, is known to be stale: a sync that finds
 //! one in the cache can stop, because the watch still owes the controller
-//! its own newer version, and that event queues the key again.
+//! its own newer version. It must leave the key owed (retried soon), not
+//! done: the newer version's event queues the key again only if the
+//! queue's handler sees something to do in it, and a write of another
+//! controller sharing the set (the resizer's modify sync, seen by its
+//! resize queue) may change nothing that handler looks at.
 //!
 //! Versions are compared for equality only (they are opaque strings); a
 //! version not in the set (our newest, or anybody's later write) means the

@@ -20,9 +20,19 @@ pub fn failing_client() -> Client {
 
 /// An apiserver that answers every request with `code` and `body`.
 pub fn answering_client(code: u16, body: serde_json::Value) -> Client {
-    let body = body.to_string();
-    let svc = tower::service_fn(move |_req: http::Request<::kube::client::Body>| {
-        let body = body.clone();
+    routing_client(move |_, _| (code, body.clone()))
+}
+
+/// An apiserver that answers each request with the code and body `answer`
+/// gives for its method and path.
+pub fn routing_client<F>(answer: F) -> Client
+where
+    F: Fn(&http::Method, &str) -> (u16, serde_json::Value) + Send + Sync + 'static,
+{
+    let answer = std::sync::Arc::new(answer);
+    let svc = tower::service_fn(move |req: http::Request<::kube::client::Body>| {
+        let (code, body) = answer(req.method(), req.uri().path());
+        let body = body.to_string();
         async move {
             let resp = http::Response::builder()
                 .status(code)

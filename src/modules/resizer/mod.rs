@@ -52,7 +52,7 @@ use crate::{
         events::{EventType, Recorder, reference},
         informers::{Change, Informer, Informers},
         own_writes::OwnWrites,
-        queue::{Backoff, WorkQueue},
+        queue::{Backoff, Outcome, WorkQueue},
     },
     modules::{Module, ModuleContext, ModuleError},
 };
@@ -168,15 +168,18 @@ impl Resizer {
         Ok(written)
     }
 
-    /// Whether the cached `pvc` is a version our own status write replaced:
-    /// the watch still owes us the newer one, and that event queues the
-    /// claim again, so the sync stops here.
-    fn superseded_by_own_write(&self, key: &str, pvc: &PersistentVolumeClaim) -> bool {
-        let stale = self.own_writes.is_stale(key, pvc.metadata.resource_version.as_deref());
-        if stale {
-            tracing::debug!("Cached claim predates our own write; waiting for the watch");
+    /// If the cached `pvc` is a version our own status write replaced, the
+    /// sync stops here with the claim still owed: it is synced again after
+    /// `--retry-interval-start` (its backoff kept). The event of the newer
+    /// version does not always queue it: a write of the other controller
+    /// (the modify sync's, seen by the resize queue) changes nothing its
+    /// handler looks at.
+    fn superseded_by_own_write(&self, key: &str, pvc: &PersistentVolumeClaim) -> Option<Outcome> {
+        if !self.own_writes.is_stale(key, pvc.metadata.resource_version.as_deref()) {
+            return None;
         }
-        stale
+        tracing::debug!("Cached claim predates our own write; syncing again once the watch brings it");
+        Some(Outcome::RetryAfter(self.cfg.retry_interval_start))
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {

@@ -40,8 +40,8 @@ impl Resizer {
             return Outcome::Done;
         };
         let pvc = cached.to_full();
-        if self.superseded_by_own_write(&key, &pvc) {
-            return Outcome::Done;
+        if let Some(owed) = self.superseded_by_own_write(&key, &pvc) {
+            return owed;
         }
         let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
             return Outcome::Done;

@@ -12,13 +12,26 @@ const DRIVER: &str = "driver";
 /// A resizer over hand-filled caches, a driver that is never dialled,
 /// events sent nowhere and the apiserver `client`.
 fn resizer(client: Client, claims: &[serde_json::Value], pvs: &[serde_json::Value], modifies: bool) -> Resizer {
+    let csi = Connection::new("unix:///nonexistent/csi.sock").expect("address");
+    resizer_with(client, csi, claims, pvs, modifies.then(Cache::default))
+}
+
+/// A resizer over hand-filled caches (`vacs`: the modify controller runs),
+/// the driver at `csi`, events sent nowhere and the apiserver `client`.
+fn resizer_with(
+    client: Client,
+    csi: Connection,
+    claims: &[serde_json::Value],
+    pvs: &[serde_json::Value],
+    vacs: Option<Cache<VolumeAttributesClass>>,
+) -> Resizer {
     use crate::csi::proto::csi::v1::plugin_capability::service::Type as Svc;
     let cfg: ResizerFlags = argh::FromArgs::from_args(&["resizer"], &[]).expect("default flags");
     let rpcs = [Rpc::ExpandVolume, Rpc::ModifyVolume];
     Resizer {
         gates: cfg.validate().expect("gates"),
         expander: Expander::Csi,
-        csi: Connection::new("unix:///nonexistent/csi.sock").expect("address"),
+        csi,
         events: Recorder::new(failing_client(), "test", "test", "", &CancellationToken::new()),
         client,
         claims: cache_of(claims),
@@ -27,11 +40,7 @@ fn resizer(client: Client, claims: &[serde_json::Value], pvs: &[serde_json::Valu
         final_errors: Mutex::default(),
         slow: SlowSet::default(),
         in_use_errors: feed::InUseErrors::default(),
-        modify: modifies.then(|| ModifyState {
-            vacs: Cache::default(),
-            uncertain: Mutex::default(),
-            slow: SlowSet::default(),
-        }),
+        modify: vacs.map(|vacs| ModifyState { vacs, uncertain: Mutex::default(), slow: SlowSet::default() }),
         own_writes: OwnWrites::default(),
         driver: Arc::new(DriverInfo::with_capabilities(DRIVER, &[Svc::ControllerService], &rpcs)),
         cfg,
@@ -52,7 +61,7 @@ fn pv() -> serde_json::Value {
     serde_json::json!({
         "metadata": {"name": "pv-1"},
         "spec": {"csi": {"driver": DRIVER, "volumeHandle": "vol-1"}, "capacity": {"storage": "1Gi"},
-                 "claimRef": {"namespace": "ns", "name": "data", "uid": "uid-1"}},
+                 "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": "ns", "name": "data", "uid": "uid-1"}},
     })
 }
 
@@ -92,3 +101,5 @@ async fn a_resize_without_its_pv_waits_for_it() {
     let (outcome, entry) = filed(&ledger, KIND, "ns/data", r.sync("ns/data".into())).await;
     assert_eq!((outcome, entry.is_none()), (Outcome::Done, true), "gone: the entry goes");
 }
+
+mod stale_copy;
