@@ -9,7 +9,9 @@
 #   2. Helm chart: `helm lint --strict` and `helm template` with the default
 #      values, every manifests/helm/csi-sidecar/ci/*-values.yaml and
 #      examples/*.yaml; values
-#      the schema or the templates must refuse are refused.
+#      the schema or the templates must refuse are refused; the health
+#      monitor's persistentvolumeclaims/status rule only with
+#      patchClaimStatus=true.
 #   3. Every rendered document and every YAML file of manifests/rbac and
 #      manifests/examples accepted by a real kube-apiserver (the test control
 #      plane, `cluster serve`) with a server-side dry-run apply, strict field
@@ -235,6 +237,21 @@ refuse "a rules object without alerts" --set monitoring.rulesConfigMap.enabled=t
 	--set monitoring.alerts.objectWaiting.enabled=false --set monitoring.alerts.queueNotDraining.enabled=false \
 	--set monitoring.alerts.noLeader.enabled=false --set monitoring.alerts.driverUnreachable.enabled=false
 REFUSED=7
+# The health monitor's cluster-wide persistentvolumeclaims/status patch:
+# only when asked for (patchClaimStatus, the CSI 1.13 status form), never
+# by default (upstream grants none).
+hm_claim_status_rules() {
+	"$HELM" template "$RELEASE" "$CHART" --namespace "$RELEASE_NS" --show-only templates/rbac.yaml \
+		--set controller.modules.healthMonitor.enabled=true "$@" |
+		awk 'function flush() { if (doc ~ /\nkind: ClusterRole\n/ && doc ~ /\n  name: [^\n]*-health-monitor\n/) printf "%s", doc; doc = "\n" }
+			/^---/ { flush(); next } { doc = doc $0 "\n" } END { flush() }' |
+		grep -c 'persistentvolumeclaims/status' || true
+}
+n=$(hm_claim_status_rules)
+((n == 0)) || die "the health monitor's ClusterRole grants persistentvolumeclaims/status by default ($n rules)"
+n=$(hm_claim_status_rules --set controller.modules.healthMonitor.patchClaimStatus=true)
+((n == 1)) || die "patchClaimStatus=true: $n persistentvolumeclaims/status rules in the health monitor's ClusterRole, not 1"
+log "health monitor: no persistentvolumeclaims/status rule by default, one with patchClaimStatus=true"
 
 # --- 3. Server-side dry-run apply -------------------------------------------
 step "kube-apiserver: server-side dry-run apply"

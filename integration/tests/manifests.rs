@@ -340,22 +340,27 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         rules(find(&static_snap, "ClusterRole", "-snapshotter")),
         "chart vs manifests/rbac/snapshotter.yaml"
     );
-    // The health monitor: the manifest's rules in the combined rendering;
-    // without the claim status rule when patchClaimStatus is false (the
-    // drop-in rendering); its Lease rules those of the chart's Role.
+    // The health monitor: by default (the drop-in rendering leaves
+    // patchClaimStatus unset) the manifest's rules, without the claim
+    // status rule it leaves commented out, which upstream does not grant;
+    // with patchClaimStatus: true (the combined rendering) plus that rule.
+    // Its Lease rules those of the chart's Role.
     let static_hm = load(&manifests().join("rbac/health-monitor.yaml"));
     let combined = load(&out.path().join("chart-combined.yaml"));
+    let claim_status: (String, String, String) = ("".into(), "persistentvolumeclaims/status".into(), "patch".into());
+    let default_hm = rules(find(&with_attacher, "ClusterRole", "-health-monitor"));
+    assert!(!default_hm.contains(&claim_status), "the default health monitor patches claim status: {default_hm:?}");
     assert_eq!(
-        rules(find(&combined, "ClusterRole", "-health-monitor")),
+        default_hm,
         rules(find(&static_hm, "ClusterRole", "-health-monitor")),
-        "chart vs manifests/rbac/health-monitor.yaml"
+        "chart (patchClaimStatus unset) vs manifests/rbac/health-monitor.yaml"
     );
-    let mut without_status = rules(find(&static_hm, "ClusterRole", "-health-monitor"));
-    assert!(without_status.remove(&("".into(), "persistentvolumeclaims/status".into(), "patch".into())));
+    let mut opt_in = rules(find(&combined, "ClusterRole", "-health-monitor"));
+    assert!(opt_in.remove(&claim_status), "patchClaimStatus: true grants no claim status patch: {opt_in:?}");
     assert_eq!(
-        rules(find(&with_attacher, "ClusterRole", "-health-monitor")),
-        without_status,
-        "chart (patchClaimStatus: false) vs manifests/rbac/health-monitor.yaml without the status rule"
+        opt_in,
+        rules(find(&static_hm, "ClusterRole", "-health-monitor")),
+        "chart (patchClaimStatus: true) vs manifests/rbac/health-monitor.yaml plus the status rule"
     );
     assert_eq!(
         rules(find(&combined, "Role", "-leader-election")),

@@ -3,7 +3,8 @@
 //! (the PrometheusRule's groups are the rules ConfigMap's file, which is
 //! the committed integration/testdata/monitoring/rules.yaml); promtool
 //! accepts the rules and every dashboard query, and its unit tests of the
-//! alerts pass, and fail when a threshold or the selector changes; every
+//! alerts pass, and fail when a threshold or the selector changes or the
+//! long-wait alert no longer leaves the normal waits out; every
 //! expression selects the release's series; every csi-sidecar metrics port
 //! of both layouts is scraped. That the names they use are exported is
 //! `monitoring_scrape.rs`.
@@ -91,8 +92,13 @@ fn one_source_of_the_rules_and_the_committed_file_is_its_rendering() {
 /// `promtool test rules` of the committed unit tests against a rendering
 /// with `extra` values, in a temp dir: promtool's success and output.
 fn unit_tests_against(extra: &[&str]) -> (bool, String) {
+    unit_tests_with(with(&[]).into_iter().chain(set(extra)).collect())
+}
+
+/// The same, against a rendering with these helm arguments.
+fn unit_tests_with(args: Vec<String>) -> (bool, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("rules.yaml"), rules_file(&render(&with(extra)))).expect("write rules");
+    std::fs::write(dir.path().join("rules.yaml"), rules_file(&render(&args))).expect("write rules");
     std::fs::copy(workspace_root().join(TESTDATA).join("rules-test.yaml"), dir.path().join("rules-test.yaml"))
         .expect("copy the unit tests");
     promtool(dir.path(), &["test", "rules", "rules-test.yaml"])
@@ -124,10 +130,44 @@ fn promtool_checks_the_rules_and_their_unit_tests_pass() {
     let (ok, out) = unit_tests_against(&["monitoring.alerts.csiErrors.minCallsPerMinute=0"]);
     assert!(!ok, "the unit tests passed without a minimum call rate:\n{out}");
     assert!(out.contains("ControllerExpandVolume"), "{out}");
+    // ... and the normal waits: without leaving them out, a claim waiting
+    // for the scheduler or an external populator fires the long-wait alert.
+    let mut args = with(&[]);
+    args.extend(["--set-json".to_string(), "monitoring.alerts.objectWaiting.ignoreWaitingFor=[]".to_string()]);
+    let (ok, out) = unit_tests_with(args);
+    assert!(!ok, "the unit tests passed with no normal waits left out:\n{out}");
+    // (The normal waits' case is the one evaluated at 45m.)
+    assert!(out.contains("alertname: CsiSidecarObjectWaiting, time: 45m"), "{out}");
     // ... and the selector: another job's series would fire them.
     let (ok, out) = unit_tests_against(&["monitoring.selector=job=\"other\""]);
     assert!(!ok, "the unit tests passed with another job's selector:\n{out}");
     assert!(out.contains("alertname: CsiSidecarCsiErrors, time:"), "{out}");
+}
+
+/// The values `monitoring.alerts.objectWaiting.ignoreWaitingFor` accepts are
+/// the `waiting_for` values csi-sidecar exports, and the default leaves out
+/// the normal waits: the scheduler and an external populator.
+#[test]
+fn the_normal_waits_the_long_wait_alert_leaves_out_are_waiting_for_values() {
+    let chart = workspace_root().join("manifests/helm/csi-sidecar");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).expect("schema"))
+            .expect("JSON");
+    let object_waiting = &schema["properties"]["monitoring"]["properties"]["alerts"]["properties"]["objectWaiting"];
+    let allowed: Vec<&str> = object_waiting["properties"]["ignoreWaitingFor"]["items"]["enum"]
+        .as_array()
+        .expect("an enum of waiting_for values")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let exported: Vec<&str> = csi_sidecar::debug::WaitingFor::ALL.iter().map(|w| w.as_str()).collect();
+    assert_eq!(allowed, exported, "values.schema.json vs debug::WaitingFor::ALL");
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart.join("values.yaml")).expect("values")).expect("YAML");
+    assert_eq!(
+        values["monitoring"]["alerts"]["objectWaiting"]["ignoreWaitingFor"],
+        serde_json::json!(["scheduler", "populator"])
+    );
 }
 
 /// Every dashboard query parses (promtool, as recording rules) and every

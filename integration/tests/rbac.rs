@@ -16,7 +16,10 @@
 //!   election; the health monitor (in-process fault driver, CSI 1.13 form,
 //!   node watcher) reports abnormal, healthy and abnormal-again volume
 //!   health and a failed node, with aggregated repeats; without a single
-//!   `forbidden` in the log, in an Event or in a VolumeAttachment's status.
+//!   `forbidden` in the log, in an Event or in a VolumeAttachment's status
+//!   (but the health monitor's one info line when the optional claim
+//!   status rule, commented out in its manifest, is not granted: it then
+//!   reports events; with the rule, nothing is refused).
 //! * Necessity: the same runs with any one exercised verb removed fail, with
 //!   the apiserver's refusal of exactly that verb as the evidence.
 
@@ -317,9 +320,6 @@ const HEALTH_MONITOR_CALLS: &[(&str, &str, &str)] = &[
     // mod.rs `run`: views::bound_claims.
     ("", "persistentvolumeclaims", "list"),
     ("", "persistentvolumeclaims", "watch"),
-    // status_api.rs `probe`: the dry-run question whether status.healthStatus
-    // is served (CSI 1.13 driver); monitor.rs `write_status` where it is.
-    ("", "persistentvolumeclaims/status", "patch"),
     // mod.rs `run`: views::driver_pvs.
     ("", "persistentvolumes", "list"),
     ("", "persistentvolumes", "watch"),
@@ -336,10 +336,37 @@ const HEALTH_MONITOR_CALLS: &[(&str, &str, &str)] = &[
     ("", "events", "patch"),
 ];
 
+/// The health monitor's optional rule, commented out in the manifest (and
+/// off in the chart unless `patchClaimStatus`): status_api.rs `probe`, the
+/// dry-run question whether status.healthStatus is served (CSI 1.13
+/// driver), and monitor.rs `write_status` where it is. Without it the probe
+/// is refused and the monitor reports events (one info line says so).
+const HEALTH_MONITOR_CLAIM_STATUS: (&str, &str, &str) = ("", "persistentvolumeclaims/status", "patch");
+
+/// The info line of a health monitor without the optional rule: the one
+/// refusal it expects, and answers with events.
+const CLAIM_STATUS_REFUSED: &str = "Not allowed to patch persistentvolumeclaims/status";
+
+/// The rules `file` leaves commented out (`  # - apiGroups: ...` and the
+/// lines under it), as triples.
+fn commented_out(file: &str) -> BTreeSet<Triple> {
+    let text = std::fs::read_to_string(rbac_file(file)).expect("manifest");
+    let yaml: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("  # "))
+        .filter(|l| l.starts_with("- ") || l.starts_with("  "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let rules: Value = serde_saphyr::from_str(&yaml).expect("commented-out rules");
+    triples(&serde_json::json!({ "rules": rules }))
+}
+
 #[test]
 fn health_monitor_cluster_role_is_exactly_what_the_code_calls() {
     let role = doc("health-monitor.yaml", "ClusterRole", "csi-sidecar-health-monitor");
     assert_eq!(triples(&role), set(HEALTH_MONITOR_CALLS));
+    // The optional claim status rule: in the file, commented out.
+    assert_eq!(commented_out("health-monitor.yaml"), set(&[HEALTH_MONITOR_CLAIM_STATUS]));
     let lease = doc("health-monitor.yaml", "Role", "csi-sidecar-health-monitor-leader-election");
     assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
     assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
@@ -600,8 +627,20 @@ impl Module {
 /// the module's bindings from controller.yaml (only this module's rules, so
 /// another module's cannot mask a missing verb) into namespace `ns`:
 /// namespaced objects move to `ns`, cluster-scoped names get `ns` as prefix.
-/// `drop` removes one triple from the rules.
-async fn apply_rbac(client: &Client, ns: &str, module: Module, drop: Option<&Triple>) {
+/// How the rules of a cycle differ from the manifest's.
+#[derive(Clone, Copy, Debug)]
+enum Rules<'a> {
+    /// Exactly the manifest's.
+    Manifest,
+    /// Without one triple.
+    Without(&'a Triple),
+    /// With one more triple in the module's ClusterRole (a rule the
+    /// manifest leaves commented out).
+    With(&'a Triple),
+}
+
+/// `change`: the manifest's rules, or without or with one triple.
+async fn apply_rbac(client: &Client, ns: &str, module: Module, change: Rules<'_>) {
     let mut docs = load(&rbac_file(&format!("{}.yaml", module.name())));
     docs.extend(load(&rbac_file("controller.yaml")));
     let mut applied = 0;
@@ -624,7 +663,10 @@ async fn apply_rbac(client: &Client, ns: &str, module: Module, drop: Option<&Tri
         if d["roleRef"]["kind"] == "ClusterRole" {
             d["roleRef"]["name"] = format!("{ns}-{}", d["roleRef"]["name"].as_str().unwrap_or_default()).into();
         }
-        if let (Some((g, r, v)), Some(rules)) = (drop, d["rules"].as_array_mut()) {
+        if let (Rules::With((g, r, v)), "ClusterRole", Some(rules)) = (change, k.as_str(), d["rules"].as_array_mut()) {
+            rules.push(serde_json::json!({ "apiGroups": [g], "resources": [r], "verbs": [v] }));
+        }
+        if let (Rules::Without((g, r, v)), Some(rules)) = (change, d["rules"].as_array_mut()) {
             // Exactly the one triple: a rule naming more resources (nodes
             // and pods) keeps them with all their verbs, and `r` gets a
             // rule of its own without `v`.
@@ -688,6 +730,14 @@ fn sanitize(name: &str) -> String {
     s
 }
 
+/// A refusal the code expects and works around, in a log line: a streaming
+/// list refused (the informer lists instead), and the health monitor's
+/// dry-run claim status question without the optional rule (events
+/// instead).
+fn tolerated_refusal(line: &str) -> bool {
+    line.contains("refuses streaming lists") || line.contains(CLAIM_STATUS_REFUSED)
+}
+
 /// One run of a module under the manifests' RBAC. Err carries the reason
 /// (for a refused verb: the apiserver's message) and the sidecar's log.
 struct Cycle {
@@ -732,10 +782,10 @@ struct Failure {
 }
 
 impl Cycle {
-    async fn start(cp: &ControlPlane, module: Module, drop: Option<&Triple>) -> Cycle {
+    async fn start(cp: &ControlPlane, module: Module, change: Rules<'_>) -> Cycle {
         let admin = cp.client().await;
         let ns = TestNamespace::new(&admin, &format!("rbac-{}", &module.name()[..4])).await;
-        apply_rbac(&admin, ns.name(), module, drop).await;
+        apply_rbac(&admin, ns.name(), module, change).await;
         let kubeconfig = cp.mint(&Identity::service_account(ns.name(), CONTROLLER_SA));
         let dir = tempfile::tempdir().expect("tempdir");
         let driver_name = format!("{}.csi.example.com", unique_name("rbac"));
@@ -869,8 +919,10 @@ impl Cycle {
                 .chain(messages.iter().map(String::as_str))
                 // (An apiserver without WatchList answers a streaming list
                 // "sendInitialEvents: Forbidden": not RBAC, and the informer
-                // lists instead.)
-                .filter(|l| l.to_lowercase().contains("forbidden") && !l.contains("refuses streaming lists"))
+                // lists instead. A health monitor without the optional claim
+                // status rule is refused its dry-run question and reports
+                // events instead.)
+                .filter(|l| l.to_lowercase().contains("forbidden") && !tolerated_refusal(l))
                 .map(str::to_string)
                 .collect();
             (!lines.is_empty()).then(|| lines.join("\n"))
@@ -1549,14 +1601,16 @@ impl Cycle {
             (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
         })
         .await?;
-        // The dry-run question, asked at the first pass over the claim.
+        // The dry-run question, asked at the first pass over the claim (and
+        // refused without the optional claim status rule: events).
         let served = self
             .until("the answer whether status.healthStatus is served", async |c| {
                 let log = c.sidecar.logs();
                 if log.contains("status.healthStatus is served") {
                     Some(true)
                 } else {
-                    log.contains("status.healthStatus is not served").then_some(false)
+                    (log.contains("status.healthStatus is not served") || log.contains(CLAIM_STATUS_REFUSED))
+                        .then_some(false)
                 }
             })
             .await?;
@@ -1664,7 +1718,7 @@ impl Cycle {
 
 async fn runs_under_the_manifests(module: Module) {
     let cp = module.control_plane(false);
-    let mut c = Cycle::start(cp, module, None).await;
+    let mut c = Cycle::start(cp, module, Rules::Manifest).await;
     if let Err(f) = c.run().await {
         panic!(
             "the {} under manifests/rbac failed: {}\n----- csi-sidecar log -----\n{}",
@@ -1674,8 +1728,35 @@ async fn runs_under_the_manifests(module: Module) {
         );
     }
     let log = c.sidecar.logs();
-    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    let refused: Vec<&str> = log.lines().filter(|l| l.to_lowercase().contains("forbidden")).collect();
+    if module == Module::HealthMonitor {
+        // Without the optional claim status rule: refused once, one info
+        // line, and the volume health went out as events.
+        assert_eq!(refused.len(), 1, "{log}");
+        assert!(refused[0].contains(CLAIM_STATUS_REFUSED) && refused[0].contains(" INFO "), "{log}");
+    } else {
+        assert!(refused.is_empty(), "{log}");
+    }
     assert!(log.contains("successfully acquired lease"), "{log}");
+    c.finish().await;
+}
+
+/// The health monitor with the optional claim status rule (the chart's
+/// `patchClaimStatus: true`): its dry-run question is answered, nothing is
+/// refused.
+#[tokio::test]
+async fn health_monitor_runs_with_the_optional_claim_status_rule() {
+    let status = set(&[HEALTH_MONITOR_CLAIM_STATUS]).into_iter().next().expect("the rule");
+    let mut c = Cycle::start(ControlPlane::shared(), Module::HealthMonitor, Rules::With(&status)).await;
+    if let Err(f) = c.run().await {
+        panic!("the health monitor with the claim status rule failed: {}\n----- log -----\n{}", f.reason, f.log);
+    }
+    let log = c.sidecar.logs();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    assert!(
+        log.contains("status.healthStatus is served") || log.contains("status.healthStatus is not served"),
+        "{log}"
+    );
     c.finish().await;
 }
 
@@ -1738,7 +1819,7 @@ async fn every_exercised_verb_is_needed(module: Module) {
             // The informers list only where the apiserver refuses streaming
             // lists: `list` is shown needed on such an apiserver.
             let cp = module.control_plane(t.2 == "list");
-            let mut c = Cycle::start(cp, module, Some(t)).await;
+            let mut c = Cycle::start(cp, module, Rules::Without(t)).await;
             let outcome = c.run().await;
             c.finish().await;
             (t.clone(), outcome)
@@ -1795,9 +1876,10 @@ async fn snapshotter_fails_without_any_one_exercised_verb() {
     every_exercised_verb_is_needed(Module::Snapshotter).await;
 }
 
-/// 15 triples: all of the health monitor's.
+/// 14 triples: all of the health monitor's (the optional claim status
+/// rule is not one: without it, events).
 #[tokio::test]
 async fn health_monitor_fails_without_any_one_exercised_verb() {
-    assert_eq!(Module::HealthMonitor.exercised().len(), 15);
+    assert_eq!(Module::HealthMonitor.exercised().len(), 14);
     every_exercised_verb_is_needed(Module::HealthMonitor).await;
 }

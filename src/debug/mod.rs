@@ -49,6 +49,9 @@ pub enum WaitingFor {
     Secret,
     /// The data source (clone source, snapshot) is missing or unusable.
     DataSource,
+    /// The claim's `dataSourceRef` names a kind of an external volume
+    /// populator: it provisions the volume, this module leaves it be.
+    Populator,
     /// The source snapshot is not ready to use yet.
     SnapshotReady,
     /// The node: its CSINode, its driver's node ID, or the node itself.
@@ -66,7 +69,7 @@ pub enum WaitingFor {
 
 impl WaitingFor {
     /// Every value, for tables and gauges.
-    pub const ALL: [WaitingFor; 13] = [
+    pub const ALL: [WaitingFor; 14] = [
         WaitingFor::Retry,
         WaitingFor::Scheduler,
         WaitingFor::Driver,
@@ -74,6 +77,7 @@ impl WaitingFor {
         WaitingFor::Class,
         WaitingFor::Secret,
         WaitingFor::DataSource,
+        WaitingFor::Populator,
         WaitingFor::SnapshotReady,
         WaitingFor::Node,
         WaitingFor::Topology,
@@ -92,6 +96,7 @@ impl WaitingFor {
             WaitingFor::Class => "class",
             WaitingFor::Secret => "secret",
             WaitingFor::DataSource => "data_source",
+            WaitingFor::Populator => "populator",
             WaitingFor::SnapshotReady => "snapshot_ready",
             WaitingFor::Node => "node",
             WaitingFor::Topology => "topology",

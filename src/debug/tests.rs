@@ -203,12 +203,15 @@ fn gauges_count_every_reason_per_module() {
     assert!(out.contains("csi_sidecar_objects_waiting{module=\"provisioner\",waiting_for=\"secret\"} 4\n"), "{out}");
     assert!(out.contains("csi_sidecar_objects_waiting{module=\"provisioner\",waiting_for=\"driver\"} 0\n"), "{out}");
     assert!(out.contains("csi_sidecar_objects_waiting{module=\"attacher\",waiting_for=\"node\"} 1\n"), "{out}");
-    let longest = out
-        .lines()
-        .find_map(|l| l.strip_prefix("csi_sidecar_object_longest_wait_seconds{module=\"provisioner\"} "))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap();
-    assert!(longest >= 60.0, "{longest}");
+    let longest = |module: &str, w: &str| {
+        let series = format!("csi_sidecar_object_longest_wait_seconds{{module=\"{module}\",waiting_for=\"{w}\"}} ");
+        out.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.parse::<f64>().ok())
+    };
+    // Per reason too, so an alert can leave the normal waits out.
+    assert!(longest("provisioner", "secret").is_some_and(|s| s >= 60.0), "{out}");
+    assert_eq!(longest("provisioner", "scheduler"), Some(0.0), "{out}");
+    assert!(longest("attacher", "node").is_some_and(|s| s >= 60.0), "{out}");
+    assert_eq!(longest("attacher", "secret"), Some(0.0), "{out}");
     let mut empty = String::new();
     gauges::render(&[], Instant::now(), &mut empty);
     assert!(empty.is_empty());
@@ -374,5 +377,53 @@ proptest::proptest! {
         let ledgers = ledgers_of(&rows);
         let model: std::collections::BTreeSet<_> = owned(&rows).into_iter().collect();
         proptest::prop_assert_eq!(every_page(&ledgers, limit), model.into_iter().collect::<Vec<_>>());
+    }
+}
+
+mod summary {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn objects() -> impl Strategy<Value = Vec<(WaitingFor, Duration)>> {
+        proptest::collection::vec(
+            (0..WaitingFor::ALL.len(), 0..100_000u64)
+                .prop_map(|(i, ms)| (WaitingFor::ALL[i], Duration::from_millis(ms))),
+            0..40,
+        )
+    }
+
+    proptest! {
+        /// Against the model (a filter per reason): each reason's count and
+        /// longest wait are those of its objects alone, whatever the order;
+        /// together they count every object, and the longest of them all is
+        /// the module's longest wait.
+        #[test]
+        fn per_reason_counts_and_longest_waits(objs in objects()) {
+            let s = gauges::summarize(objs.iter().copied());
+            for (i, w) in WaitingFor::ALL.iter().enumerate() {
+                let mine: Vec<Duration> = objs.iter().filter(|(x, _)| x == w).map(|(_, d)| *d).collect();
+                prop_assert_eq!(s[i].0, mine.len());
+                prop_assert_eq!(s[i].1, mine.iter().copied().max().unwrap_or_default());
+            }
+            prop_assert_eq!(s.iter().map(|(n, _)| n).sum::<usize>(), objs.len());
+            let overall = objs.iter().map(|(_, d)| *d).max().unwrap_or_default();
+            prop_assert_eq!(s.iter().map(|(_, d)| *d).max().unwrap_or_default(), overall);
+            let mut reversed = objs.clone();
+            reversed.reverse();
+            prop_assert_eq!(gauges::summarize(reversed), s);
+        }
+    }
+
+    /// A claim waiting for the scheduler for an hour shows under
+    /// `scheduler` only: the other reasons' longest waits stay at zero.
+    #[test]
+    fn a_normal_wait_stays_under_its_own_reason() {
+        let hour = Duration::from_secs(3600);
+        let s = gauges::summarize([(WaitingFor::Scheduler, hour), (WaitingFor::Populator, hour)]);
+        for (w, (n, longest)) in WaitingFor::ALL.iter().zip(s) {
+            let normal = matches!(w, WaitingFor::Scheduler | WaitingFor::Populator);
+            assert_eq!((n, longest), if normal { (1, hour) } else { (0, Duration::ZERO) }, "{w:?}");
+        }
     }
 }

@@ -256,6 +256,7 @@ pub fn held(o: &ObjectView, deleting: bool, node: Option<&str>) -> String {
         WaitingFor::Class => format!("the StorageClass cannot be used{last}"),
         WaitingFor::Secret => format!("a secret the class names is missing or cannot be read{last}"),
         WaitingFor::DataSource => format!("the data source cannot be used yet{last}"),
+        WaitingFor::Populator => "its dataSourceRef is left to an external volume populator".to_string(),
         WaitingFor::SnapshotReady => match o.kind.as_str() {
             "VolumeSnapshotContent" | "VolumeGroupSnapshotContent" => {
                 format!("the CSI driver says the snapshot is not ready to use yet{last}")

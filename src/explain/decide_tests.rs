@@ -182,6 +182,22 @@ fn claims() {
             &["the source VolumeSnapshot is not ready to use yet; next attempt in 12 s"],
         ),
         (
+            "left to an external populator",
+            pending("ns/data"),
+            ours.clone(),
+            pages(
+                vec![ObjectView {
+                    next_retry: None,
+                    next_retry_in_seconds: None,
+                    ..object("PersistentVolumeClaim", "ns/data", WaitingFor::Populator, 0, None)
+                }],
+                None,
+            ),
+            &[],
+            false,
+            &["its dataSourceRef is left to an external volume populator"],
+        ),
+        (
             "the sidecar unreachable: the events speak",
             pending("ns/data"),
             ours.clone(),

@@ -2,7 +2,9 @@
 //! (Kubernetes 1.37 with the `CSIVolumeHealth` gate): found out once, by a
 //! server-side dry-run patch of a claim's status, never assumed from a
 //! version number. An older apiserver (or the gate off) drops the field,
-//! and the health goes out as events instead.
+//! and the health goes out as events instead; so it does when the RBAC
+//! does not grant `patch` on `persistentvolumeclaims/status` (an optional
+//! rule: the dry run is refused, 403, and one info line says so).
 
 use ::kube::{
     Api, Client,
@@ -56,8 +58,10 @@ async fn probe(client: &Client, ns: &str, name: &str) -> Option<bool> {
             Some(served)
         }
         Err(::kube::Error::Api(s)) if s.code == 403 => {
+            // The RBAC rule is optional (upstream grants none): not an error.
             tracing::info!(
-                "Not allowed to patch persistentvolumeclaims/status ({}): volume health is reported as events",
+                "Not allowed to patch persistentvolumeclaims/status ({}): volume health is reported as events \
+                 (status.healthStatus needs that permission: the chart's patchClaimStatus)",
                 s.message
             );
             Some(false)

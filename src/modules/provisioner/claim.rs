@@ -177,7 +177,8 @@ impl Provisioner {
             Ok(p) => p,
             Err(PlanError::ExternalPopulator(kind)) => {
                 tracing::info!(claim = %key, kind, "Data source left to an external populator");
-                crate::debug::waiting_for(WaitingFor::DataSource);
+                // A normal wait (the long-wait alert leaves it out).
+                crate::debug::waiting_for(WaitingFor::Populator);
                 self.own_events.publish(
                     reference(pvc),
                     EventType::Normal,

@@ -36,7 +36,7 @@ impl PlanError {
         match self {
             PlanError::Param(_) | PlanError::Strip(_) | PlanError::Selector => Some(WaitingFor::Class),
             PlanError::Capability(_) => Some(WaitingFor::Driver),
-            PlanError::ExternalPopulator(_) => Some(WaitingFor::DataSource),
+            PlanError::ExternalPopulator(_) => Some(WaitingFor::Populator),
             PlanError::Invalid(_) => None,
         }
     }
@@ -76,6 +76,9 @@ mod tests {
         assert_eq!(PlanError::Selector.waiting_for(), Some(WaitingFor::Class));
         assert_eq!(PlanError::Capability("no".into()).waiting_for(), Some(WaitingFor::Driver));
         assert_eq!(PlanError::Invalid("source".into()).waiting_for(), None);
+        // A normal wait, told apart from a data source that cannot be used
+        // (the long-wait alert leaves it out).
+        assert_eq!(PlanError::ExternalPopulator("Backup".into()).waiting_for(), Some(WaitingFor::Populator));
     }
 
     #[test]

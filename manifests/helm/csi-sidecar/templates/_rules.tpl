@@ -38,7 +38,9 @@ groups:
       {{- if $a.objectWaiting.enabled }}
       - alert: CsiSidecarObjectWaiting
         expr: |-
-          csi_sidecar_object_longest_wait_seconds{ {{- $sel -}} } > {{ mul $a.objectWaiting.minutes 60 }}
+          max without (waiting_for) (csi_sidecar_object_longest_wait_seconds{ {{- $sel }}
+          {{- with $a.objectWaiting.ignoreWaitingFor -}} ,waiting_for!~"{{ join "|" . }}" {{- end -}} })
+            > {{ mul $a.objectWaiting.minutes 60 }}
         for: {{ $a.objectWaiting.for }}
         labels:
           severity: {{ $a.objectWaiting.severity }}
