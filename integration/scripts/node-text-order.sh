@@ -4,19 +4,24 @@
 # hottest first. The release link places them first in the text (build.rs
 # passes the file to lld as --symbol-ordering-file), so the node paths share a
 # few contiguous pages instead of touching pages all over the binary; see
-# README "Benchmarks" for what it saves. Rerun after changing code on the node
-# paths (runtime, HTTP, CSI connection, registrar, prober): a stale list only
+# docs/benchmarks.md "Node process" for what it saves. Rerun after changing
+# the dependencies (Cargo.toml, Cargo.lock: the symbol names carry a hash of
+# them) or code on the node paths (runtime, HTTP, CSI connection, registrar,
+# prober), and whenever bench-node fails its figure check: a stale list only
 # costs RSS, never correctness (names no longer present are ignored).
 #
 # Needs valgrind (callgrind) and the components bench-node uses; about 15
-# minutes (one extra release build with symbols).
+# minutes (one extra release build with symbols, in
+# $CARGO_TARGET_DIR/node-text-order, default target/node-text-order).
 set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 
 bash integration/scripts/build-components.sh csi-mock-driver kubelet-plugin-harness
-work=target/node-text-order
+target=${CARGO_TARGET_DIR:-target}
+work=$target/node-text-order
 mkdir -p "$work"
+work=$(cd "$work" && pwd)
 # The same release build with its symbol table kept (build.rs then leaves out
 # --strip-all; the code and the names are the same).
 CSI_SIDECAR_KEEP_SYMBOLS=1 cargo build --release --bin csi-sidecar --target-dir "$work/target"
@@ -25,10 +30,10 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cat >"$out/sidecar" <<EOF
 #!/bin/sh
-exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$out/callgrind.%p $PWD/$work/target/release/csi-sidecar "\$@"
+exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$out/callgrind.%p $work/target/release/csi-sidecar "\$@"
 EOF
 chmod +x "$out/sidecar"
-CSI_SIDECAR_BIN="$out/sidecar" target/release/bench-node --requests 3000 --concurrency 4 >&2
+CSI_SIDECAR_BIN="$out/sidecar" "$target/release/bench-node" --requests 3000 --concurrency 4 >&2
 # callgrind names each function once per file ("fn=(id) name", later "fn=(id)");
 # the cost lines under it add up to the function's own instructions, except
 # the one after "calls=" (a call's inclusive cost).

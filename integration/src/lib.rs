@@ -14,6 +14,7 @@ pub mod fault_driver;
 pub mod http;
 pub mod kube_support;
 pub mod monitoring;
+pub mod node_figures;
 pub mod ports;
 pub mod process;
 pub mod promql;

@@ -4,7 +4,10 @@
 //!
 //! Reports /healthz throughput and latency percentiles at N concurrent
 //! keep-alive clients, the sidecar's RSS over the run (peak and drift), and
-//! the binary's size. Run with a release build:
+//! the binary's size. The documented run (the defaults) fails, naming the
+//! figure, when its idle or peak RSS is more than 10 % above the figure in
+//! docs/benchmarks.md (see `csi_sidecar_integration::node_figures`). Run
+//! with a release build:
 //!
 //! ```text
 //! cargo build --release --workspace && \
@@ -21,7 +24,12 @@ use std::{
 };
 
 use argh::FromArgs;
-use csi_sidecar_integration::{component_bin, free_port, http, process::Proc, sidecar_bin, wait_until};
+use csi_sidecar_integration::{
+    component_bin, free_port, http,
+    node_figures::{self, DOCS, DOCUMENTED_RUN, NodeFigures},
+    process::Proc,
+    sidecar_bin, wait_until, workspace_root,
+};
 
 /// registrar + prober /healthz benchmark.
 #[derive(FromArgs)]
@@ -164,5 +172,31 @@ async fn main() -> anyhow::Result<()> {
     if failures.load(Ordering::Relaxed) > 0 {
         anyhow::bail!("some requests failed");
     }
-    Ok(())
+    let run = node_figures::Run { requests: args.requests, concurrency: args.concurrency, path: &args.path };
+    if run != DOCUMENTED_RUN {
+        println!("  figures:         not checked ({DOCS} documents the default run)");
+        return Ok(());
+    }
+    let docs = std::fs::read_to_string(workspace_root().join(DOCS))?;
+    let documented = node_figures::parse(&docs)?;
+    let measured = NodeFigures { idle_mib: idle_rss as f64 / 1024.0, peak_mib: peak as f64 / 1024.0 };
+    let exceeded = node_figures::check(measured, documented);
+    if exceeded.is_empty() {
+        println!(
+            "  figures:         within {:.0} % of {DOCS} ({:.1} MiB idle, {:.1} MiB peak)",
+            node_figures::TOLERANCE * 100.0,
+            documented.idle_mib,
+            documented.peak_mib
+        );
+        return Ok(());
+    }
+    for e in &exceeded {
+        eprintln!("bench-node: {e}");
+    }
+    anyhow::bail!(
+        "the node process grew beyond {DOCS}: {}. A stale src/node-text.order is the usual cause \
+         (rerun integration/scripts/node-text-order.sh, rebuild, rerun bench-node); if the growth is \
+         meant, update the figures in {DOCS}",
+        exceeded.iter().map(|e| e.figure).collect::<Vec<_>>().join(", ")
+    )
 }
