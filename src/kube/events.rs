@@ -281,7 +281,8 @@ mod tests {
 
     use super::*;
 
-    fn object(i: usize) -> ObjectReference {
+    /// Object `o{i}` of namespace `ns` (uid `u{i}`); `book`'s tests use it too.
+    pub(super) fn object(i: usize) -> ObjectReference {
         ObjectReference {
             name: Some(format!("o{i}")),
             namespace: Some("ns".into()),

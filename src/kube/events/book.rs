@@ -361,15 +361,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn object(i: usize) -> ObjectReference {
-        ObjectReference {
-            name: Some(format!("o{i}")),
-            namespace: Some("ns".into()),
-            uid: Some(format!("u{i}")),
-            ..Default::default()
-        }
-    }
+    use crate::kube::events::tests::object;
 
     fn component() -> Arc<str> {
         Arc::from("c")
