@@ -6,6 +6,7 @@
 //! counts the state keeps.
 
 mod bucket;
+mod line;
 #[cfg(test)]
 mod model;
 pub mod state;
@@ -20,6 +21,7 @@ use std::{
 };
 
 pub use bucket::TokenBucket;
+use line::{Lines, Ticket};
 use state::{BudgetState, Wait};
 pub use state::{Taker, Urgency, Usage, UsageSnapshot};
 use tower::Service;
@@ -137,9 +139,13 @@ impl Published {
 #[derive(Debug)]
 pub struct Budget {
     state: Mutex<BudgetState>,
+    /// Who asks for a token next, per taker and urgency (never locked
+    /// together with `state`).
+    lines: Mutex<Lines>,
     origin: tokio::time::Instant,
-    /// Woken when an account's last critical waiter or last waiter left:
-    /// its events may go, or it lends again.
+    /// Woken when an account's last critical waiter or last waiter left
+    /// (its events may go, or it lends again), or when a line has a new
+    /// head.
     freed: tokio::sync::Notify,
     /// The metrics, for a budget of modules (see [`Budget::named`]).
     published: Option<Published>,
@@ -166,6 +172,7 @@ impl Budget {
         let published = modules.map(|m| Published::new(m, &state));
         Arc::new(Budget {
             state: Mutex::new(state),
+            lines: Mutex::default(),
             origin: tokio::time::Instant::now(),
             freed: tokio::sync::Notify::new(),
             published,
@@ -189,15 +196,20 @@ impl Budget {
         self.lock().usage()
     }
 
-    /// Waits for a token for `taker`.
+    /// Waits for a token for `taker`, after the requests of the same taker
+    /// and urgency that asked before it ([`line`]).
     pub async fn acquire(self: Arc<Self>, taker: Taker, urgency: Urgency) {
+        let place = Place(&self, self.lines.lock().join(taker, urgency));
         let mut waiting: Option<Waiter<'_>> = None;
         loop {
             let freed = self.freed.notified();
+            let turn = self.lines.lock().is_head(place.1);
             let now = self.origin.elapsed();
             let taken = {
                 let mut state = self.lock();
-                let taken = state.try_take(taker, urgency, now);
+                // Behind an earlier request of its line: not its turn to ask.
+                let taken =
+                    if turn { state.try_take(taker, urgency, now).map(|_| ()) } else { Err(Wait::CriticalDone) };
                 if taken.is_err() && waiting.is_none() {
                     // Counted from its first refusal until served, also if
                     // the caller gives up waiting.
@@ -208,7 +220,10 @@ impl Budget {
                 taken
             };
             match taken {
-                Ok(_) => return,
+                // Served: leaving the line (dropping `place`) lets the next ask.
+                Ok(()) => return,
+                // Behind critical requests, or not its turn: until a
+                // waiter leaves.
                 Err(Wait::CriticalDone) => freed.await,
                 Err(Wait::For(d)) => {
                     tokio::select! {
@@ -217,6 +232,19 @@ impl Budget {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A request's place in its line; leaves it when dropped (served or given
+/// up), waking the next in line.
+struct Place<'a>(&'a Budget, Ticket);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let next = self.0.lines.lock().leave(self.1);
+        if next {
+            self.0.freed.notify_waiters();
         }
     }
 }
@@ -332,6 +360,38 @@ mod tests {
         let end = order.iter().map(|(_, t)| *t).max().expect("times");
         assert!(end >= Duration::from_millis(6900), "within the rate: {end:?}");
         assert!(end <= Duration::from_millis(7400), "no token wasted: {end:?}");
+    }
+
+    /// Ten workers detaching twenty attachments, two requests each (the
+    /// finalizer, then the status), from an empty bucket: served in the
+    /// order they asked (client-go's limiter reserves in arrival order),
+    /// every attachment's first request is among the first 30 tokens, so
+    /// the last one is gone after 30 / 5 = 6 s, not after 39 tokens.
+    #[tokio::test(start_paused = true)]
+    async fn waiters_of_a_module_are_served_in_arrival_order() {
+        let budget = Budget::new(&[(5.0, 10)]);
+        let me = Taker::Account(0);
+        for _ in 0..10 {
+            budget.clone().acquire(me, Urgency::Critical).await;
+        }
+        let start = tokio::time::Instant::now();
+        let items: Arc<Mutex<std::collections::VecDeque<usize>>> = Arc::new(Mutex::new((0..20).collect()));
+        let gone: Arc<Mutex<Vec<Duration>>> = Arc::default();
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let (b, items, gone) = (budget.clone(), items.clone(), gone.clone());
+            workers.spawn(async move {
+                loop {
+                    let Some(_) = items.lock().pop_front() else { return };
+                    b.clone().acquire(me, Urgency::Critical).await;
+                    gone.lock().push(start.elapsed());
+                    b.clone().acquire(me, Urgency::Critical).await;
+                }
+            });
+        }
+        while workers.join_next().await.is_some() {}
+        let last = gone.lock().iter().copied().max().expect("times");
+        assert!(last <= Duration::from_millis(6100), "the last attachment gone after {last:?}: {:?}", gone.lock());
     }
 
     #[tokio::test(start_paused = true)]
