@@ -46,6 +46,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Only where rustc links with lld by default (GNU ld has no such option).
     let lld = env::var("TARGET").as_deref() == Ok("x86_64-unknown-linux-gnu");
     if lld && order.exists() && env::var_os("CSI_SIDECAR_NO_TEXT_ORDER").is_none() {
+        // LLVM renames the copies of a local function it merges or splits
+        // (`name.1234`), with numbers that move whenever any code changes: the
+        // list holds names without them, and a linker script gathers every
+        // copy (`.text.<name>.*`) into the node section, which the ordering
+        // file then sorts hottest first.
+        let script = PathBuf::from(env::var("OUT_DIR")?).join("node-text.ld");
+        fs::write(&script, node_text_script(&fs::read_to_string(&order)?))?;
+        println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,-T,{}", script.display());
         println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,--symbol-ordering-file={}", order.display());
         println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,--no-warn-symbol-ordering");
     }
@@ -68,6 +76,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         fs::write(out.join(file), secret_field_code(&pool, package)?)?;
     }
     Ok(())
+}
+
+/// An lld script placing each listed function, with every numbered local copy
+/// of it, in one output section before `.text` (rustc emits one section per
+/// function, `.text.<symbol>`). Names are mangled (`_ZN…`, `_R…`), so they
+/// need no quoting.
+fn node_text_script(order: &str) -> String {
+    let mut script = String::from("SECTIONS {\n  .text.node : {\n    *(\n");
+    for name in order.lines().map(str::trim).filter(|n| !n.is_empty()) {
+        let _ = writeln!(script, "      .text.{name} .text.{name}.*");
+    }
+    script.push_str("    )\n  }\n}\nINSERT BEFORE .text;\n");
+    script
 }
 
 /// Fields that are not marked `csi_secret` but are stripped from logs too:

@@ -35,6 +35,8 @@ EOF
 chmod +x "$out/sidecar"
 CSI_SIDECAR_BIN="$out/sidecar" "$target/release/bench-node" --requests 3000 --concurrency 4 >&2
 # callgrind names each function once per file ("fn=(id) name", later "fn=(id)");
+# LLVM's ".N" suffixes of local copies are dropped (they move whenever the
+# code changes; build.rs's linker script gathers every copy of a name);
 # the cost lines under it add up to the function's own instructions, except
 # the one after "calls=" (a call's inclusive cost).
 python3 - "$out"/callgrind.* <<'PY' >src/node-text.order
@@ -47,7 +49,8 @@ for path in sys.argv[1:]:
         if m:
             kind, ident, name = m.groups()
             if name:
-                names[ident] = name
+                # "name'2": callgrind's name for a recursion level.
+                names[ident] = re.sub(r"'\d+$", "", name)
             cost.setdefault(names.get(ident), 0)
             if kind == "fn":
                 cur = names.get(ident)
@@ -62,8 +65,12 @@ for path in sys.argv[1:]:
             parts = line.split()
             if cur and len(parts) >= 2 and parts[1].isdigit():
                 cost[cur] += int(parts[1])
-rust = [n for n in cost if n and (n.startswith("_ZN") or n.startswith("_R"))]
-for n in sorted(rust, key=lambda n: (-cost[n], n)):
+total = {}
+for n, c in cost.items():
+    if n and (n.startswith("_ZN") or n.startswith("_R")):
+        base = re.sub(r"\.\d+$", "", n)
+        total[base] = total.get(base, 0) + c
+for n in sorted(total, key=lambda n: (-total[n], n)):
     print(n)
 PY
 echo "src/node-text.order: $(wc -l <src/node-text.order) functions" >&2
