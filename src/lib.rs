@@ -8,6 +8,7 @@ pub mod csi;
 pub mod debug;
 pub mod explain;
 pub mod flags;
+pub mod healthz;
 pub mod host;
 pub mod http;
 pub mod kube;

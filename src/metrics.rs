@@ -44,13 +44,13 @@ impl Metrics {
             )
             .map_err(|e| MetricsError(e.to_string()))?
             .set_buckets_for_metric(
-                Matcher::Full(crate::kube::queue::names::QUEUE_DURATION.to_string()),
-                crate::kube::queue::names::DURATION_BUCKETS,
+                Matcher::Full(crate::compat::workqueue::QUEUE_DURATION.to_string()),
+                crate::compat::workqueue::DURATION_BUCKETS,
             )
             .map_err(|e| MetricsError(e.to_string()))?
             .set_buckets_for_metric(
-                Matcher::Full(crate::kube::queue::names::WORK_DURATION.to_string()),
-                crate::kube::queue::names::DURATION_BUCKETS,
+                Matcher::Full(crate::compat::workqueue::WORK_DURATION.to_string()),
+                crate::compat::workqueue::DURATION_BUCKETS,
             )
             .map_err(|e| MetricsError(e.to_string()))?
             .install_recorder()

@@ -40,8 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cache::{Cache, Keep, Transition, Writer};
 
-/// The annotation kubectl keeps a whole copy of the object in.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+use crate::compat::api::LAST_APPLIED;
 
 /// Pause before a watch that ended or died is opened again.
 const REOPEN_DELAY: Duration = Duration::from_secs(1);

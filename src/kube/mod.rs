@@ -101,22 +101,22 @@ pub struct KubeContext {
 /// All modules' Lease health checks as one: healthy only if each is.
 #[derive(Clone, Default)]
 pub struct LeaderHealth {
-    checks: std::sync::Arc<parking_lot::Mutex<Vec<std::sync::Arc<dyn crate::http::HealthCheck>>>>,
+    checks: std::sync::Arc<parking_lot::Mutex<Vec<std::sync::Arc<dyn crate::healthz::HealthCheck>>>>,
 }
 
 impl LeaderHealth {
     /// Adds one module's check.
-    pub fn add(&self, check: std::sync::Arc<dyn crate::http::HealthCheck>) {
+    pub fn add(&self, check: std::sync::Arc<dyn crate::healthz::HealthCheck>) {
         self.checks.lock().push(check);
     }
 }
 
-impl crate::http::HealthCheck for LeaderHealth {
-    fn check(&self) -> futures::future::BoxFuture<'static, crate::http::HealthReport> {
+impl crate::healthz::HealthCheck for LeaderHealth {
+    fn check(&self) -> futures::future::BoxFuture<'static, crate::healthz::HealthReport> {
         let checks = self.checks.lock().clone();
         Box::pin(async move {
             let reports = futures::future::join_all(checks.iter().map(|c| c.check())).await;
-            reports.into_iter().find(|r| !r.is_healthy()).unwrap_or_else(crate::http::HealthReport::ok)
+            reports.into_iter().find(|r| !r.is_healthy()).unwrap_or_else(crate::healthz::HealthReport::ok)
         })
     }
 }

@@ -11,14 +11,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::TranslateError;
 
-/// `topology.kubernetes.io/zone`.
-pub const ZONE_GA: &str = "topology.kubernetes.io/zone";
-/// `topology.kubernetes.io/region`.
-pub const REGION_GA: &str = "topology.kubernetes.io/region";
-/// `failure-domain.beta.kubernetes.io/zone`.
-pub const ZONE_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
-/// `failure-domain.beta.kubernetes.io/region`.
-pub const REGION_BETA: &str = "failure-domain.beta.kubernetes.io/region";
+pub use crate::compat::translation::{REGION_BETA, REGION_GA, ZONE_BETA, ZONE_GA};
 /// Separator of several zones in one label value.
 pub const MULTI_ZONE_DELIMITER: &str = "__";
 

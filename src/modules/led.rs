@@ -1,7 +1,7 @@
 //! Lease orchestration for the controller modules: run a module's work
 //! while it leads (its own upstream-named Lease, or the process's shared one).
 
-use super::{ModuleContext, ModuleError};
+use super::contract::{ModuleContext, ModuleError};
 
 /// Runs `work` now, or, with `--leader-election`, only while this process
 /// holds the module's Lease `lock_name` (upstream's name: one Lease per

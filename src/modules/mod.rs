@@ -2,6 +2,7 @@
 //! them. argv[0] and the subcommand both resolve through [`MODULES`].
 
 pub mod attacher;
+pub mod contract;
 pub mod health;
 pub mod led;
 pub mod prober;
@@ -15,51 +16,11 @@ pub mod views;
 
 use std::{any::Any, fmt, time::Duration};
 
-use argh::{ArgsInfo, FromArgs};
+use argh::ArgsInfo;
+pub use contract::{DynEq, Module, ModuleContext, ModuleError, ParseFlags, parse_flags};
 use futures::future::BoxFuture;
 
 use crate::flags::gates::KnownGates;
-
-/// A module: its parsed flags, which know how to check and run it. Each
-/// module's flags struct implements this in the module's own folder.
-pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
-    /// Checks that need no I/O, run before anything starts. Upstream exits
-    /// with status 1 for these.
-    fn validate(&self) -> Result<(), ModuleError>;
-
-    /// A module that asks the process to exit at once with this status,
-    /// before anything starts (registrar `--mode=kubelet-registration-probe`).
-    fn early_exit(&self) -> Option<u8> {
-        None
-    }
-
-    /// The per-call timeout this module wants for driver discovery.
-    fn discovery_timeout(&self) -> Duration;
-
-    /// Whether the module needs the Kubernetes client and informer cache.
-    fn needs_kube(&self) -> bool;
-
-    /// `--master`, where the module has it.
-    fn master(&self) -> Option<&str> {
-        None
-    }
-
-    /// Runs the module until shutdown.
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>>;
-}
-
-/// Equality of two modules' flags behind `dyn Module`; every flags struct
-/// with `PartialEq` has it.
-pub trait DynEq {
-    /// Whether `other` is the same flags type with equal values.
-    fn dyn_eq(&self, other: &dyn Any) -> bool;
-}
-
-impl<T: PartialEq + Any> DynEq for T {
-    fn dyn_eq(&self, other: &dyn Any) -> bool {
-        other.downcast_ref::<T>() == Some(self)
-    }
-}
 
 /// A parsed module configuration, ready to run: its table row and its flags.
 pub struct ModuleConfig {
@@ -88,14 +49,6 @@ pub struct ModuleDesc {
     /// The gates the module's `--feature-gates` knows (KEP-4958's common
     /// `--feature-gates` gives each module its own).
     pub feature_gates: KnownGates,
-}
-
-/// Parses a module's normalised arguments (command name, arguments) into its flags.
-pub type ParseFlags = fn(&str, &[&str]) -> Result<Box<dyn Module>, argh::EarlyExit>;
-
-/// [`ModuleDesc::parse`] for a flags struct `T`.
-pub fn parse_flags<T: FromArgs + Module>(command: &str, args: &[&str]) -> Result<Box<dyn Module>, argh::EarlyExit> {
-    T::from_args(&[command], args).map(|flags| Box::new(flags) as Box<dyn Module>)
 }
 
 /// Every module.
@@ -182,42 +135,6 @@ impl ModuleDesc {
 /// The module a name selects: its subcommand name or an upstream binary name.
 pub fn lookup(name: &str) -> Option<&'static ModuleDesc> {
     MODULES.iter().find(|m| m.name == name || m.binary_names.contains(&name))
-}
-
-/// What a module gets from the host: the shared services, never its own.
-#[derive(Clone)]
-pub struct ModuleContext {
-    /// The one driver connection.
-    pub csi: crate::csi::Connection,
-    /// The one health registry (served by the one HTTP server).
-    pub health: crate::http::HealthRegistry,
-    /// The process shutdown token.
-    pub shutdown: tokio_util::sync::CancellationToken,
-    /// The Kubernetes client and informer cache, when a module needs them.
-    pub kube: Option<crate::kube::KubeContext>,
-    /// The modules' ledgers of objects not done (`/debug/objects`).
-    pub debug: crate::debug::Registry,
-}
-
-/// Why a module stopped before shutdown.
-#[derive(Debug, thiserror::Error)]
-pub enum ModuleError {
-    /// The configuration cannot work (exit status 1, like upstream).
-    #[error("{module}: {message}")]
-    Config {
-        /// The module.
-        module: &'static str,
-        /// What is wrong.
-        message: String,
-    },
-    /// A failure the module cannot recover from.
-    #[error("{module}: {message}")]
-    Fatal {
-        /// The module.
-        module: &'static str,
-        /// What happened.
-        message: String,
-    },
 }
 
 impl ModuleConfig {

@@ -1,18 +1,21 @@
 //! The file-level import graph of `src/`.
 //!
-//! Every `crate::` and `super::` path (and `csi_sidecar::` in `main.rs`),
-//! `use` groups included, is an edge from the file that writes it to the
-//! deepest file the path reaches (`a/b.rs` or `a/b/mod.rs`, else its parent
-//! module). `mod x;` declarations are not edges, and test code (items under
-//! `#[cfg(test)]` and the files such a `mod` declares) is left out.
+//! Every path to one of the crate's modules (see [`super::paths`]: absolute,
+//! relative, through a `use`, in macro arguments; `csi_sidecar::` in
+//! `main.rs`) is an edge from the file that writes it to the deepest file the
+//! path reaches (`a/b.rs` or `a/b/mod.rs`, else its parent module). `mod x;`
+//! declarations are not edges, and test code (items under `#[cfg(test)]` and
+//! the files such a `mod` declares) is left out.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
-/// A source file of `src/`, as its path relative to `src/`.
-pub type File = String;
+use super::{
+    paths::{self, Origin},
+    source::{self, File, Source},
+};
 
 /// The module path of a file: `lib.rs` → `[]`, `a/mod.rs` → `[a]`, `a/b.rs` → `[a, b]`.
 pub fn module_path(file: &str) -> Vec<String> {
@@ -22,312 +25,6 @@ pub fn module_path(file: &str) -> Vec<String> {
         parts.pop();
     }
     parts
-}
-
-/// Replaces comments and the contents of string and char literals with
-/// spaces, so braces and paths can be found by plain scanning.
-pub fn strip_literals(src: &str) -> String {
-    let b: Vec<char> = src.chars().collect();
-    let mut out = String::with_capacity(src.len());
-    let mut i = 0;
-    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
-    while i < b.len() {
-        let c = b[i];
-        let next = b.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < b.len() && b[i] != '\n' {
-                blank(&mut out, b[i]);
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < b.len() {
-                if b[i] == '/' && b.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if b[i] == '*' && b.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    blank(&mut out, b[i]);
-                    i += 1;
-                }
-            }
-        } else if c == 'r' && matches!(next, Some('"' | '#')) && !b.get(i.wrapping_sub(1)).is_some_and(|p| is_ident(*p))
-        {
-            // A raw string: r"..." or r#"..."#.
-            let mut j = i + 1;
-            let mut hashes = 0;
-            while b.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if b.get(j) != Some(&'"') {
-                out.push(c);
-                i += 1;
-                continue;
-            }
-            let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
-            let rest: String = b[j + 1..].iter().collect();
-            let len = rest.find(&close).map_or(b.len() - j - 1, |p| rest[..p].chars().count());
-            for &ch in &b[i..(j + 1 + len + close.len()).min(b.len())] {
-                blank(&mut out, ch);
-            }
-            i = j + 1 + len + close.len();
-        } else if c == '"' {
-            blank(&mut out, c);
-            i += 1;
-            while i < b.len() && b[i] != '"' {
-                let skip = if b[i] == '\\' { 2 } else { 1 };
-                for &ch in &b[i..(i + skip).min(b.len())] {
-                    blank(&mut out, ch);
-                }
-                i += skip;
-            }
-            out.push(' ');
-            i += 1;
-        } else if c == '\'' && next == Some('\\') {
-            // An escaped char literal: '\n', '\'', '\u{..}'.
-            let mut j = i + 2;
-            while j < b.len() && b[j] != '\'' {
-                j += 1;
-            }
-            for _ in i..=j.min(b.len() - 1) {
-                out.push(' ');
-            }
-            i = j + 1;
-        } else if c == '\'' && b.get(i + 2) == Some(&'\'') {
-            out.push_str("   ");
-            i += 3;
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    out
-}
-
-fn is_ident(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
-}
-
-/// The index just past the block that opens at or after `from` (the first
-/// `{` at depth 0) or past the first `;` before any `{`.
-fn item_end(text: &[char], from: usize) -> usize {
-    let mut i = from;
-    while i < text.len() && text[i] != '{' && text[i] != ';' {
-        i += 1;
-    }
-    if i >= text.len() || text[i] == ';' {
-        return (i + 1).min(text.len());
-    }
-    let mut depth = 0;
-    while i < text.len() {
-        match text[i] {
-            '{' => depth += 1,
-            '}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return i + 1;
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    text.len()
-}
-
-/// What one file says: paths it references (absolute module paths) and the
-/// `mod x;` files it declares under `#[cfg(test)]`.
-#[derive(Default)]
-struct Scan {
-    paths: Vec<Vec<String>>,
-    test_mods: Vec<String>,
-}
-
-/// Reads identifiers and `::` from `text[i..]`.
-struct Cursor<'a> {
-    text: &'a [char],
-    i: usize,
-}
-
-impl Cursor<'_> {
-    fn skip_ws(&mut self) {
-        while self.i < self.text.len() && self.text[self.i].is_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, s: &str) -> bool {
-        self.skip_ws();
-        let chars: Vec<char> = s.chars().collect();
-        if self.text[self.i..].starts_with(&chars) {
-            self.i += chars.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn ident(&mut self) -> Option<String> {
-        self.skip_ws();
-        let start = self.i;
-        while self.i < self.text.len() && is_ident(self.text[self.i]) {
-            self.i += 1;
-        }
-        (self.i > start).then(|| self.text[start..self.i].iter().collect())
-    }
-
-    /// A use tree after `prefix::`: `a::b`, `a::{b as x, c::d}`, `*`; every leaf
-    /// path is pushed to `out`.
-    fn tree(&mut self, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
-        if self.eat("{") {
-            loop {
-                if self.eat("}") {
-                    return;
-                }
-                self.tree(prefix.clone(), out);
-                if !self.eat(",") {
-                    self.eat("}");
-                    return;
-                }
-            }
-        }
-        let mut path = prefix;
-        if self.eat("*") {
-            out.push(path);
-            return;
-        }
-        while let Some(seg) = self.ident() {
-            path.push(seg);
-            let save = self.i;
-            if !self.eat("::") {
-                break;
-            }
-            if self.text.get(self.i..).is_some_and(|t| t.first() == Some(&'<')) {
-                self.i = save;
-                break;
-            }
-            self.skip_ws();
-            if self.text.get(self.i) == Some(&'{') || self.text.get(self.i) == Some(&'*') {
-                return self.tree(path, out);
-            }
-        }
-        // `a::b as c`: the rename is not a path.
-        if self.eat("as ") {
-            self.ident();
-        }
-        out.push(path);
-    }
-}
-
-/// The module a relative path starts from: `crate` → root, each `super` one
-/// level up from `here`.
-fn scan(text: &str, here: &[String], is_main: bool) -> Scan {
-    let t: Vec<char> = strip_literals(text).chars().collect();
-    let mut out = Scan::default();
-    let mut i = 0;
-    // Inline modules: (end index, module path inside).
-    let mut scopes: Vec<(usize, Vec<String>)> = vec![(t.len(), here.to_vec())];
-    while i < t.len() {
-        while scopes.last().is_some_and(|(end, _)| i >= *end) {
-            scopes.pop();
-        }
-        let current = scopes.last().map(|(_, p)| p.clone()).unwrap_or_default();
-        let at_word = i == 0 || !(is_ident(t[i - 1]) || (t[i - 1] == ':' && i >= 2 && t[i - 2] == ':'));
-        let rest = &t[i..];
-        let starts = |s: &str| rest.starts_with(&s.chars().collect::<Vec<_>>());
-        if starts("#[cfg(test)]") {
-            let mut c = Cursor { text: &t, i: i + "#[cfg(test)]".len() };
-            // Further attributes and visibility before the item.
-            loop {
-                c.skip_ws();
-                if c.text.get(c.i) == Some(&'#') {
-                    c.i = item_end_attr(&t, c.i);
-                } else {
-                    break;
-                }
-            }
-            let save = c.i;
-            let _ = c.eat("pub");
-            if c.eat("(") {
-                while c.i < t.len() && t[c.i] != ')' {
-                    c.i += 1;
-                }
-                c.i += 1;
-            }
-            if c.ident().as_deref() == Some("mod")
-                && let Some(name) = c.ident()
-                && c.eat(";")
-            {
-                out.test_mods.push(name);
-            }
-            i = item_end(&t, save);
-            continue;
-        }
-        if at_word && (starts("mod ") || starts("mod\n")) {
-            let mut c = Cursor { text: &t, i: i + 3 };
-            if let Some(name) = c.ident()
-                && c.eat("{")
-            {
-                let end = item_end(&t, i);
-                let mut inner = current.clone();
-                inner.push(name);
-                scopes.push((end, inner));
-                i = c.i;
-                continue;
-            }
-        }
-        let root = if is_main { "csi_sidecar" } else { "crate" };
-        if at_word && (starts(&format!("{root}::")) || starts("super::")) {
-            let mut c = Cursor { text: &t, i };
-            let mut base = current.clone();
-            if c.eat(root) {
-                base.clear();
-                c.eat("::");
-            } else {
-                while c.eat("super") {
-                    base.pop();
-                    if !c.eat("::") {
-                        break;
-                    }
-                }
-            }
-            let mut paths = Vec::new();
-            c.tree(base, &mut paths);
-            out.paths.extend(paths);
-            i = c.i.max(i + 1);
-            continue;
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Past an attribute `#[...]` that starts at `from`.
-fn item_end_attr(t: &[char], from: usize) -> usize {
-    let mut depth = 0;
-    let mut i = from;
-    while i < t.len() {
-        match t[i] {
-            '[' => depth += 1,
-            ']' => {
-                depth -= 1;
-                if depth == 0 {
-                    return i + 1;
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    t.len()
 }
 
 /// The deepest file a module path reaches.
@@ -352,40 +49,59 @@ pub fn rust_files(dir: &Path, root: &Path, out: &mut BTreeSet<File>) {
     }
 }
 
-/// The file graph of `src/` without test code.
-pub fn import_graph(src: &Path) -> BTreeMap<File, BTreeSet<File>> {
+/// The parsed files of a source tree, test files (declared by a `mod x;`
+/// under `#[cfg(test)]`, and all below them) left out.
+pub fn production_sources(src: &Path) -> BTreeMap<File, Source> {
     let mut files = BTreeSet::new();
     rust_files(src, src, &mut files);
-    let scans: BTreeMap<File, Scan> = files
+    let sources: BTreeMap<File, Source> = files
         .iter()
-        .map(|f| {
-            let text = std::fs::read_to_string(src.join(f)).expect("read source");
-            let scanned = scan(&text, &module_path(f), f == "main.rs");
-            (f.clone(), scanned)
-        })
+        .map(|f| (f.clone(), source::read(src, f).unwrap_or_else(|e| panic!("tidy cannot read {e}"))))
         .collect();
-    // Test-only module paths: declared under #[cfg(test)], and all below them.
-    let test_roots: Vec<Vec<String>> = scans
-        .iter()
-        .flat_map(|(f, s)| {
-            let base = module_path(f);
-            s.test_mods.iter().map(move |m| [base.clone(), vec![m.clone()]].concat())
-        })
-        .collect();
-    let is_test = |f: &str| {
-        let p = module_path(f);
-        test_roots.iter().any(|r| p.starts_with(r)) && f != "lib.rs" && f != "main.rs"
-    };
-    let mut graph = BTreeMap::new();
-    for (f, s) in &scans {
-        if is_test(f) {
-            continue;
+    let mut test_roots: Vec<Vec<String>> = Vec::new();
+    let mut test_files: BTreeSet<File> = BTreeSet::new();
+    for (f, s) in &sources {
+        for m in &s.test_mods {
+            match &m.path {
+                Some(path) => {
+                    let folder = f.rsplit_once('/').map_or("", |(d, _)| d);
+                    test_files.insert(if folder.is_empty() { path.clone() } else { format!("{folder}/{path}") });
+                }
+                None => test_roots.push([module_path(f), vec![m.name.clone()]].concat()),
+            }
         }
-        let targets: BTreeSet<File> =
-            s.paths.iter().filter_map(|p| resolve(&files, p)).filter(|t| t != f && !is_test(t)).collect();
-        graph.insert(f.clone(), targets);
     }
-    graph
+    sources
+        .into_iter()
+        .filter(|(f, _)| {
+            let p = module_path(f);
+            let test = test_files.contains(f) || test_roots.iter().any(|r| p.starts_with(r));
+            !test || f == "lib.rs" || f == "main.rs"
+        })
+        .collect()
+}
+
+/// The file graph of `src/` without test code.
+pub fn import_graph(src: &Path) -> BTreeMap<File, BTreeSet<File>> {
+    graph_of(&production_sources(src))
+}
+
+/// The file graph of parsed files (pure).
+pub fn graph_of(sources: &BTreeMap<File, Source>) -> BTreeMap<File, BTreeSet<File>> {
+    let files: BTreeSet<File> = sources.keys().cloned().collect();
+    sources
+        .iter()
+        .map(|(f, s)| {
+            let module = module_path(f);
+            let library = (f == "main.rs").then_some("csi_sidecar");
+            let targets: BTreeSet<File> = paths::references(&s.syntax, &Origin { module: &module, library })
+                .iter()
+                .filter_map(|p| resolve(&files, p))
+                .filter(|t| t != f)
+                .collect();
+            (f.clone(), targets)
+        })
+        .collect()
 }
 
 /// One cycle of the graph, as the files along it (first repeated at the end).
@@ -483,7 +199,7 @@ fn describe(graph: &BTreeMap<File, BTreeSet<File>>, tangles: &[BTreeSet<File>]) 
             let inner: BTreeMap<File, BTreeSet<File>> =
                 t.iter().map(|f| (f.clone(), graph[f].iter().filter(|g| t.contains(*g)).cloned().collect())).collect();
             let cycle = find_cycle(&inner).unwrap_or_default().join(" → ");
-            format!("{} files ({}), e.g. {cycle}", t.len(), t.iter().cloned().collect::<Vec<_>>().join(", "))
+            format!("{} ({}), e.g. {cycle}", t.len(), t.iter().cloned().collect::<Vec<_>>().join(", "))
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -495,34 +211,40 @@ pub fn src_dir() -> PathBuf {
 }
 
 #[test]
-fn the_import_graph_of_src_has_no_cycle() {
-    let graph = import_graph(&src_dir());
-    assert!(graph.len() > 20, "expected the whole of src/, found {} files", graph.len());
-    assert!(graph.values().map(BTreeSet::len).sum::<usize>() > 40, "expected many edges: {graph:?}");
-    let tangles = tangles(&graph);
-    assert!(tangles.is_empty(), "import cycles in src/:\n{}", describe(&graph, &tangles));
-    assert_eq!(find_cycle(&graph), None);
+fn the_module_level_import_graph_has_no_cycle() {
+    let files = import_graph(&src_dir());
+    assert!(files.len() > 20, "expected the whole of src/, found {} files", files.len());
+    assert!(files.values().map(BTreeSet::len).sum::<usize>() > 40, "expected many edges: {files:?}");
+    let units: BTreeMap<File, BTreeSet<File>> = super::layers::unit_graph(&files)
+        .into_iter()
+        .map(|(unit, targets)| (unit, targets.into_keys().collect()))
+        .collect();
+    let tangles = tangles(&units);
+    assert!(tangles.is_empty(), "import cycles between the modules of src/:\n{}", describe(&units, &tangles));
+    assert_eq!(find_cycle(&units), None);
 }
 
 #[test]
-fn the_scanner_resolves_groups_super_and_skips_tests() {
-    let files: BTreeSet<File> =
-        ["lib.rs", "a/mod.rs", "a/b.rs", "a/c.rs", "d.rs", "a/b/t.rs"].into_iter().map(String::from).collect();
-    let text = r#"
-        use crate::{d::Thing, a::{c as renamed, b::deep::Item}};
-        use super::c::X; // crate::d::Commented
-        const S: &str = "crate::d::InAString";
-        mod inner { use super::super::d; }
-        #[cfg(test)]
-        mod t;
-        #[cfg(test)]
-        mod tests { use crate::a::c; }
-        fn f() -> crate::d::Y { todo!() }
-    "#;
-    let s = scan(text, &module_path("a/b.rs"), false);
-    let resolved: Vec<File> = s.paths.iter().filter_map(|p| resolve(&files, p)).collect();
-    assert_eq!(resolved, ["d.rs", "a/c.rs", "a/b.rs", "a/c.rs", "a/mod.rs", "d.rs"]);
-    assert_eq!(s.test_mods, ["t"]);
+fn the_graph_resolves_paths_to_the_deepest_file_and_skips_tests() {
+    let texts = [
+        ("lib.rs", "pub mod a; pub mod d;"),
+        ("a/mod.rs", "pub mod b; pub mod c; #[cfg(test)] mod t;"),
+        (
+            "a/b.rs",
+            "use crate::{d::Thing, a::{c as renamed, b::deep::Item}};\nuse super::c::X; // crate::d::Commented\nconst S: &str = \"crate::d::InAString\";\n#[cfg(test)]\nmod tests { use crate::a::c; }\nfn f() -> crate::d::Y { renamed::Z }",
+        ),
+        ("a/c.rs", "use crate::a::t::Helper;"),
+        ("a/t.rs", "use crate::d;"),
+        ("d.rs", ""),
+    ];
+    let sources: BTreeMap<File, Source> =
+        texts.iter().map(|(f, t)| (f.to_string(), source::parse(t).expect("parses"))).collect();
+    let graph = graph_of(&sources);
+    let edges = |f: &str| graph[f].iter().cloned().collect::<Vec<_>>();
+    assert_eq!(edges("a/b.rs"), ["a/c.rs", "d.rs"]);
+    assert_eq!(edges("a/c.rs"), ["a/t.rs"]);
+    assert_eq!(edges("lib.rs"), Vec::<String>::new());
+    assert_eq!(sources["a/mod.rs"].test_mods[0].name, "t");
     let cyclic: BTreeMap<File, BTreeSet<File>> = [
         ("x.rs".to_string(), BTreeSet::from(["y.rs".to_string()])),
         ("y.rs".to_string(), BTreeSet::from(["x.rs".to_string()])),

@@ -3,119 +3,36 @@
 //! build of anything else, no cluster; part of `cargo test -p csi-sidecar`.
 
 mod graph;
+mod layers;
+mod paths;
+mod source;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
 };
 
-use graph::{File, import_graph, src_dir, strip_literals};
+use graph::{import_graph, production_sources, src_dir};
+use layers::{Layers, unit_graph};
+use source::{File, string_literals};
 
-/// The layer a file of `src/` belongs to (the allowed edges are between layers).
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Layer {
-    /// `main.rs`, `lib.rs`, `host.rs`, `cli/`: they wire everything.
-    Wiring,
-    /// `modules/mod.rs` (the module table), `modules/led.rs`, `modules/views.rs`:
-    /// shared by the modules.
-    ModuleCommon,
-    /// `modules/<name>/`.
-    Module(String),
-    /// The shared runtime: `csi/`, `kube/`, `http.rs`, `flags/`, `compat.rs`,
-    /// `metrics.rs`, `migration/`, `logging.rs`.
-    Runtime,
-}
-
-fn layer(file: &str) -> Layer {
-    let parts: Vec<&str> = file.split('/').collect();
-    match parts.as_slice() {
-        ["main.rs" | "lib.rs" | "host.rs"] | ["cli", ..] => Layer::Wiring,
-        ["modules", "mod.rs" | "led.rs" | "views.rs"] => Layer::ModuleCommon,
-        ["modules", name, ..] => Layer::Module(name.trim_end_matches(".rs").to_string()),
-        _ => Layer::Runtime,
-    }
-}
-
-/// Why an edge `from → to` is not allowed (pure), `None` if it is.
-fn forbidden(from: &str, to: &str) -> Option<&'static str> {
-    match (layer(from), layer(to)) {
-        (Layer::Module(a), Layer::Module(b)) if a != b => Some("a module never imports another module"),
-        (Layer::Runtime, Layer::Wiring | Layer::ModuleCommon | Layer::Module(_)) => {
-            Some("the shared runtime never imports the modules or the wiring")
-        }
-        (Layer::ModuleCommon, Layer::Module(_)) if !from.ends_with("modules/mod.rs") => {
-            Some("the modules' common code never imports one module")
-        }
-        _ => None,
-    }
-}
-
-/// Every edge of `graph` that breaks a layer rule, as `from → to: why`.
-fn layer_violations(graph: &BTreeMap<File, BTreeSet<File>>) -> Vec<String> {
-    graph
-        .iter()
-        .flat_map(|(from, targets)| {
-            targets.iter().filter_map(move |to| forbidden(from, to).map(|why| format!("{from} → {to}: {why}")))
-        })
-        .collect()
-}
-
-/// The non-test text of a file: up to its first `#[cfg(test)]` (test
-/// modules come last, by the house style), test files not at all.
-fn production_text(src: &Path, file: &str, graph: &BTreeMap<File, BTreeSet<File>>) -> String {
-    if !graph.contains_key(file) {
-        return String::new();
-    }
-    let text = std::fs::read_to_string(src.join(file)).unwrap_or_default();
-    match text.find("#[cfg(test)]") {
-        Some(i) => text[..i].to_string(),
-        None => text,
-    }
-}
-
-/// The plain string literals of `text` (`"..."`, escapes kept as written;
-/// comments, char literals and raw strings skipped): enough for names.
-fn string_literals(text: &str) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        match chars[i] {
-            '/' if chars.get(i + 1) == Some(&'/') => {
-                while i < chars.len() && chars[i] != '\n' {
-                    i += 1;
-                }
-            }
-            '\'' if chars.get(i + 2) == Some(&'\'') => i += 3,
-            '\'' if chars.get(i + 1) == Some(&'\\') && chars.get(i + 3) == Some(&'\'') => i += 4,
-            '"' => {
-                let mut lit = String::new();
-                i += 1;
-                while i < chars.len() && chars[i] != '"' {
-                    if chars[i] == '\\' {
-                        lit.push(chars[i]);
-                        i += 1;
-                    }
-                    if let Some(&c) = chars.get(i) {
-                        lit.push(c);
-                    }
-                    i += 1;
-                }
-                out.push(lit);
-                i += 1;
-            }
-            _ => i += 1,
+/// A gRPC client of the driver built outside `csi/` (pure, on a parsed file).
+fn builds_grpc_client(syntax: &syn::File) -> bool {
+    struct Finder(bool);
+    impl syn::visit::Visit<'_> for Finder {
+        fn visit_path(&mut self, path: &syn::Path) {
+            let names: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            self.0 |= names.windows(2).any(|w| {
+                w[1] == "new"
+                    && ["ControllerClient", "NodeClient", "IdentityClient", "GroupControllerClient"]
+                        .contains(&w[0].as_str())
+            });
+            syn::visit::visit_path(self, path);
         }
     }
-    out
-}
-
-/// A gRPC client of the driver built outside `csi/` (pure, on a file's text).
-fn builds_grpc_client(text: &str) -> bool {
-    let code = strip_literals(text);
-    ["ControllerClient::new", "NodeClient::new", "IdentityClient::new", "GroupControllerClient::new"]
-        .iter()
-        .any(|c| code.contains(c))
+    let mut finder = Finder(false);
+    syn::visit::Visit::visit_file(&mut finder, syntax);
+    finder.0
 }
 
 /// Whether a literal is an upstream name only the vocabulary may spell
@@ -125,73 +42,92 @@ fn is_upstream_name(literal: &str) -> bool {
         && (literal.contains("kubernetes.io/") || literal.contains("k8s.io/") || literal.starts_with("/csi.v1."))
 }
 
-#[test]
-fn modules_import_only_the_runtime_and_the_runtime_never_imports_modules() {
-    let graph = import_graph(&src_dir());
-    let bad = layer_violations(&graph);
-    assert!(bad.is_empty(), "edges ARCHITECTURE.md does not allow:\n{}", bad.join("\n"));
+/// The layer order ARCHITECTURE.md declares.
+fn declared_layers() -> Layers {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md")).unwrap_or_default();
+    Layers::from_markdown(&text).expect("ARCHITECTURE.md declares the layer order in a ```layers block")
 }
 
 #[test]
-fn the_layer_rules_are_what_architecture_says() {
-    let cases = [
-        ("modules/provisioner/mod.rs", "modules/resizer/mod.rs", true),
-        ("modules/snapshotter/decide.rs", "modules/provisioner/params.rs", true),
-        ("modules/provisioner/mod.rs", "modules/provisioner/capacity/mod.rs", false),
-        ("modules/provisioner/mod.rs", "kube/informers.rs", false),
-        ("modules/provisioner/mod.rs", "modules/views.rs", false),
-        ("kube/informers.rs", "modules/views.rs", true),
-        ("csi/connection.rs", "host.rs", true),
-        ("flags/shared.rs", "cli/mod.rs", true),
-        ("modules/views.rs", "modules/attacher/decide.rs", true),
-        ("modules/mod.rs", "modules/attacher/mod.rs", false),
-        ("cli/mod.rs", "modules/mod.rs", false),
-        ("host.rs", "kube/mod.rs", false),
-    ];
-    for (from, to, bad) in cases {
-        assert_eq!(forbidden(from, to).is_some(), bad, "{from} → {to}");
-    }
+fn every_import_goes_down_the_layer_order_of_architecture() {
+    let units = unit_graph(&import_graph(&src_dir()));
+    assert!(units.len() > 15, "expected every unit of src/, found {:?}", units.keys());
+    let bad = layers::violations(&declared_layers(), &units);
+    assert!(bad.is_empty(), "imports against the layer order of ARCHITECTURE.md:\n{}", bad.join("\n"));
 }
 
 #[test]
 fn only_csi_builds_grpc_clients_of_the_driver() {
-    let src = src_dir();
-    let graph = import_graph(&src);
-    let offenders: Vec<&File> = graph
-        .keys()
-        .filter(|f| !f.starts_with("csi/") && builds_grpc_client(&production_text(&src, f, &graph)))
+    let sources = production_sources(&src_dir());
+    let offenders: Vec<&File> = sources
+        .iter()
+        .filter(|(f, s)| !f.starts_with("csi/") && builds_grpc_client(&s.syntax))
+        .map(|(f, _)| f)
         .collect();
     assert!(offenders.is_empty(), "CSI calls go through csi::Connection's typed methods: {offenders:?}");
-    assert!(builds_grpc_client("ControllerClient::new(ch).create_volume(r)"));
-    assert!(!builds_grpc_client("let s = \"ControllerClient::new\";"));
+    let parse = |t: &str| source::parse(t).expect("parses").syntax;
+    assert!(builds_grpc_client(&parse("fn f() { ControllerClient::new(ch).create_volume(r); }")));
+    assert!(!builds_grpc_client(&parse("const S: &str = \"ControllerClient::new\";")));
+}
+
+/// The upstream names spelled where they must not be (pure): a CSI
+/// method outside `csi/calls.rs`, any other name outside `compat/`, or in
+/// more than one file.
+fn misplaced_upstream_names(spelled: &BTreeMap<String, BTreeSet<File>>) -> Vec<String> {
+    spelled
+        .iter()
+        .filter_map(|(name, files)| {
+            let home =
+                |f: &File| if name.starts_with("/csi.v1.") { f == "csi/calls.rs" } else { f.starts_with("compat/") };
+            let elsewhere: Vec<&File> = files.iter().filter(|f| !home(f)).collect();
+            if !elsewhere.is_empty() {
+                Some(format!(
+                    "{name:?} spelled outside {}: {elsewhere:?}",
+                    if name.starts_with("/csi.v1.") { "csi/calls.rs" } else { "compat/" }
+                ))
+            } else if files.len() > 1 {
+                Some(format!("{name:?} spelled in more than one file: {files:?}"))
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 #[test]
-fn every_upstream_name_is_spelled_in_one_file() {
-    let src = src_dir();
-    let graph = import_graph(&src);
+fn every_upstream_name_is_spelled_once_in_compat() {
     let mut spelled: BTreeMap<String, BTreeSet<File>> = BTreeMap::new();
-    for f in graph.keys() {
-        for lit in string_literals(&production_text(&src, f, &graph)) {
+    for (f, source) in &production_sources(&src_dir()) {
+        for lit in string_literals(&source.syntax) {
             if is_upstream_name(&lit) {
                 spelled.entry(lit).or_default().insert(f.clone());
             }
         }
     }
     assert!(spelled.len() > 20, "expected the upstream names, found {spelled:?}");
-    let twice: Vec<String> = spelled
-        .iter()
-        .filter(|(_, files)| files.len() > 1)
-        .map(|(name, files)| format!("{name:?}: {files:?}"))
-        .collect();
-    assert!(twice.is_empty(), "upstream names spelled in more than one file:\n{}", twice.join("\n"));
-    let methods: Vec<&String> = spelled
-        .iter()
-        .filter(|(name, files)| name.starts_with("/csi.v1.") && !files.contains("csi/calls.rs"))
-        .map(|(name, _)| name)
-        .collect();
-    assert!(methods.is_empty(), "CSI methods are named in csi/calls.rs: {methods:?}");
-    assert_eq!(string_literals("let a = \"x/y\"; // \"z\"\nlet b = '\"'; f(\"a\\\"b\")"), ["x/y", "a\\\"b"]);
+    let bad = misplaced_upstream_names(&spelled);
+    assert!(bad.is_empty(), "upstream names belong in compat/ (CSI methods in csi/calls.rs):\n{}", bad.join("\n"));
+}
+
+#[test]
+fn an_upstream_name_is_misplaced_outside_compat_or_twice_within() {
+    type Spelled<'a> = &'a [(&'a str, &'a [&'a str])];
+    let spelled = |pairs: Spelled<'_>| -> BTreeMap<String, BTreeSet<File>> {
+        pairs.iter().map(|(n, fs)| (n.to_string(), fs.iter().map(|f| f.to_string()).collect())).collect()
+    };
+    let cases: [(Spelled<'_>, usize); 6] = [
+        (&[("csi.storage.k8s.io/pvc/name", &["compat/storage_class.rs"])], 0),
+        (&[("csi.storage.k8s.io/pvc/name", &["compat/mod.rs", "modules/provisioner/params.rs"])], 1),
+        (&[("csi.storage.k8s.io/pvc/name", &["compat/mod.rs", "compat/storage_class.rs"])], 1),
+        (&[("/csi.v1.Controller/CreateVolume", &["csi/calls.rs"])], 0),
+        (&[("/csi.v1.Controller/CreateVolume", &["compat/mod.rs"])], 1),
+        (&[("kubernetes.io/aws-ebs", &["migration/plugins/aws_ebs.rs"]), ("a.k8s.io/b", &["compat/api.rs"])], 1),
+    ];
+    for (pairs, want) in cases {
+        assert_eq!(misplaced_upstream_names(&spelled(pairs)).len(), want, "{pairs:?}");
+    }
+    assert!(is_upstream_name("csi.storage.k8s.io/fstype") && !is_upstream_name("see csi.storage.k8s.io/ keys"));
 }
 
 /// The backticked paths of a Markdown text that name a file or folder of
@@ -269,21 +205,13 @@ fn every_function_architecture_names_exists() {
 /// outside its tests: a file over it holds more than one concern.
 const MAX_LINES_OF_CODE: usize = 600;
 
-/// Lines of `text` that are neither blank nor only a comment.
-fn lines_of_code(text: &str) -> usize {
-    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")).count()
-}
-
 #[test]
 fn no_file_in_src_holds_more_than_600_lines_of_code_outside_its_tests() {
-    let src = src_dir();
-    let graph = import_graph(&src);
-    let big: Vec<String> = graph
-        .keys()
-        .map(|f| (f, lines_of_code(&production_text(&src, f, &graph))))
+    let big: Vec<String> = production_sources(&src_dir())
+        .iter()
+        .map(|(f, s)| (f, s.lines_of_code))
         .filter(|(_, n)| *n > MAX_LINES_OF_CODE)
         .map(|(f, n)| format!("src/{f}: {n} lines of code"))
         .collect();
     assert!(big.is_empty(), "split these along their concerns:\n{}", big.join("\n"));
-    assert_eq!(lines_of_code("fn a() {}\n\n  // note\n/// doc\nlet b = 1; // c\n"), 2);
 }

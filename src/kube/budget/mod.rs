@@ -33,7 +33,7 @@ pub fn urgency(method: &http::Method, path: &str) -> Urgency {
     // .../namespaces/<ns>/events[/<name>]
     let events_at = |i: usize| segments.get(i) == Some(&"events") && i >= 2 && segments[i - 2] == "namespaces";
     let n = segments.len();
-    let event_path = (path.starts_with("/api/v1/") || path.starts_with("/apis/events.k8s.io/"))
+    let event_path = (path.starts_with("/api/v1/") || path.starts_with(crate::compat::api::EVENTS_API_PREFIX))
         && ((n >= 1 && events_at(n - 1)) || (n >= 2 && events_at(n - 2)));
     if *method != http::Method::GET && event_path { Urgency::Deferrable } else { Urgency::Critical }
 }

@@ -9,7 +9,7 @@ use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::met
 use tokio::time::Instant;
 
 use super::config::LeaderElectionConfig;
-use crate::{compat::leader_election as up, http::HealthReport};
+use crate::{compat::leader_election as up, healthz::HealthReport};
 
 /// The last Lease record seen and when this process first saw it, on the
 /// local monotonic clock.

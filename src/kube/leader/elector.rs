@@ -32,7 +32,7 @@ use super::{
 };
 use crate::{
     compat::leader_election as up,
-    http::{HealthCheck, HealthReport},
+    healthz::{HealthCheck, HealthReport},
 };
 
 /// The wall clock at microsecond precision (the resolution of `MicroTime`,

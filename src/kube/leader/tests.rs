@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
 
 use super::{elector::wall_now, *};
-use crate::http::HealthReport;
+use crate::healthz::HealthReport;
 
 const ME: &str = "me";
 const OTHER: &str = "other";

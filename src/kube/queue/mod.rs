@@ -25,29 +25,7 @@ use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use self::state::{Added, Group, QueueId, Scheduled};
-
-/// Metric names (client-go's workqueue names, plus one of ours).
-pub mod names {
-    /// Keys waiting.
-    pub const DEPTH: &str = "workqueue_depth";
-    /// Keys added.
-    pub const ADDS: &str = "workqueue_adds_total";
-    /// Keys re-added after a failure.
-    pub const RETRIES: &str = "workqueue_retries_total";
-    /// Time a key waited before a worker took it.
-    pub const QUEUE_DURATION: &str = "workqueue_queue_duration_seconds";
-    /// Time a worker spent on a key.
-    pub const WORK_DURATION: &str = "workqueue_work_duration_seconds";
-    /// Seconds of work in progress that has not finished (summed over the
-    /// keys in workers' hands), as client-go's.
-    pub const UNFINISHED_WORK: &str = "workqueue_unfinished_work_seconds";
-    /// Seconds the longest-running worker has held its key, as client-go's.
-    pub const LONGEST_RUNNING: &str = "workqueue_longest_running_processor_seconds";
-    /// Age of the oldest key waiting (csi-sidecar addition).
-    pub const OLDEST_ITEM_AGE: &str = "csi_sidecar_workqueue_oldest_item_age_seconds";
-    /// Buckets of the duration histograms: client-go's 10ns × 10^k, k = 0..9.
-    pub const DURATION_BUCKETS: &[f64] = &[1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
-}
+use crate::compat::workqueue as names;
 
 /// Per-key exponential backoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

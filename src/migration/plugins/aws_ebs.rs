@@ -47,7 +47,7 @@ fn iops_param(lower: &str, key: &str, value: &str, params: &mut BTreeMap<String,
 
 impl InTreePlugin for AwsEbs {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::AwsEbs, csi_driver: "ebs.csi.aws.com", in_tree: "kubernetes.io/aws-ebs" }
+        Names { plugin: Plugin::AwsEbs, csi_driver: "ebs.csi.aws.com", in_tree: crate::compat::translation::AWS_EBS }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -76,7 +76,11 @@ fn unzoned_regions_cleared(terms: Vec<TopologySelectorTerm>) -> Vec<TopologySele
 
 impl InTreePlugin for AzureDisk {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::AzureDisk, csi_driver: "disk.csi.azure.com", in_tree: "kubernetes.io/azure-disk" }
+        Names {
+            plugin: Plugin::AzureDisk,
+            csi_driver: "disk.csi.azure.com",
+            in_tree: crate::compat::translation::AZURE_DISK,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -15,7 +15,7 @@ use k8s_openapi::api::{
 
 use super::{InTreePlugin, Names, Plugin, TranslateError, attrs, inline_pv, spec_mut};
 
-const AZURE_FILE_RESOURCE_GROUP: &str = "kubernetes.io/azure-file-resource-group";
+use crate::compat::translation::AZURE_FILE_RESOURCE_GROUP;
 
 /// The Azure File rules.
 pub(super) struct AzureFile;
@@ -40,7 +40,11 @@ fn storage_account(secret_name: &str) -> Option<String> {
 
 impl InTreePlugin for AzureFile {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::AzureFile, csi_driver: "file.csi.azure.com", in_tree: "kubernetes.io/azure-file" }
+        Names {
+            plugin: Plugin::AzureFile,
+            csi_driver: "file.csi.azure.com",
+            in_tree: crate::compat::translation::AZURE_FILE,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -22,7 +22,11 @@ pub(super) struct Cinder;
 
 impl InTreePlugin for Cinder {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::Cinder, csi_driver: "cinder.csi.openstack.org", in_tree: "kubernetes.io/cinder" }
+        Names {
+            plugin: Plugin::Cinder,
+            csi_driver: "cinder.csi.openstack.org",
+            in_tree: crate::compat::translation::CINDER,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

@@ -44,7 +44,11 @@ fn partition_attr(partition: Option<i32>) -> String {
 
 impl InTreePlugin for GcePd {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::GcePd, csi_driver: "pd.csi.storage.gke.io", in_tree: "kubernetes.io/gce-pd" }
+        Names {
+            plugin: Plugin::GcePd,
+            csi_driver: "pd.csi.storage.gke.io",
+            in_tree: crate::compat::translation::GCE_PD,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

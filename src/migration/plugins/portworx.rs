@@ -22,7 +22,11 @@ pub(super) struct Portworx;
 
 impl InTreePlugin for Portworx {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::Portworx, csi_driver: "pxd.portworx.com", in_tree: "kubernetes.io/portworx-volume" }
+        Names {
+            plugin: Plugin::Portworx,
+            csi_driver: "pxd.portworx.com",
+            in_tree: crate::compat::translation::PORTWORX,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {
@@ -93,7 +97,7 @@ impl InTreePlugin for Portworx {
             if lower == PX_SECRET_NAME || lower == PX_SECRET_NAMESPACE {
                 for n in NAMES {
                     let key = if lower == PX_SECRET_NAME { n.to_string() } else { n.replace("-name", "-namespace") };
-                    params.insert(format!("csi.storage.k8s.io/{key}"), v.clone());
+                    params.insert(format!("{}{key}", crate::compat::storage_class::PREFIX), v.clone());
                 }
             } else {
                 params.insert(k.clone(), v.clone());

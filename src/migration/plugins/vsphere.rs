@@ -22,7 +22,11 @@ pub(super) struct Vsphere;
 
 impl InTreePlugin for Vsphere {
     fn names(&self) -> Names {
-        Names { plugin: Plugin::Vsphere, csi_driver: "csi.vsphere.vmware.com", in_tree: "kubernetes.io/vsphere-volume" }
+        Names {
+            plugin: Plugin::Vsphere,
+            csi_driver: "csi.vsphere.vmware.com",
+            in_tree: crate::compat::translation::VSPHERE,
+        }
     }
 
     fn has_pv_source(&self, spec: &PersistentVolumeSpec) -> bool {

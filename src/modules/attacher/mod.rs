@@ -49,7 +49,7 @@ use crate::{
         informers::Change,
         queue::{Backoff, Outcome, WorkQueue},
     },
-    modules::{Module, ModuleContext, ModuleError},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::{AttacherFlags, Gates};
 use decide::{Handler, VaAction, VolumeSource};

@@ -31,7 +31,7 @@ use futures::future::BoxFuture;
 use crate::{
     compat::health_monitor as up,
     kube::{KubeContext, events::Recorder},
-    modules::{Module, ModuleContext, ModuleError},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::HealthMonitorFlags;
 

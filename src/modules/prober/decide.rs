@@ -3,7 +3,7 @@
 
 use tonic::Status;
 
-use crate::{compat, csi::proto::csi::v1::ProbeResponse, http::HealthReport};
+use crate::{compat, csi::proto::csi::v1::ProbeResponse, healthz::HealthReport};
 
 /// Maps a `Probe` outcome to the HTTP answer.
 pub fn report(result: Result<ProbeResponse, Status>) -> HealthReport {

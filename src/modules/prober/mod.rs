@@ -14,8 +14,8 @@ use futures::{FutureExt, future::BoxFuture};
 
 use crate::{
     csi::Connection,
-    http::{HealthCheck, HealthReport},
-    modules::{Module, ModuleContext, ModuleError},
+    healthz::{HealthCheck, HealthReport},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::ProberFlags;
 

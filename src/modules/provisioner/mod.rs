@@ -66,7 +66,10 @@ use crate::{
         reference_grant::ReferenceGrant,
         snapshot_api::{VolumeSnapshot, VolumeSnapshotContent},
     },
-    modules::{Module, ModuleContext, ModuleError, views},
+    modules::{
+        contract::{Module, ModuleContext, ModuleError},
+        views,
+    },
 };
 use config::ProvisionerFlags;
 use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};

@@ -6,16 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use crate::kube::names::{expand, is_dns1123_label, is_dns1123_subdomain};
 
-/// The reserved prefix.
-pub const PREFIX: &str = "csi.storage.k8s.io/";
+/// Keys `--extra-create-metadata` adds to `CreateVolume` parameters, and
+/// the reserved prefix.
+pub use crate::compat::storage_class::{PREFIX, PV_NAME, PVC_NAME, PVC_NAMESPACE};
 /// `csi.storage.k8s.io/fstype`.
 pub const FSTYPE: &str = crate::compat::provisioner::PARAM_FSTYPE;
-/// Keys `--extra-create-metadata` adds to `CreateVolume` parameters.
-pub const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
-/// See [`PVC_NAME`].
-pub const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-/// See [`PVC_NAME`].
-pub const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
 
 /// A StorageClass that cannot be used, worded like upstream's errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,54 +97,18 @@ impl SecretKind {
     ];
 
     fn keys(self) -> Keys {
-        let k = |label, name, namespace, deprecated| Keys { label, name, namespace, deprecated };
-        match self {
-            SecretKind::Provisioner => k(
-                "Provisioner",
-                "csi.storage.k8s.io/provisioner-secret-name",
-                "csi.storage.k8s.io/provisioner-secret-namespace",
-                Some(("csiProvisionerSecretName", "csiProvisionerSecretNamespace")),
-            ),
-            SecretKind::ControllerPublish => k(
-                "ControllerPublish",
-                "csi.storage.k8s.io/controller-publish-secret-name",
-                "csi.storage.k8s.io/controller-publish-secret-namespace",
-                Some(("csiControllerPublishSecretName", "csiControllerPublishSecretNamespace")),
-            ),
-            SecretKind::NodeStage => k(
-                "NodeStage",
-                "csi.storage.k8s.io/node-stage-secret-name",
-                "csi.storage.k8s.io/node-stage-secret-namespace",
-                Some(("csiNodeStageSecretName", "csiNodeStageSecretNamespace")),
-            ),
-            SecretKind::NodePublish => k(
-                "NodePublish",
-                "csi.storage.k8s.io/node-publish-secret-name",
-                "csi.storage.k8s.io/node-publish-secret-namespace",
-                Some(("csiNodePublishSecretName", "csiNodePublishSecretNamespace")),
-            ),
-            SecretKind::ControllerExpand => k(
-                "ControllerExpand",
-                "csi.storage.k8s.io/controller-expand-secret-name",
-                "csi.storage.k8s.io/controller-expand-secret-namespace",
-                None,
-            ),
-            SecretKind::NodeExpand => k(
-                "NodeExpand",
-                "csi.storage.k8s.io/node-expand-secret-name",
-                "csi.storage.k8s.io/node-expand-secret-namespace",
-                None,
-            ),
-            SecretKind::ControllerModify => k(
-                "ControllerModify",
-                "csi.storage.k8s.io/controller-modify-secret-name",
-                "csi.storage.k8s.io/controller-modify-secret-namespace",
-                None,
-            ),
-            SecretKind::Default => {
-                k("Default", "csi.storage.k8s.io/secret-name", "csi.storage.k8s.io/secret-namespace", None)
-            }
-        }
+        use crate::compat::storage_class as sc;
+        let (label, params) = match self {
+            SecretKind::Provisioner => ("Provisioner", sc::PROVISIONER_SECRET),
+            SecretKind::ControllerPublish => ("ControllerPublish", sc::CONTROLLER_PUBLISH_SECRET),
+            SecretKind::NodeStage => ("NodeStage", sc::NODE_STAGE_SECRET),
+            SecretKind::NodePublish => ("NodePublish", sc::NODE_PUBLISH_SECRET),
+            SecretKind::ControllerExpand => ("ControllerExpand", sc::CONTROLLER_EXPAND_SECRET),
+            SecretKind::NodeExpand => ("NodeExpand", sc::NODE_EXPAND_SECRET),
+            SecretKind::ControllerModify => ("ControllerModify", sc::CONTROLLER_MODIFY_SECRET),
+            SecretKind::Default => ("Default", sc::DEFAULT_SECRET),
+        };
+        Keys { label, name: params.name, namespace: params.namespace, deprecated: params.deprecated }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{compat::registrar as up, csi::proto::pluginregistration::PluginInfo, http::HealthReport};
+use crate::{compat::registrar as up, csi::proto::pluginregistration::PluginInfo, healthz::HealthReport};
 
 /// `GetInfo` answer for the kubelet.
 pub fn plugin_info(driver: &str, kubelet_registration_path: &str) -> PluginInfo {

@@ -33,8 +33,8 @@ use crate::{
         registration_client::RegistrationClient,
         registration_server::{self, RegistrationServer},
     },
-    http::{HealthCheck, HealthReport},
-    modules::{Module, ModuleContext, ModuleError},
+    healthz::{HealthCheck, HealthReport},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::RegistrarFlags;
 use decide::Registration;

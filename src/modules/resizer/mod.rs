@@ -54,7 +54,7 @@ use crate::{
         own_writes::OwnWrites,
         queue::{Backoff, Outcome, WorkQueue},
     },
-    modules::{Module, ModuleContext, ModuleError},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::{Gates, ResizerFlags};
 

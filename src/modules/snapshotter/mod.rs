@@ -47,7 +47,7 @@ use crate::{
         queue::{Backoff, Outcome, WorkQueue},
         snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
     },
-    modules::{Module, ModuleContext, ModuleError},
+    modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};

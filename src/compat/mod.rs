@@ -8,11 +8,15 @@ use std::time::Duration;
 
 /// `--csi-address` default of every upstream sidecar.
 pub const DEFAULT_CSI_ADDRESS: &str = "/run/csi/socket";
-/// `--metrics-path` default.
 /// The multicall program's own name (its subcommand form, the shared
 /// watches' field manager).
 pub const PROGRAM: &str = "csi-sidecar";
+/// `--metrics-path` default.
 pub const DEFAULT_METRICS_PATH: &str = "/metrics";
+
+pub mod api;
+pub mod storage_class;
+pub mod translation;
 
 /// CSI call metrics (csi-lib-utils `metrics`).
 pub mod metrics {
@@ -37,6 +41,29 @@ pub mod metrics {
     pub const UNKNOWN_DRIVER: &str = "unknown-driver";
     /// `grpc_status_code` of a failure that carried no gRPC status.
     pub const UNKNOWN_NON_GRPC: &str = "unknown-non-grpc";
+}
+
+/// Work queue metric names (client-go's workqueue names, plus one of ours).
+pub mod workqueue {
+    /// Keys waiting.
+    pub const DEPTH: &str = "workqueue_depth";
+    /// Keys added.
+    pub const ADDS: &str = "workqueue_adds_total";
+    /// Keys re-added after a failure.
+    pub const RETRIES: &str = "workqueue_retries_total";
+    /// Time a key waited before a worker took it.
+    pub const QUEUE_DURATION: &str = "workqueue_queue_duration_seconds";
+    /// Time a worker spent on a key.
+    pub const WORK_DURATION: &str = "workqueue_work_duration_seconds";
+    /// Seconds of work in progress that has not finished (summed over the
+    /// keys in workers' hands), as client-go's.
+    pub const UNFINISHED_WORK: &str = "workqueue_unfinished_work_seconds";
+    /// Seconds the longest-running worker has held its key, as client-go's.
+    pub const LONGEST_RUNNING: &str = "workqueue_longest_running_processor_seconds";
+    /// Age of the oldest key waiting (csi-sidecar addition).
+    pub const OLDEST_ITEM_AGE: &str = "csi_sidecar_workqueue_oldest_item_age_seconds";
+    /// Buckets of the duration histograms: client-go's 10ns × 10^k, k = 0..9.
+    pub const DURATION_BUCKETS: &[f64] = &[1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
 }
 
 /// gRPC status code names as Go's `codes.Code.String()` prints them (note
@@ -547,11 +574,9 @@ pub mod modifier {
         )
     }
     /// `--extra-modify-metadata` parameter keys.
-    pub const PARAM_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
-    /// See [`PARAM_PVC_NAME`].
-    pub const PARAM_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-    /// See [`PARAM_PVC_NAME`].
-    pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+    pub use super::storage_class::{
+        PV_NAME as PARAM_PV_NAME, PVC_NAME as PARAM_PVC_NAME, PVC_NAMESPACE as PARAM_PVC_NAMESPACE,
+    };
 }
 
 /// csi-snapshotter (external-snapshotter's sidecar) and the names it shares
@@ -587,7 +612,7 @@ pub mod snapshotter {
     /// Env var naming the node with `--node-deployment`.
     pub const NODE_NAME_ENV: &str = "NODE_NAME";
     /// The reserved prefix of class parameters.
-    pub const PARAM_PREFIX: &str = "csi.storage.k8s.io/";
+    pub use super::storage_class::PREFIX as PARAM_PREFIX;
     /// Class parameter: the create/delete secret's name (template).
     pub const PARAM_SECRET_NAME: &str = "csi.storage.k8s.io/snapshotter-secret-name";
     /// Class parameter: the create/delete secret's namespace (template).
