@@ -18,6 +18,7 @@ pub mod node_figures;
 pub mod ports;
 pub mod process;
 pub mod promql;
+pub mod sidecar_build;
 pub mod snapshots;
 pub mod yaml;
 
@@ -32,20 +33,33 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// The csi-sidecar binary: `$CSI_SIDECAR_BIN`, else `target/<profile>/csi-sidecar`
-/// next to the running test executable (built by `cargo build` first).
+/// next to the running test executable, rebuilt first (once per process)
+/// when any of its sources is newer ([`sidecar_build`]).
 pub fn sidecar_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("CSI_SIDECAR_BIN") {
         return PathBuf::from(p);
     }
-    let exe = std::env::current_exe().expect("current executable");
-    // A bench binary sits in target/<profile>/, a test in target/<profile>/deps/.
-    let candidates: Vec<PathBuf> = exe.ancestors().skip(1).take(2).map(|d| d.join("csi-sidecar")).collect();
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
-        panic!(
-            "csi-sidecar not built next to {}: run `cargo build --workspace` first (or set CSI_SIDECAR_BIN)",
-            exe.display()
-        )
-    })
+    static FRESH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FRESH
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("current executable");
+            // A bench binary sits in target/<profile>/, a test in target/<profile>/deps/.
+            let profile_dir = exe
+                .ancestors()
+                .skip(1)
+                .take(2)
+                .find(|d| d.file_name().is_some_and(|n| n == "debug" || n == "release"))
+                .unwrap_or_else(|| panic!("{} is not in a cargo target directory", exe.display()))
+                .to_path_buf();
+            let bin = profile_dir.join("csi-sidecar");
+            let target_dir = profile_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| profile_dir.clone());
+            let release = profile_dir.ends_with("release");
+            if let Err(e) = sidecar_build::ensure_fresh(&workspace_root(), &target_dir, release, &bin) {
+                panic!("{e} (or set CSI_SIDECAR_BIN)");
+            }
+            bin
+        })
+        .clone()
 }
 
 /// A directory holding `name` as a symlink to the csi-sidecar binary, as the
