@@ -47,6 +47,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{component_bin, workspace_root};
 
+mod commands;
+mod component;
 mod handle;
 mod launcher;
 mod pki;
@@ -54,6 +56,8 @@ mod real_node;
 pub mod versions;
 mod world;
 
+pub use commands::*;
+pub(crate) use component::*;
 pub use handle::*;
 pub use launcher::*;
 pub use pki::*;
