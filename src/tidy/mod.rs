@@ -201,17 +201,44 @@ fn every_function_architecture_names_exists() {
     );
 }
 
-/// The most lines of code (not blank, not a comment) a file of `src/` has
-/// outside its tests: a file over it holds more than one concern.
+/// The most lines of code (not blank, not a comment) a file of `src/` or
+/// `integration/` has outside its tests: a file over it holds more than one
+/// concern.
 const MAX_LINES_OF_CODE: usize = 600;
 
-#[test]
-fn no_file_in_src_holds_more_than_600_lines_of_code_outside_its_tests() {
-    let big: Vec<String> = production_sources(&src_dir())
-        .iter()
-        .map(|(f, s)| (f, s.lines_of_code))
+/// The files of `sources` (paths under `prefix`) over the limit (pure).
+fn oversized<'a>(prefix: &str, sources: impl IntoIterator<Item = (&'a File, usize)>) -> Vec<String> {
+    sources
+        .into_iter()
         .filter(|(_, n)| *n > MAX_LINES_OF_CODE)
-        .map(|(f, n)| format!("src/{f}: {n} lines of code"))
+        .map(|(f, n)| format!("{prefix}{f}: {n} lines of code"))
+        .collect()
+}
+
+#[test]
+fn no_file_holds_more_than_600_lines_of_code_outside_its_tests() {
+    let src = production_sources(&src_dir());
+    let mut big = oversized("src/", src.iter().map(|(f, s)| (f, s.lines_of_code)));
+    // The test world: every file is test code, so every line counts but
+    // those of its own unit-test modules.
+    let integration = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration");
+    let mut files = BTreeSet::new();
+    graph::rust_files(&integration, &integration, &mut files);
+    assert!(files.len() > 50, "expected the test world's files, found {files:?}");
+    let counted: Vec<(File, usize)> = files
+        .into_iter()
+        .map(|f| {
+            let n = source::read(&integration, &f)
+                .unwrap_or_else(|e| panic!("tidy cannot read integration/{e}"))
+                .lines_of_code;
+            (f, n)
+        })
         .collect();
+    big.extend(oversized("integration/", counted.iter().map(|(f, n)| (f, *n))));
     assert!(big.is_empty(), "split these along their concerns:\n{}", big.join("\n"));
+    let over = MAX_LINES_OF_CODE + 1;
+    assert_eq!(
+        oversized("integration/", [(&"tests/big.rs".to_string(), over)]),
+        [format!("integration/tests/big.rs: {over} lines of code")]
+    );
 }
