@@ -104,10 +104,6 @@ impl Module {
     }
 }
 
-/// Applies the module's file of manifests/rbac plus the ServiceAccount and
-/// the module's bindings from controller.yaml (only this module's rules, so
-/// another module's cannot mask a missing verb) into namespace `ns`:
-/// namespaced objects move to `ns`, cluster-scoped names get `ns` as prefix.
 /// How the rules of a cycle differ from the manifest's.
 #[derive(Clone, Copy, Debug)]
 pub enum Rules<'a> {
@@ -120,6 +116,10 @@ pub enum Rules<'a> {
     With(&'a Triple),
 }
 
+/// Applies the module's file of manifests/rbac plus the ServiceAccount and
+/// the module's bindings from controller.yaml (only this module's rules, so
+/// another module's cannot mask a missing verb) into namespace `ns`:
+/// namespaced objects move to `ns`, cluster-scoped names get `ns` as prefix.
 /// `change`: the manifest's rules, or without or with one triple.
 async fn apply_rbac(client: &Client, ns: &str, module: Module, change: Rules<'_>) {
     let mut docs = load(&rbac_file(&format!("{}.yaml", module.name())));
