@@ -1,8 +1,8 @@
 //! The attacher's live run under the manifests' RBAC.
 
-use csi_sidecar_integration::kube_support::{create, csi_node, csi_pv, node, pod, pvc};
+use csi_sidecar_integration::kube_support::{create, csi_node, csi_pv, node, pod};
 use k8s_openapi::api::{
-    core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, SecretReference},
+    core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, SecretReference},
     storage::v1::{CSINode, VolumeAttachment},
 };
 use kube::{
@@ -34,24 +34,11 @@ impl Cycle {
         let pv_name = self.ns.scoped("pv");
         // Volume "1" exists in the mock driver from its start.
         let mut pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
-        if let Some(spec) = pv.spec.as_mut() {
-            spec.claim_ref =
-                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
-            if let Some(csi) = spec.csi.as_mut() {
-                csi.controller_publish_secret_ref =
-                    Some(SecretReference { name: Some("publish-creds".into()), namespace: Some(ns.clone()) });
-            }
+        if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+            csi.controller_publish_secret_ref =
+                Some(SecretReference { name: Some("publish-creds".into()), namespace: Some(ns.clone()) });
         }
-        create(&pvs, &pv).await;
-        let mut claim = pvc("data", None, "1Mi");
-        if let Some(spec) = claim.spec.as_mut() {
-            spec.volume_name = Some(pv_name.clone());
-        }
-        create(&pvcs, &claim).await;
-        self.until("PVC data bound", async |_| {
-            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
+        self.pre_bound_claim(pv, None).await?;
         create(&Api::namespaced(client.clone(), &ns), &pod("app", &self.node_name, "data")).await;
 
         let finalizer = format!("external-attacher/{}", sanitize(&self.driver_name));

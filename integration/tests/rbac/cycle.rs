@@ -12,7 +12,7 @@ use csi_sidecar_integration::{
     cluster::{ControlPlane, Identity, launcher_bin},
     component_bin,
     fault_driver::{FaultDriver, HealthForms, Script, Transport},
-    kube_support::{TestNamespace, create, unique_name},
+    kube_support::{TestNamespace, create, pvc, unique_name},
     process::Proc,
     sidecar_bin,
 };
@@ -20,7 +20,7 @@ use k8s_openapi::{
     ByteString,
     api::{
         coordination::v1::Lease,
-        core::v1::{Event, Pod, Secret, ServiceAccount},
+        core::v1::{Event, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
         storage::v1::VolumeAttachment,
     },
@@ -467,6 +467,33 @@ impl Cycle {
         self.until("a Lease renewal", async |_| {
             let renewed = leases.get(lease).await.ok()?.spec?.renew_time?;
             (renewed != first).then_some(())
+        })
+        .await
+    }
+
+    /// Creates `pv` bound in advance to the claim `data` of the cycle's
+    /// namespace (of `class`, if any), then that claim, and waits until it
+    /// is Bound.
+    pub async fn pre_bound_claim(&mut self, mut pv: PersistentVolume, class: Option<&str>) -> Result<(), Failure> {
+        let client = self.ns.client().clone();
+        let ns = self.ns.name().to_string();
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        if let Some(spec) = pv.spec.as_mut() {
+            if let Some(class) = class {
+                spec.storage_class_name = Some(class.to_string());
+            }
+            spec.claim_ref =
+                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
+        }
+        create(&Api::<PersistentVolume>::all(client.clone()), &pv).await;
+        let mut claim = pvc("data", class, "1Mi");
+        if let Some(spec) = claim.spec.as_mut() {
+            spec.volume_name = Some(pv_name);
+        }
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, &ns);
+        create(&pvcs, &claim).await;
+        self.until("PVC data bound", async |_| {
+            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
         })
         .await
     }

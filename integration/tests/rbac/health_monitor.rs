@@ -1,8 +1,8 @@
 //! The health monitor's live run under the manifests' RBAC.
 
 use csi_sidecar::csi::{HealthCondition, HealthStatus};
-use csi_sidecar_integration::kube_support::{create, csi_pv, node, pod, pvc};
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
+use csi_sidecar_integration::kube_support::{create, csi_pv, node, pod};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
 use kube::{
     Api,
     api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
@@ -23,8 +23,6 @@ impl Cycle {
     pub async fn run_health_monitor(&mut self) -> Result<(), Failure> {
         let client = self.ns.client().clone();
         let ns = self.ns.name().to_string();
-        let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
         let nodes: Api<Node> = Api::all(client.clone());
         let events: Api<Event> = Api::namespaced(client.clone(), &ns);
         let claims_status: Api<DynamicObject> =
@@ -33,21 +31,8 @@ impl Cycle {
         let volume = "health-1";
         self.driver.fault().set_volume_health(volume, vec![]);
         let pv_name = self.ns.scoped("pv");
-        let mut pv = csi_pv(&pv_name, &self.driver_name, volume, "1Mi");
-        if let Some(spec) = pv.spec.as_mut() {
-            spec.claim_ref =
-                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
-        }
-        create(&pvs, &pv).await;
-        let mut claim = pvc("data", None, "1Mi");
-        if let Some(spec) = claim.spec.as_mut() {
-            spec.volume_name = Some(pv_name.clone());
-        }
-        create(&pvcs, &claim).await;
-        self.until("PVC data bound", async |_| {
-            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
+        let pv = csi_pv(&pv_name, &self.driver_name, volume, "1Mi");
+        self.pre_bound_claim(pv, None).await?;
         // The dry-run question, asked at the first pass over the claim (and
         // refused without the optional claim status rule: events).
         let served = self

@@ -1,8 +1,8 @@
 //! The resizer's live run under the manifests' RBAC.
 
-use csi_sidecar_integration::kube_support::{create, csi_pv, pvc, storage_class};
+use csi_sidecar_integration::kube_support::{create, csi_pv, storage_class};
 use k8s_openapi::api::{
-    core::v1::{Event, ObjectReference, PersistentVolume, PersistentVolumeClaim, SecretReference},
+    core::v1::{Event, PersistentVolume, PersistentVolumeClaim, SecretReference},
     storage::v1::StorageClass,
 };
 use kube::{Api, api::ListParams};
@@ -28,25 +28,11 @@ impl Cycle {
         let pv_name = self.ns.scoped("pv");
         // Volume "1" exists in the mock driver from its start (100 GiB).
         let mut pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
-        if let Some(spec) = pv.spec.as_mut() {
-            spec.storage_class_name = Some(sc_name.clone());
-            spec.claim_ref =
-                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
-            if let Some(csi) = spec.csi.as_mut() {
-                csi.controller_expand_secret_ref =
-                    Some(SecretReference { name: Some("expand-creds".into()), namespace: Some(ns.clone()) });
-            }
+        if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+            csi.controller_expand_secret_ref =
+                Some(SecretReference { name: Some("expand-creds".into()), namespace: Some(ns.clone()) });
         }
-        create(&pvs, &pv).await;
-        let mut claim = pvc("data", Some(&sc_name), "1Mi");
-        if let Some(spec) = claim.spec.as_mut() {
-            spec.volume_name = Some(pv_name.clone());
-        }
-        create(&pvcs, &claim).await;
-        self.until("PVC data bound", async |_| {
-            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
+        self.pre_bound_claim(pv, Some(&sc_name)).await?;
         let patch = serde_json::json!({"spec": {"resources": {"requests": {"storage": "200Gi"}}}});
         pvcs.patch("data", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
             .await

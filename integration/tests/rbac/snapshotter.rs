@@ -1,10 +1,7 @@
 //! The snapshotter's live run under the manifests' RBAC.
 
-use csi_sidecar_integration::kube_support::{create, csi_pv, pvc, storage_class};
-use k8s_openapi::api::{
-    core::v1::{Event, ObjectReference, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::StorageClass,
-};
+use csi_sidecar_integration::kube_support::{create, csi_pv, storage_class};
+use k8s_openapi::api::{core::v1::Event, storage::v1::StorageClass};
 use kube::{
     Api,
     api::{DeleteParams, ListParams, PostParams},
@@ -23,29 +20,13 @@ impl Cycle {
         let client = self.ns.client().clone();
         let ns = self.ns.name().to_string();
         let snaps = SnapApis::new(&client, &ns);
-        let pvs: Api<PersistentVolume> = Api::all(client.clone());
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
         create(&Api::namespaced(client.clone(), &ns), &Self::secret("snap-creds")).await;
         let sc_name = self.ns.scoped("sc");
         create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc_name, &self.driver_name)).await;
         let pv_name = self.ns.scoped("pv");
         // Volume "1" exists in the mock driver from its start.
-        let mut pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
-        if let Some(spec) = pv.spec.as_mut() {
-            spec.storage_class_name = Some(sc_name.clone());
-            spec.claim_ref =
-                Some(ObjectReference { namespace: Some(ns.clone()), name: Some("data".into()), ..Default::default() });
-        }
-        create(&pvs, &pv).await;
-        let mut claim = pvc("data", Some(&sc_name), "1Mi");
-        if let Some(spec) = claim.spec.as_mut() {
-            spec.volume_name = Some(pv_name.clone());
-        }
-        create(&pvcs, &claim).await;
-        self.until("PVC data bound", async |_| {
-            (pvcs.get("data").await.ok()?.status?.phase.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
+        let pv = csi_pv(&pv_name, &self.driver_name, "1", "1Mi");
+        self.pre_bound_claim(pv, Some(&sc_name)).await?;
         let class = self.ns.scoped("vsc");
         let params = serde_json::json!({
             "csi.storage.k8s.io/snapshotter-secret-name": "snap-creds",
