@@ -471,6 +471,33 @@ impl Cycle {
         .await
     }
 
+    /// Waits until a failure repeated on one object shows as one Event of
+    /// `reason` whose count grows (the recorder's aggregation PATCH); fails
+    /// when it shows as several Events instead. `events` lists the
+    /// candidates.
+    pub async fn until_aggregated(
+        &mut self,
+        reason: &str,
+        mut events: impl AsyncFnMut() -> Option<Vec<Event>>,
+    ) -> Result<(), Failure> {
+        let aggregated = self
+            .until(&format!("a repeated {reason} event"), async |_| {
+                let failed: Vec<Event> =
+                    events().await?.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect();
+                if failed.len() >= 2 {
+                    return Some(Err(failed.len()));
+                }
+                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
+            })
+            .await?;
+        if let Err(n) = aggregated {
+            return Err(self.fail(format!(
+                "{n} {reason} Events with one message for one repeated failure: the aggregation PATCH failed"
+            )));
+        }
+        Ok(())
+    }
+
     /// Creates `pv` bound in advance to the claim `data` of the cycle's
     /// namespace (of `class`, if any), then that claim, and waits until it
     /// is Bound.

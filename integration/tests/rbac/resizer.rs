@@ -87,20 +87,6 @@ impl Cycle {
             .map_err(|e| self.fail(format!("set the class missing again: {e}")))?;
         // Aggregated: one Event whose count grows. Without the PATCH the
         // recorder creates a new Event per repeat instead.
-        let aggregated = self
-            .until("a repeated VolumeModifyFailed event", async |_| {
-                let failed = missing_failures("missing").await?;
-                if failed.len() >= 2 {
-                    return Some(Err(failed.len()));
-                }
-                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
-            })
-            .await?;
-        if let Err(n) = aggregated {
-            return Err(self.fail(format!(
-                "{n} VolumeModifyFailed Events with one message for one repeated failure: the aggregation PATCH failed"
-            )));
-        }
-        Ok(())
+        self.until_aggregated("VolumeModifyFailed", async || missing_failures("missing").await).await
     }
 }

@@ -71,23 +71,11 @@ impl Cycle {
         .await?;
         let _ = snaps.contents.delete(&stat, &DeleteParams::default()).await;
         let events: Api<Event> = Api::namespaced(client.clone(), "default");
-        let aggregated = self
-            .until("a repeated SnapshotDeleteError event", async |_| {
-                let lp = ListParams::default().fields(&format!("involvedObject.name={stat}"));
-                let list = events.list(&lp).await.ok()?;
-                let failed: Vec<_> =
-                    list.items.iter().filter(|e| e.reason.as_deref() == Some("SnapshotDeleteError")).collect();
-                if failed.len() >= 2 {
-                    return Some(Err(failed.len()));
-                }
-                failed.iter().any(|e| e.count.unwrap_or(1) >= 2).then_some(Ok(()))
-            })
-            .await?;
-        if let Err(n) = aggregated {
-            return Err(self.fail(format!(
-                "{n} SnapshotDeleteError Events with one message for one repeated failure: the aggregation PATCH failed"
-            )));
-        }
+        self.until_aggregated("SnapshotDeleteError", async || {
+            let lp = ListParams::default().fields(&format!("involvedObject.name={stat}"));
+            Some(events.list(&lp).await.ok()?.items)
+        })
+        .await?;
         create(&Api::namespaced(client.clone(), &ns), &Self::secret("late-creds")).await;
         self.until("the static content gone", async |_| gone(&stat).await).await?;
         snaps.delete_snapshot("kept").await;
