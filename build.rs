@@ -51,10 +51,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // list holds names without them, and a linker script gathers every
         // copy (`.text.<name>.*`) into the node section, which the ordering
         // file then sorts hottest first.
-        let script = PathBuf::from(env::var("OUT_DIR")?).join("node-text.ld");
-        fs::write(&script, node_text_script(&fs::read_to_string(&order)?))?;
+        // Both files live in OUT_DIR: a target directory shared by several
+        // checkouts must not link against a checkout that is gone.
+        let out = PathBuf::from(env::var("OUT_DIR")?);
+        let (script, ordering) = (out.join("node-text.ld"), out.join("node-text.order"));
+        let names = fs::read_to_string(&order)?;
+        fs::write(&script, node_text_script(&names))?;
+        fs::write(&ordering, &names)?;
         println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,-T,{}", script.display());
-        println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,--symbol-ordering-file={}", order.display());
+        println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,--symbol-ordering-file={}", ordering.display());
         println!("cargo:rustc-link-arg-bin=csi-sidecar=-Wl,--no-warn-symbol-ordering");
     }
     let mut compiler = protox::Compiler::new(["proto"])?;

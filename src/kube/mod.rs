@@ -12,6 +12,7 @@ pub mod events;
 pub mod finalizers;
 pub mod group_snapshot_api;
 pub mod informers;
+pub mod key;
 pub mod leader;
 pub mod merge_patch;
 pub mod names;

@@ -4,6 +4,7 @@
 pub mod attacher;
 pub mod contract;
 pub mod health;
+pub mod kit;
 pub mod led;
 pub mod prober;
 pub mod provisioner;

@@ -77,3 +77,15 @@ pub async fn filed<F: std::future::Future<Output = Outcome>>(
     let entry = ledger.entries().into_iter().find(|((k, n), _)| *k == kind && n == key).map(|(_, e)| e);
     (outcome, entry)
 }
+
+/// [`filed`] for a reconcile of the controller kit, settled by its error
+/// policy.
+pub async fn reconciled<F: std::future::Future<Output = crate::modules::kit::Reconciled>>(
+    ledger: &Ledger,
+    kind: &'static str,
+    key: &str,
+    sync: F,
+) -> (Outcome, Option<Entry>) {
+    let sync = Box::pin(sync);
+    filed(ledger, kind, key, async { crate::modules::kit::apply(&sync.await) }).await
+}

@@ -45,7 +45,7 @@ impl Backoff {
 }
 
 /// What a worker did with a key.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// Finished: the key's backoff is reset.
     Done,
@@ -89,9 +89,11 @@ struct Hub<K> {
 }
 
 /// Where a tracked queue files its syncs' outcomes (see [`crate::debug`]).
-struct Tracker {
+struct Tracker<K> {
     ledger: crate::debug::Ledger,
     kind: &'static str,
+    /// The text a key is filed under (its `Display` form).
+    text: fn(&K) -> String,
 }
 
 /// A deduplicating, rate-limited work queue. Cheap to clone.
@@ -100,7 +102,7 @@ pub struct WorkQueue<K> {
     id: QueueId,
     name: &'static str,
     signals: Arc<Signals>,
-    tracker: Option<Arc<Tracker>>,
+    tracker: Option<Arc<Tracker<K>>>,
 }
 
 impl<K> Clone for WorkQueue<K> {
@@ -113,11 +115,6 @@ impl<K> Clone for WorkQueue<K> {
             tracker: self.tracker.clone(),
         }
     }
-}
-
-/// The text of a `String` key (other key types are not tracked).
-fn key_text<K: std::any::Any>(key: &K) -> Option<String> {
-    (key as &dyn std::any::Any).downcast_ref::<String>().cloned()
 }
 
 impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
@@ -147,12 +144,16 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
         WorkQueue { hub, id, name, signals, tracker: None }
     }
 
-    /// This queue, filing each sync of its `String` keys (objects of API
-    /// kind `kind`) in `ledger`: what the object waits for, its attempts,
-    /// last error and next retry, until a sync finishes it. Call before
-    /// cloning the queue into its handlers and workers.
-    pub fn tracked(mut self, ledger: &crate::debug::Ledger, kind: &'static str) -> Self {
-        self.tracker = Some(Arc::new(Tracker { ledger: ledger.clone(), kind }));
+    /// This queue, filing each sync of its keys (objects of API kind
+    /// `kind`, under their `Display` text) in `ledger`: what the object
+    /// waits for, its attempts, last error and next retry, until a sync
+    /// finishes it. Call before cloning the queue into its handlers and
+    /// workers.
+    pub fn tracked(mut self, ledger: &crate::debug::Ledger, kind: &'static str) -> Self
+    where
+        K: std::fmt::Display,
+    {
+        self.tracker = Some(Arc::new(Tracker { ledger: ledger.clone(), kind, text: |k| k.to_string() }));
         self
     }
 
@@ -232,9 +233,14 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
     /// Other queues' entries of the key stay. A sync running meanwhile may
     /// file it again; its next sync, finding the object gone, removes it.
     pub fn untrack(&self, key: &K) {
-        if let (Some(t), Some(k)) = (&self.tracker, key_text(key)) {
-            t.ledger.remove_in(&(t.kind, k), self.name);
+        if let Some(t) = &self.tracker {
+            t.ledger.remove_in(&(t.kind, (t.text)(key)), self.name);
         }
+    }
+
+    /// The queue's name (upstream's, in the workqueue metrics).
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// Consecutive failures of `key`.
@@ -388,8 +394,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> WorkQueue<K> {
             let held = Held { queue: self, key: &key };
             let started = Instant::now();
             let ticket = self.begin_work();
-            let scope =
-                self.tracker.as_ref().and_then(|t| key_text(&key).map(|k| t.ledger.scope(self.name, t.kind, k)));
+            let scope = self.tracker.as_ref().map(|t| t.ledger.scope(self.name, t.kind, (t.text)(&key)));
             let outcome = match &scope {
                 Some(s) => s.run(handle(key.clone())).await,
                 None => handle(key.clone()).await,

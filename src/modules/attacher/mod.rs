@@ -33,8 +33,6 @@ use k8s_openapi::{
     },
     jiff::Timestamp,
 };
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::{
     compat::{self, attacher as up},
@@ -43,13 +41,16 @@ use crate::{
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
     kube::{
-        KubeContext,
         cache::Cache,
         cached::{CachedPv, CachedVa},
         informers::Change,
-        queue::{Backoff, Outcome, WorkQueue},
+        key::ObjectKey,
+        queue::{Backoff, WorkQueue},
     },
-    modules::contract::{Module, ModuleContext, ModuleError},
+    modules::{
+        contract::{Module, ModuleContext, ModuleError},
+        kit::{Done, Kit, Reconciled, Wait},
+    },
 };
 use config::{AttacherFlags, Gates};
 use decide::{Handler, VaAction, VolumeSource};
@@ -57,9 +58,11 @@ use status::Write;
 use waiting::Stop;
 
 const NAME: &str = "attacher";
-/// The API kinds of the queues' keys, in `/debug/objects`.
-const KIND_VA: &str = "VolumeAttachment";
-const KIND_PV: &str = "PersistentVolume";
+
+/// The key of an attach or detach.
+type VaKey = ObjectKey<VolumeAttachment>;
+/// The key of a PV finalizer sync.
+type PvKey = ObjectKey<PersistentVolume>;
 
 struct Attacher {
     cfg: AttacherFlags,
@@ -74,7 +77,7 @@ struct Attacher {
     csinodes: Cache<CSINode>,
     /// VAs the reconciler found out of sync with the driver.
     forced: Forced,
-    pv_queue: WorkQueue<String>,
+    pv_queue: WorkQueue<PvKey>,
 }
 
 /// Names of the VolumeAttachments the reconciler found out of sync with the
@@ -83,10 +86,11 @@ struct Attacher {
 type Forced = Arc<Mutex<HashSet<String>>>;
 
 /// The attacher's work queues, as the VolumeAttachment handler feeds them.
+#[derive(Clone)]
 struct Queues {
-    attach: WorkQueue<String>,
-    detach: WorkQueue<String>,
-    pv: WorkQueue<String>,
+    attach: WorkQueue<VaKey>,
+    detach: WorkQueue<VaKey>,
+    pv: WorkQueue<PvKey>,
 }
 
 impl Queues {
@@ -100,29 +104,32 @@ impl Queues {
                 "Nothing to do for this change (our own status or metadata write)"
             );
         }
-        if let Some(name) = &work.gone {
-            forced.lock().remove(name);
-            self.attach.untrack(name);
-            self.detach.untrack(name);
+        if let Some(name) = work.gone {
+            forced.lock().remove(&name);
+            let key = VaKey::named(name);
+            self.attach.untrack(&key);
+            self.detach.untrack(&key);
         }
-        if let Some(name) = &work.detach {
+        if let Some(name) = work.detach {
+            let key = VaKey::named(name);
             // Being deleted: what an attach waited for no longer matters
             // (the detach files its own entry).
-            self.attach.untrack(name);
+            self.attach.untrack(&key);
+            self.detach.add(key);
         }
-        for (queue, key) in [(&self.attach, work.attach), (&self.detach, work.detach), (&self.pv, work.pv)] {
-            if let Some(key) = key {
-                queue.add(key);
-            }
+        if let Some(name) = work.attach {
+            self.attach.add(VaKey::named(name));
+        }
+        if let Some(name) = work.pv {
+            self.pv.add(PvKey::named(name));
         }
     }
 }
 
-/// Files where a sync stopped for `/debug/objects`: what the object waits
+/// Where a sync stopped, for `/debug/objects`: what the object waits
 /// for, and `msg` (the error written into its status) as its last error.
-fn stopped(stop: Stop, msg: &str) {
-    crate::debug::waiting_for(stop.waiting_for());
-    crate::debug::failed(msg);
+fn stopped(stop: Stop, msg: String) -> Wait {
+    Wait::failed(stop.waiting_for(), msg)
 }
 
 fn is_status(e: &::kube::Error, code: u16) -> bool {
@@ -246,22 +253,22 @@ impl Attacher {
         self.va_api().patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
     }
 
-    async fn sync(&self, name: String) -> Outcome {
-        let Some(va) = self.vas.get(&ObjectRef::new(&name)).map(|v| v.to_full()) else {
+    async fn sync(&self, key: VaKey) -> Reconciled {
+        let name = key.name();
+        let Some(va) = self.vas.get(&key.cache_ref()).map(|v| v.to_full()) else {
             // Gone (a reconcile pass may have marked it after the deletion).
-            self.forced.lock().remove(&name);
-            return Outcome::Done;
+            self.forced.lock().remove(name);
+            return Ok(Done::Finished);
         };
-        let forced = self.forced.lock().contains(&name);
+        let forced = self.forced.lock().contains(name);
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
-            VaAction::Ignore => Outcome::Done,
+            VaAction::Ignore => Ok(Done::Finished),
             VaAction::Attach if self.handler == Handler::Trivial => {
                 match self.write_status(&va, Write::Attached(HashMap::new())).await {
-                    Ok(()) => Outcome::Done,
+                    Ok(()) => Ok(Done::Finished),
                     Err(e) => {
-                        tracing::warn!(va = %name, error = %e, "Marking attached failed");
-                        crate::debug::waiting_for(Stop::Api.waiting_for());
-                        Outcome::Retry
+                        tracing::warn!(error = %e, "Marking attached failed");
+                        Err(Wait::on(Stop::Api.waiting_for()))
                     }
                 }
             }
@@ -270,13 +277,11 @@ impl Attacher {
         }
     }
 
-    async fn attach(&self, va: &VolumeAttachment) -> Outcome {
+    async fn attach(&self, va: &VolumeAttachment) -> Reconciled {
         let name = va.metadata.name.clone().unwrap_or_default();
         let fail = async |stop: Stop, msg: String, code: Option<tonic::Code>| {
-            tracing::warn!(va = %name, error = %msg, "Attach failed");
-            stopped(stop, &msg);
             self.error_status(va, Write::AttachError, &msg, code).await;
-            Outcome::Retry
+            Err(stopped(stop, msg))
         };
         let (pv, source) = match self.volume_to_attach(va) {
             Ok(v) => v,
@@ -314,25 +319,22 @@ impl Attacher {
         match resp {
             Ok(r) => {
                 if let Err(e) = self.write_status(va, Write::Attached(r.publish_context)).await {
-                    tracing::warn!(va = %name, error = %e, "Saving the attach status failed");
-                    stopped(Stop::Api, &format!("could not save the attach status: {}", crate::kube::error_text(&e)));
-                    return Outcome::Retry;
+                    let msg = format!("could not save the attach status: {}", crate::kube::error_text(&e));
+                    return Err(stopped(Stop::Api, msg));
                 }
                 self.forced.lock().remove(&name);
-                tracing::info!(va = %name, volume = %pv_name, node = %va.spec.node_name, "Attached");
-                Outcome::Done
+                tracing::info!(volume = %pv_name, node = %va.spec.node_name, "Attached");
+                Ok(Done::Finished)
             }
             Err(s) => fail(Stop::Driver, compat::grpc_error_text(&s), Some(s.code())).await,
         }
     }
 
-    async fn detach(&self, va: &VolumeAttachment) -> Outcome {
+    async fn detach(&self, va: &VolumeAttachment) -> Reconciled {
         let name = va.metadata.name.clone().unwrap_or_default();
         let fail = async |stop: Stop, msg: String| {
-            tracing::warn!(va = %name, error = %msg, "Detach failed");
-            stopped(stop, &msg);
             self.error_status(va, Write::DetachError, &msg, None).await;
-            Outcome::Retry
+            Err(stopped(stop, msg))
         };
         let csinode = self.csinodes.get(&ObjectRef::new(&va.spec.node_name));
         let node_id = match decide::detach_node_id(va, csinode.as_deref(), &self.driver.name) {
@@ -363,43 +365,39 @@ impl Attacher {
             return fail(Stop::Driver, compat::grpc_error_text(&s)).await;
         }
         if let Err(e) = crate::kube::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
-            tracing::warn!(va = %name, error = %e, "Removing the finalizer failed");
-            stopped(Stop::Api, &format!("could not remove finalizer: {}", crate::kube::error_text(&e)));
-            return Outcome::Retry;
+            return Err(stopped(Stop::Api, format!("could not remove finalizer: {}", crate::kube::error_text(&e))));
         }
         let _ = self.write_status(va, Write::Detached).await;
         self.forced.lock().remove(&name);
         if let Some(pv) = va.spec.source.persistent_volume_name.clone() {
-            self.pv_queue.add(pv);
+            self.pv_queue.add(PvKey::named(pv));
         }
-        tracing::info!(va = %name, "Detached");
-        Outcome::Done
+        tracing::info!("Detached");
+        Ok(Done::Finished)
     }
 
-    async fn sync_pv(&self, name: String) -> Outcome {
-        let Some(pv) = self.pv(&name) else { return Outcome::Done };
-        let referenced = !self.vas.by_index(crate::modules::views::VA_BY_PV, &name).is_empty();
+    async fn sync_pv(&self, key: PvKey) -> Reconciled {
+        let name = key.name();
+        let Some(pv) = self.pv(name) else { return Ok(Done::Finished) };
+        let referenced = !self.vas.by_index(crate::modules::views::VA_BY_PV, name).is_empty();
         if !decide::pv_finalizer_removable(&pv, referenced, &self.finalizer, &self.driver.name) {
             let version = pv.metadata.resource_version.as_deref().unwrap_or_default();
-            tracing::debug!(pv = %name, resource_version = %version, referenced, "PersistentVolume finalizer kept");
+            tracing::debug!(resource_version = %version, referenced, "PersistentVolume finalizer kept");
             // Done, but a PV held only by its attachments waits for their
             // deletion (which queues it again).
-            if let Some(w) = waiting::pv_waiting(&pv, referenced, &self.finalizer, &self.driver.name) {
-                crate::debug::waiting_for(w);
-            }
-            return Outcome::Done;
+            return Ok(match waiting::pv_waiting(&pv, referenced, &self.finalizer, &self.driver.name) {
+                Some(w) => Done::Parked(w),
+                None => Done::Finished,
+            });
         }
         match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
             .await
         {
-            Ok(()) => Outcome::Done,
-            Err(e) => {
-                stopped(
-                    Stop::Api,
-                    &format!("could not remove PersistentVolume finalizer: {}", crate::kube::error_text(&e)),
-                );
-                Outcome::Retry
-            }
+            Ok(()) => Ok(Done::Finished),
+            Err(e) => Err(stopped(
+                Stop::Api,
+                format!("could not remove PersistentVolume finalizer: {}", crate::kube::error_text(&e)),
+            )),
         }
     }
 }
@@ -433,120 +431,83 @@ impl Module for AttacherFlags {
 
 /// Runs the attacher until shutdown (or until its Lease is lost).
 pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
-    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    let gates = cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
+    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let gates = cfg.validate().map_err(|message| kit.config_error(message))?;
     // One connection for the process: the cap holds for every module's responses.
-    ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);
-    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    kit.ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);
+    let Some(driver) = kit.driver().await else { return Ok(()) };
     let handler = decide::handler(&driver);
     tracing::info!(driver = %driver.name, ?handler, "Attacher starting");
-    let va_inf = crate::modules::views::driver_vas(&kube.informers, &driver.name);
-    let pv_inf = crate::modules::views::driver_pvs(&kube.informers, &driver.name);
-    let csinode_inf = kube.informers.get::<CSINode>();
+    let informers = &kit.kube.informers;
+    let va_inf = crate::modules::views::driver_vas(informers, &driver.name);
+    let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
+    let csinode_inf = informers.get::<CSINode>();
 
-    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let ledger = ctx.debug.ledger(NAME);
-    let attach_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_ATTACH, backoff).tracked(&ledger, KIND_VA);
+    let attach = kit.queue::<VolumeAttachment>(up::QUEUE_ATTACH);
     // Its own workers (a pile of failing detaches cannot starve attaches),
     // but never at the same time as an attach of the same attachment.
-    let detach_q: WorkQueue<String> = attach_q.sibling(up::QUEUE_DETACH).tracked(&ledger, KIND_VA);
-    let pv_q: WorkQueue<String> = WorkQueue::new(up::QUEUE_PV, backoff).tracked(&ledger, KIND_PV);
+    let queues = Queues { detach: kit.sibling(&attach, up::QUEUE_DETACH), pv: kit.queue(up::QUEUE_PV), attach };
     let forced = Forced::default();
+    let finalizer = up::finalizer(&driver.name);
     {
-        let queues = Queues { attach: attach_q.clone(), detach: detach_q.clone(), pv: pv_q.clone() };
-        let (finalizer, forced) = (up::finalizer(&driver.name), forced.clone());
-        va_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
+        let (queues, finalizer, forced) = (queues.clone(), finalizer.clone(), forced.clone());
+        va_inf.on_change_with_resync(cfg.resync, &kit.ctx.shutdown, move |c| {
             queues.va_changed(c, &finalizer, &forced);
         });
     }
     {
-        let (pv_q, finalizer) = (pv_q.clone(), up::finalizer(&driver.name));
-        pv_inf.on_change_with_resync(cfg.resync, &ctx.shutdown, move |c| {
-            let pv = c.object();
-            let name = pv.metadata.name.clone().unwrap_or_default();
+        let (pv_q, finalizer) = (queues.pv.clone(), finalizer.clone());
+        pv_inf.on_change_with_resync(cfg.resync, &kit.ctx.shutdown, move |c| {
+            let key = PvKey::of(&c.object().metadata);
             if c.is_deleted() {
-                pv_q.untrack(&name);
-            } else if pv.metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
-                pv_q.add(name);
+                pv_q.untrack(&key);
+            } else if c.object().metadata.finalizers.iter().flatten().any(|f| *f == finalizer) {
+                pv_q.add(key);
             }
         });
     }
-    kube.informers.start(&ctx.shutdown);
+    informers.start(&kit.ctx.shutdown);
+    let reconciles = handler == Handler::Csi
+        && driver.has_controller_capability(Rpc::ListVolumes)
+        && driver.has_controller_capability(Rpc::ListVolumesPublishedNodes);
     let a = Arc::new(Attacher {
-        finalizer: up::finalizer(&driver.name),
+        finalizer,
         handler,
-        csi: ctx.csi.clone(),
-        client: kube.client.clone(),
+        csi: kit.ctx.csi.clone(),
+        client: kit.kube.client.clone(),
         vas: va_inf.store(),
         pvs: pv_inf.store(),
         csinodes: csinode_inf.store(),
         forced,
-        pv_queue: pv_q.clone(),
+        pv_queue: queues.pv.clone(),
         driver: driver.clone(),
         cfg,
         gates,
     });
-    let reconciles = handler == Handler::Csi
-        && driver.has_controller_capability(Rpc::ListVolumes)
-        && driver.has_controller_capability(Rpc::ListVolumesPublishedNodes);
-    let work = {
-        let a = a.clone();
-        move |token: CancellationToken| async move {
-            // A cache that cannot sync (a forbidden watch) must not hold
-            // up a shutdown: nothing was started that needs draining.
-            let synced = async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) };
-            if token.run_until_cancelled(synced).await.is_none() {
-                return;
-            }
-            tracing::info!("Caches synced; attaching");
-            let workers = a.cfg.worker_threads;
-            let run_queue = |q: WorkQueue<String>, span: &'static str| {
-                let (a, token) = (a.clone(), token.clone());
-                async move {
-                    q.run(workers, token, move |key| {
-                        let a = a.clone();
-                        let s = tracing::info_span!("va", queue = span, name = %key);
-                        async move { a.sync(key).await }.instrument(s)
-                    })
-                    .await
-                }
-            };
-            let pv_worker = {
-                let (a, token, pv_q) = (a.clone(), token.clone(), pv_q.clone());
-                async move {
-                    pv_q.run(workers, token, move |key| {
-                        let a = a.clone();
-                        async move { a.sync_pv(key).await }
-                    })
-                    .await
-                }
-            };
-            let reconciler = {
-                let (a, token, aq, dq) = (a.clone(), token.clone(), attach_q.clone(), detach_q.clone());
-                async move {
-                    if !reconciles {
-                        return;
-                    }
-                    let mut tick = tokio::time::interval(a.cfg.reconcile_sync);
-                    loop {
-                        tokio::select! {
-                            _ = token.cancelled() => return,
-                            _ = tick.tick() => a.reconcile(&aq, &dq, &token).await,
-                        }
-                    }
-                }
-            };
-            tokio::join!(
-                run_queue(attach_q.clone(), "attach"),
-                run_queue(detach_q.clone(), "detach"),
-                pv_worker,
-                reconciler
-            );
-        }
-    };
     // Lease name: upstream's for this module.
-    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+    kit.lead(&up::lease_lock_name(&driver.name), move |mut crew| async move {
+        if !crew.synced(async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) }).await {
+            return;
+        }
+        let workers = a.cfg.worker_threads;
+        crew.serve(&queues.attach, workers, &a, |a, key| async move { a.sync(key).await });
+        crew.serve(&queues.detach, workers, &a, |a, key| async move { a.sync(key).await });
+        crew.serve(&queues.pv, workers, &a, |a, key| async move { a.sync_pv(key).await });
+        if reconciles {
+            let (a, token, queues) = (a.clone(), crew.token().clone(), queues.clone());
+            crew.spawn(async move {
+                let mut tick = tokio::time::interval(a.cfg.reconcile_sync);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => return,
+                        _ = tick.tick() => a.reconcile(&queues.attach, &queues.detach, &token).await,
+                    }
+                }
+            });
+        }
+        crew.run().await;
+    })
+    .await
 }
 
 #[cfg(test)]

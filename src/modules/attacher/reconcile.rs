@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use ::kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
-use super::{Attacher, decide};
+use super::{Attacher, VaKey, decide};
 use crate::{compat, csi::proto::csi::v1 as csi, kube::queue::WorkQueue};
 
 impl Attacher {
@@ -58,8 +58,8 @@ impl Attacher {
     /// published nodes are synced again, forced.
     pub(super) async fn reconcile(
         &self,
-        attach: &WorkQueue<String>,
-        detach: &WorkQueue<String>,
+        attach: &WorkQueue<VaKey>,
+        detach: &WorkQueue<VaKey>,
         shutdown: &CancellationToken,
     ) {
         let Some(published) = self.list_published(shutdown).await else { return };
@@ -101,9 +101,9 @@ impl Attacher {
                 decide::Reconcile::Resync => {
                     tracing::info!(va = %name, attached, is_published, "Driver disagrees; re-syncing");
                     self.forced.lock().insert(name.clone());
-                    attach.add(name);
+                    attach.add(VaKey::named(name));
                 }
-                decide::Reconcile::Detach => detach.add(name),
+                decide::Reconcile::Detach => detach.add(VaKey::named(name)),
             }
         }
     }

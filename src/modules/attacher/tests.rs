@@ -6,7 +6,13 @@ use std::time::Duration;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
 use super::*;
-use crate::modules::testing::{cache_of, failing_client, filed};
+use crate::{
+    kube::queue::Outcome,
+    modules::testing::{cache_of, failing_client, reconciled},
+};
+
+const KIND_VA: &str = "VolumeAttachment";
+const KIND_PV: &str = "PersistentVolume";
 
 const FIN: &str = "external-attacher/driver";
 
@@ -38,7 +44,7 @@ async fn a_deleted_attachment_queues_its_pv_and_is_forgotten() {
     gone.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     gone.metadata.finalizers = None;
     q.va_changed(&Change::Deleted(&gone), FIN, &forced);
-    assert_eq!(q.pv.take_ready().await, vec!["pv-1".to_string()], "the PV is synced again");
+    assert_eq!(q.pv.take_ready().await, vec![PvKey::named("pv-1")], "the PV is synced again");
     assert!(q.attach.take_ready().await.is_empty() && q.detach.take_ready().await.is_empty());
     assert!(forced.lock().is_empty(), "a deleted attachment is no longer forced");
 
@@ -55,18 +61,18 @@ async fn other_changes_queue_the_attachment_by_its_state() {
     let forced = Forced::default();
     let new = va("va-1", "pv-1");
     q.va_changed(&Change::Added(&new), FIN, &forced);
-    assert_eq!(q.attach.take_ready().await, vec!["va-1".to_string()]);
+    assert_eq!(q.attach.take_ready().await, vec![VaKey::named("va-1")]);
     let mut deleting = va("va-1", "pv-1");
     deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     q.va_changed(&Change::Updated { old: &new, new: &deleting }, FIN, &forced);
-    assert_eq!(q.detach.take_ready().await, vec!["va-1".to_string()]);
+    assert_eq!(q.detach.take_ready().await, vec![VaKey::named("va-1")]);
     assert!(q.attach.take_ready().await.is_empty() && q.pv.take_ready().await.is_empty());
     // Our own write (a resourceVersion only): nothing.
     let mut ours = new.clone();
     ours.metadata.resource_version = Some("2".into());
     q.va_changed(&Change::Updated { old: &new, new: &ours }, FIN, &forced);
     q.va_changed(&Change::Resync(&ours), FIN, &forced);
-    assert_eq!(q.attach.take_ready().await, vec!["va-1".to_string()], "only the resync queues it");
+    assert_eq!(q.attach.take_ready().await, vec![VaKey::named("va-1")], "only the resync queues it");
 }
 
 /// An attacher over hand-filled caches, with a driver that is never
@@ -124,7 +130,7 @@ fn pv_json(deleting: bool) -> serde_json::Value {
 async fn an_attach_without_the_nodes_csinode_waits_for_the_node() {
     let a = attacher(&[va_json(false)], &[pv_json(false)]);
     let ledger = crate::debug::Registry::default().ledger(NAME);
-    let (outcome, entry) = filed(&ledger, KIND_VA, "va-1", a.sync("va-1".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND_VA, "va-1", a.sync(VaKey::named("va-1"))).await;
     assert_eq!(outcome, Outcome::Retry);
     let entry = entry.expect("the attachment is filed");
     assert_eq!(entry.waiting_for, crate::debug::WaitingFor::Node);
@@ -139,15 +145,15 @@ async fn a_deleted_pv_waits_for_its_attachment_then_for_the_apiserver() {
     use crate::debug::WaitingFor;
     let ledger = crate::debug::Registry::default().ledger(NAME);
     let a = attacher(&[va_json(false)], &[pv_json(true)]);
-    let (outcome, entry) = filed(&ledger, KIND_PV, "pv-1", a.sync_pv("pv-1".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND_PV, "pv-1", a.sync_pv(PvKey::named("pv-1"))).await;
     assert_eq!(outcome, Outcome::Done);
     assert_eq!(entry.map(|e| e.waiting_for), Some(WaitingFor::Dependent), "done, yet waiting");
     let a = attacher(&[], &[pv_json(true)]);
-    let (outcome, entry) = filed(&ledger, KIND_PV, "pv-1", a.sync_pv("pv-1".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND_PV, "pv-1", a.sync_pv(PvKey::named("pv-1"))).await;
     assert_eq!(outcome, Outcome::Retry);
     assert_eq!(entry.map(|e| e.waiting_for), Some(WaitingFor::ApiServer));
     let a = attacher(&[], &[]);
-    let (outcome, entry) = filed(&ledger, KIND_PV, "pv-1", a.sync_pv("pv-1".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND_PV, "pv-1", a.sync_pv(PvKey::named("pv-1"))).await;
     assert_eq!(outcome, Outcome::Done);
     assert!(entry.is_none(), "a PV that is gone leaves the ledger");
 }
