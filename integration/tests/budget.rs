@@ -167,6 +167,7 @@ async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() 
         kube_support::{create, csi_node, csi_pv, volume_attachment},
         wait_until,
     };
+    use futures::StreamExt;
     use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
     use kube::api::{Patch, PatchParams};
 
@@ -256,13 +257,22 @@ async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() 
         create(&pvs, &csi_pv(&format!("{}-pv{i}", ns.name()), &driver_name, &format!("h{i}"), "1Mi")).await;
     }
     let grow = Patch::Merge(serde_json::json!({"spec": {"resources": {"requests": {"storage": "2Mi"}}}}));
-    for i in 0..PHASE_B {
-        let pv = format!("{}-pv{i}", ns.name());
-        create(&vas, &volume_attachment(&pv, &driver_name, &node, &pv)).await;
-        claims.patch(&format!("a{i}"), &PatchParams::default(), &grow).await.expect("expand");
-        create(&claims, &pvc(&format!("b{i}"), Some(&class), "1Mi")).await;
-        create(&claims, &pvc(&format!("b{}", i + PHASE_B), Some(&class), "1Mi")).await;
-    }
+    // Every module's work exists at once, written concurrently: a busy
+    // machine slows the test's own writes, and a module waiting for its
+    // input is not using its budget.
+    let inputs = (0..PHASE_B).map(|i| {
+        let (vas, claims, grow, ns, driver_name, node, class) =
+            (&vas, &claims, &grow, &ns, &driver_name, &node, &class);
+        async move {
+            let pv = format!("{}-pv{i}", ns.name());
+            create(vas, &volume_attachment(&pv, driver_name, node, &pv)).await;
+            claims.patch(&format!("a{i}"), &PatchParams::default(), grow).await.expect("expand");
+            create(claims, &pvc(&format!("b{i}"), Some(class), "1Mi")).await;
+            create(claims, &pvc(&format!("b{}", i + PHASE_B), Some(class), "1Mi")).await;
+        }
+    });
+    futures::stream::iter(inputs).buffer_unordered(8).collect::<Vec<()>>().await;
+    let inputs_written = now_secs();
     wait_until("phase B: provisioned, attached and expanded", T, async || {
         apf_b.push((now_secs() - b_start, dispatched(&admin).await));
         let (provisioned, counts) = provisioned(PHASE_A + PHASE_B_CLAIMS + 1).await;
@@ -314,7 +324,10 @@ async fn a_combined_process_lends_idle_shares_and_keeps_each_busy_modules_own() 
     // Phase B: while all three have critical work, each gets its own rate.
     let ends: Vec<f64> =
         modules.iter().map(|m| critical(m, b_start, now_secs()).into_iter().fold(b_start, f64::max)).collect();
-    let (from, to) = (b_start + 2.0, ends.iter().copied().fold(f64::INFINITY, f64::min) - 1.0);
+    // From when every input exists (each module has a backlog) until the
+    // first module runs out of work.
+    let from = (b_start + 2.0).max(inputs_written);
+    let to = ends.iter().copied().fold(f64::INFINITY, f64::min) - 1.0;
     assert!(to - from >= 5.0, "all three were busy for {:.1} s only (ends {ends:?}); log:\n{}", to - from, log());
     eprintln!(
         "phase A: the provisioner alone sent {} requests in {:.1} s, {own_excess:.0} beyond its own bucket",
