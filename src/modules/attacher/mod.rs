@@ -486,7 +486,10 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     });
     // Lease name: upstream's for this module.
     kit.lead(&up::lease_lock_name(&driver.name), move |mut crew| async move {
-        if !crew.synced(async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) }).await {
+        if !crew
+            .synced("attaching", async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) })
+            .await
+        {
             return;
         }
         let workers = a.cfg.worker_threads;

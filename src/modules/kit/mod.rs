@@ -121,14 +121,15 @@ impl Crew {
         &self.token
     }
 
-    /// Waits until `synced` (the module's views have listed); false when
-    /// the crew stops first (a cache that cannot sync, a forbidden watch,
-    /// must not hold up a shutdown: nothing was started that needs
-    /// draining).
-    pub async fn synced(&mut self, synced: impl Future) -> bool {
+    /// Waits until `synced` (the module's views have listed), then logs
+    /// "Caches synced; `activity`" (what the module now does:
+    /// "attaching"); false when the crew stops first (a cache that cannot
+    /// sync, a forbidden watch, must not hold up a shutdown: nothing was
+    /// started that needs draining).
+    pub async fn synced(&mut self, activity: &str, synced: impl Future) -> bool {
         let done = self.token.run_until_cancelled(synced).await.is_some();
         if done {
-            tracing::info!(module = self.module, "Caches synced");
+            tracing::info!(module = self.module, "Caches synced; {activity}");
         }
         done
     }

@@ -19,13 +19,14 @@ use super::{
 use crate::{
     compat::{self, snapshotter as up},
     csi::{Connection, proto::csi::v1 as csi},
-    debug::{self, WaitingFor},
+    debug::WaitingFor,
     kube::{
         cache::Cache,
         events::{EventType, Recorder, reference},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
-        queue::Outcome,
+        key::ObjectKey,
     },
+    modules::kit::{Done, Reconciled, Wait},
 };
 
 /// The newest version of each group content this process wrote.
@@ -80,15 +81,16 @@ impl GroupSnapshotter {
     }
 
     /// One sync of group content `name`.
-    pub async fn sync(&self, name: String) -> Outcome {
-        let Some(content) = self.current(&name) else {
+    pub async fn sync(&self, key: ObjectKey<VolumeGroupSnapshotContent>) -> Reconciled {
+        let name = key.name();
+        let Some(content) = self.current(name) else {
             tracing::debug!("Group content gone");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let class = self.class(&content);
         if !gd::is_ours(&content, &self.driver, class.as_deref()) {
             tracing::trace!("Not this driver's group content");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let step = gd::step(&content);
         tracing::debug!(?step, "Synchronizing VolumeGroupSnapshotContent");
@@ -104,22 +106,20 @@ impl GroupSnapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateVolumeGroupSnapshot failed");
-                        debug::waiting_for(super::waiting::group_create_waiting(&latest, &e));
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
-                        Outcome::Retry
+                        Err(Wait::on(super::waiting::group_create_waiting(&latest, &e)))
                     }
                 }
             }
             GroupStep::Ready { remove_annotation } => {
                 if !remove_annotation {
-                    return Outcome::Done;
+                    return Ok(Done::Finished);
                 }
-                match self.patch(&name, gd::remove_being_created_patch()).await {
+                match self.patch(name, gd::remove_being_created_patch()).await {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(error = %e, "Removing the group being-created annotation failed");
-                        debug::waiting_for(WaitingFor::ApiServer);
-                        Outcome::Retry
+                        Err(Wait::on(WaitingFor::ApiServer))
                     }
                 }
             }
@@ -127,15 +127,14 @@ impl GroupSnapshotter {
                 Ok(c) => self.ready_or_poll(&c),
                 Err(e) => {
                     tracing::warn!(error = %e, "Checking the group snapshot failed");
-                    debug::waiting_for(e.waiting_for());
-                    let latest = self.current(&name).unwrap_or(content);
+                    let latest = self.current(name).unwrap_or(content);
                     self.record_error(
                         &latest,
                         up::REASON_GROUP_CHECK_FAILED,
                         &up::text_group_check_failed(&e.to_string()),
                     )
                     .await;
-                    Outcome::Retry
+                    Err(Wait::on(e.waiting_for()))
                 }
             },
         }
@@ -144,7 +143,7 @@ impl GroupSnapshotter {
     /// Done when ready; a ready group content being deleted comes round
     /// again soon (the annotation's removal is our own write, not
     /// announced); else polled with backoff.
-    fn ready_or_poll(&self, c: &VolumeGroupSnapshotContent) -> Outcome {
+    fn ready_or_poll(&self, c: &VolumeGroupSnapshotContent) -> Reconciled {
         super::ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
@@ -282,7 +281,7 @@ impl GroupSnapshotter {
 
     /// DeleteVolumeGroupSnapshot (when there is a backend group snapshot),
     /// the status cleared, then the finalizer.
-    async fn delete(&self, content: Arc<VolumeGroupSnapshotContent>, group_id: Option<String>) -> Outcome {
+    async fn delete(&self, content: Arc<VolumeGroupSnapshotContent>, group_id: Option<String>) -> Reconciled {
         let name = content.metadata.name.clone().unwrap_or_default();
         let mut content = content;
         if let Some(id) = group_id {
@@ -290,27 +289,24 @@ impl GroupSnapshotter {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "No group snapshotter secret for the deletion");
-                    debug::waiting_for(e.waiting_for());
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
-                    return Outcome::Retry;
+                    return Err(Wait::on(e.waiting_for()));
                 }
             };
             let snapshot_ids = match gd::delete_snapshot_ids(&content) {
                 Ok(ids) => ids,
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot delete the group snapshot");
-                    debug::waiting_for(e.waiting_for());
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
-                    return Outcome::Retry;
+                    return Err(Wait::on(e.waiting_for()));
                 }
             };
             tracing::info!(group_snapshot = %id, members = snapshot_ids.len(), "Deleting group snapshot through the driver");
             let req = csi::DeleteVolumeGroupSnapshotRequest { group_snapshot_id: id.clone(), snapshot_ids, secrets };
             if let Err(s) = self.csi.delete_volume_group_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(group_snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteVolumeGroupSnapshot failed");
-                debug::waiting_for(WaitingFor::Driver);
                 self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Driver));
             }
             let cleared = async {
                 let fresh = self.api().get(&name).await?;
@@ -319,24 +315,22 @@ impl GroupSnapshotter {
             };
             match cleared.await {
                 Ok(c) => content = c,
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
+                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the group content status failed");
-                    debug::waiting_for(WaitingFor::ApiServer);
                     self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
             }
         }
         match crate::kube::finalizers::remove(&self.api(), &*content, up::GROUP_CONTENT_FINALIZER).await {
             Ok(()) => {
                 tracing::debug!("Removed the group content's protection finalizer");
-                Outcome::Done
+                Ok(Done::Finished)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Removing the group content finalizer failed");
-                debug::waiting_for(WaitingFor::ApiServer);
-                Outcome::Retry
+                Err(Wait::on(WaitingFor::ApiServer))
             }
         }
     }

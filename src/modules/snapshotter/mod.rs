@@ -30,7 +30,6 @@ use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::{
     compat::{self, snapshotter as up},
@@ -38,24 +37,24 @@ use crate::{
         Connection, DriverInfo,
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
-    debug::{self, WaitingFor},
+    debug::WaitingFor,
     kube::{
-        KubeContext,
         cache::Cache,
         events::{EventType, Recorder, reference},
         informers::{Change, Informer},
-        queue::{Backoff, Outcome, WorkQueue},
+        key::ObjectKey,
+        queue::{Backoff, WorkQueue},
         snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContent},
     },
-    modules::contract::{Module, ModuleContext, ModuleError},
+    modules::{
+        contract::{Module, ModuleContext, ModuleError},
+        kit::{Done, Kit, Reconciled, Wait},
+    },
 };
 use config::SnapshotterFlags;
 use decide::{Naming, Observed, SnapError, Step};
 
 const NAME: &str = "snapshotter";
-/// The API kinds of the queues' keys, in `/debug/objects`.
-const KIND_CONTENT: &str = "VolumeSnapshotContent";
-const KIND_GROUP_CONTENT: &str = "VolumeGroupSnapshotContent";
 
 /// The newest version of each content this process wrote (see `written`).
 type Written = written::Written<VolumeSnapshotContent>;
@@ -107,15 +106,16 @@ impl Snapshotter {
         c.spec.volume_snapshot_class_name.as_deref().and_then(|n| self.classes.get(&ObjectRef::new(n)))
     }
 
-    async fn sync(&self, name: String) -> Outcome {
-        let Some(content) = self.current(&name) else {
+    async fn sync(&self, key: ObjectKey<VolumeSnapshotContent>) -> Reconciled {
+        let name = key.name();
+        let Some(content) = self.current(name) else {
             tracing::debug!("Content gone");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let class = self.class(&content);
         if !decide::is_ours(&content, &self.driver.name, class.as_deref()) {
             tracing::trace!("Not this driver's content");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let step = decide::step(&content);
         tracing::debug!(?step, "Synchronizing VolumeSnapshotContent");
@@ -131,22 +131,20 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err((latest, e)) => {
                         tracing::warn!(error = %e, "CreateSnapshot failed");
-                        debug::waiting_for(waiting::create_waiting(&latest, &e));
                         self.record_error(&latest, reason, &text(&e.to_string())).await;
-                        Outcome::Retry
+                        Err(Wait::on(waiting::create_waiting(&latest, &e)))
                     }
                 }
             }
             Step::Ready { remove_annotation } => {
                 if !remove_annotation {
-                    return Outcome::Done;
+                    return Ok(Done::Finished);
                 }
-                match self.patch(&name, decide::remove_being_created_patch()).await {
+                match self.patch(name, decide::remove_being_created_patch()).await {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(error = %e, "Removing the being-created annotation failed");
-                        debug::waiting_for(WaitingFor::ApiServer);
-                        Outcome::Retry
+                        Err(Wait::on(WaitingFor::ApiServer))
                     }
                 }
             }
@@ -155,24 +153,18 @@ impl Snapshotter {
                     Ok(c) => self.ready_or_poll(&c),
                     Err(e) => {
                         tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
-                        debug::waiting_for(e.waiting_for());
-                        let latest = self.current(&name).unwrap_or(content);
+                        let latest = self.current(name).unwrap_or(content);
                         self.record_error(&latest, up::REASON_CHECK_FAILED, &up::text_check_failed(&e.to_string()))
                             .await;
-                        Outcome::Retry
+                        Err(Wait::on(e.waiting_for()))
                     }
                 }
             }
-            step @ Step::Wait => {
-                if let Some(w) = step.waiting_for() {
-                    debug::waiting_for(w);
-                }
-                Outcome::Retry
-            }
+            step @ Step::Wait => Err(Wait::on(step.waiting_for().unwrap_or(WaitingFor::Retry))),
         }
     }
 
-    fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Outcome {
+    fn ready_or_poll(&self, c: &VolumeSnapshotContent) -> Reconciled {
         ready_or_poll(c, self.cfg.retry_interval_start)
     }
 
@@ -346,7 +338,7 @@ impl Snapshotter {
 
     /// DeleteSnapshot (when there is a backend snapshot to delete), then
     /// the finalizer.
-    async fn delete(&self, content: Arc<VolumeSnapshotContent>, snapshot_id: Option<String>) -> Outcome {
+    async fn delete(&self, content: Arc<VolumeSnapshotContent>, snapshot_id: Option<String>) -> Reconciled {
         let name = content.metadata.name.clone().unwrap_or_default();
         let mut content = content;
         if let Some(id) = snapshot_id {
@@ -356,25 +348,22 @@ impl Snapshotter {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "Reading the snapshotter secret failed");
-                        debug::waiting_for(WaitingFor::Secret);
                         self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
-                        return Outcome::Retry;
+                        return Err(Wait::on(WaitingFor::Secret));
                     }
                 },
                 Err(e) => {
                     tracing::warn!(error = %e, "No snapshotter secret for the deletion");
-                    debug::waiting_for(e.waiting_for());
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
-                    return Outcome::Retry;
+                    return Err(Wait::on(e.waiting_for()));
                 }
             };
             tracing::info!(snapshot = %id, "Deleting snapshot through the driver");
             let req = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), secrets };
             if let Err(s) = self.csi.delete_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteSnapshot failed");
-                debug::waiting_for(WaitingFor::Driver);
                 self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_FAILED);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Driver));
             }
             let cleared = async {
                 let fresh = self.api().get(&name).await?;
@@ -383,24 +372,22 @@ impl Snapshotter {
             };
             match cleared.await {
                 Ok(c) => content = c,
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
+                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the content status failed");
-                    debug::waiting_for(WaitingFor::ApiServer);
                     self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
             }
         }
         match crate::kube::finalizers::remove(&self.api(), &*content, up::CONTENT_FINALIZER).await {
             Ok(()) => {
                 tracing::debug!("Removed the content's protection finalizer");
-                Outcome::Done
+                Ok(Done::Finished)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Removing the content finalizer failed");
-                debug::waiting_for(WaitingFor::ApiServer);
-                Outcome::Retry
+                Err(Wait::on(WaitingFor::ApiServer))
             }
         }
     }
@@ -411,14 +398,12 @@ impl Snapshotter {
 /// again `soon`: the deletion waited for the being-created annotation,
 /// whose removal is our own change and so not announced to us (upstream
 /// waits for the resync there).
-fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Outcome {
-    if let Some(w) = waiting::after_answer(c) {
-        debug::waiting_for(w);
-    }
+fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Reconciled {
+    let Some(w) = waiting::after_answer(c) else { return Ok(Done::Finished) };
     match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
-        (true, false) => Outcome::Done,
-        (true, true) => Outcome::RetryAfter(soon),
-        (false, _) => Outcome::Retry,
+        (true, false) => Ok(Done::Finished),
+        (true, true) => Err(Wait::on(w).after(soon)),
+        (false, _) => Err(Wait::on(w)),
     }
 }
 
@@ -455,19 +440,19 @@ fn feed<K: decide::Content + Send + Sync + 'static>(
     inf: &Informer<K>,
     period: Duration,
     shutdown: &CancellationToken,
-    q: WorkQueue<String>,
+    q: WorkQueue<ObjectKey<K>>,
     written: written::Written<K>,
 ) {
     inf.on_change_with_resync(period, shutdown, move |c| {
-        let name = c.object().meta().name.clone().unwrap_or_default();
+        let key = ObjectKey::of(c.object().meta());
         match c {
             Change::Deleted(_) => {
-                q.forget(&name);
-                q.untrack(&name);
-                lock(&written).remove(&name);
+                q.forget(&key);
+                q.untrack(&key);
+                lock(&written).remove(key.name());
             }
             Change::Updated { old, new } if !decide::should_enqueue(*old, *new) => {}
-            _ => q.add(name),
+            _ => q.add(key),
         }
     });
 }
@@ -493,26 +478,26 @@ impl Module for SnapshotterFlags {
 
 /// Runs the snapshotter until shutdown (or until its Lease is lost).
 pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
-    let config = |message: String| ModuleError::Config { module: NAME, message };
-    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    let gates = cfg.validate().map_err(config)?;
+    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let config = |message: &str| kit.config_error(message);
+    let (kube, ctx) = (&kit.kube, &kit.ctx);
+    let gates = cfg.validate().map_err(|e| config(&e))?;
     if cfg.node_deployment && kube.leader.enabled {
-        return Err(config(up::TEXT_NODE_DEPLOYMENT_LEADER.into()));
+        return Err(config(up::TEXT_NODE_DEPLOYMENT_LEADER));
     }
     let node = if cfg.node_deployment {
         match std::env::var(up::NODE_NAME_ENV) {
             Ok(n) if !n.is_empty() => Some(n),
             _ => {
-                return Err(config(up::TEXT_NODE_NAME_MISSING.into()));
+                return Err(config(up::TEXT_NODE_NAME_MISSING));
             }
         }
     } else {
         None
     };
-    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    let Some(driver) = kit.driver().await else { return Ok(()) };
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
-        return Err(fatal(up::text_no_create_capability(&driver.name)));
+        return Err(kit.fatal(up::text_no_create_capability(&driver.name)));
     }
     if !discovery::wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
@@ -520,7 +505,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     let groups =
         gates.volume_group_snapshot && discovery::group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
     if groups && cfg.groupsnapshot_name_prefix.is_empty() {
-        return Err(config(up::TEXT_EMPTY_GROUP_PREFIX.into()));
+        return Err(config(up::TEXT_EMPTY_GROUP_PREFIX));
     }
     let informers = &kube.informers;
     let content_inf = match &node {
@@ -541,21 +526,19 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     });
     tracing::info!(driver = %driver.name, node = ?node, ?gates, group_snapshots = groups, "Snapshotter starting");
 
-    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let ledger = ctx.debug.ledger(NAME);
-    let queue: WorkQueue<String> = WorkQueue::new(up::QUEUE_CONTENT, backoff).tracked(&ledger, KIND_CONTENT);
+    let queue = kit.queue::<VolumeSnapshotContent>(up::QUEUE_CONTENT);
     let written: Written = Arc::default();
     feed(&content_inf, cfg.resync_period, &ctx.shutdown, queue.clone(), written.clone());
     // Created only with group snapshots: its metrics exist only then, as upstream's.
-    let group_queue: Option<WorkQueue<String>> = group_infs
+    let group_queue = group_infs
         .as_ref()
-        .map(|_| WorkQueue::new(up::QUEUE_GROUP_CONTENT, backoff).tracked(&ledger, KIND_GROUP_CONTENT));
+        .map(|_| kit.queue::<crate::kube::group_snapshot_api::VolumeGroupSnapshotContent>(up::QUEUE_GROUP_CONTENT));
     let group_written: group::Written = Arc::default();
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
     }
     informers.start(&ctx.shutdown);
-    let events = Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown);
+    let events = kit.recorder(&up::event_component(&driver.name));
     let group = group_infs.as_ref().map(|(contents, classes)| {
         Arc::new(group::GroupSnapshotter {
             cfg: cfg.clone(),
@@ -588,36 +571,24 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         driver: driver.clone(),
         cfg,
     });
-    let work = move |token: CancellationToken| async move {
+    kit.lead(&up::lease_lock_name(&driver.name), move |mut crew| async move {
         let synced = async {
             tokio::join!(content_inf.synced(), class_inf.synced());
             if let Some((contents, classes)) = &group_infs {
                 tokio::join!(contents.synced(), classes.synced());
             }
         };
-        if token.run_until_cancelled(synced).await.is_none() {
+        if !crew.synced("snapshotting", synced).await {
             return;
         }
-        tracing::info!("Caches synced; snapshotting");
         let workers = s.cfg.worker_threads;
-        let contents = queue.run(workers, token.clone(), move |name| {
-            let s = s.clone();
-            let span = tracing::info_span!("content", name = %name);
-            async move { s.sync(name).await }.instrument(span)
-        });
-        let groups = async move {
-            let (Some(g), Some(group_queue)) = (group, group_queue) else { return };
-            group_queue
-                .run(workers, token, move |name| {
-                    let g = g.clone();
-                    let span = tracing::info_span!("groupcontent", name = %name);
-                    async move { g.sync(name).await }.instrument(span)
-                })
-                .await
-        };
-        tokio::join!(contents, groups);
-    };
-    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+        crew.serve(&queue, workers, &s, |s, key| async move { s.sync(key).await });
+        if let (Some(g), Some(group_queue)) = (group, group_queue) {
+            crew.serve(&group_queue, workers, &g, |g, key| async move { g.sync(key).await });
+        }
+        crew.run().await;
+    })
+    .await
 }
 
 #[cfg(test)]

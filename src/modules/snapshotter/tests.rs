@@ -3,8 +3,11 @@
 use super::*;
 use crate::{
     debug::{Registry, WaitingFor},
-    modules::testing::{cache_of, failing_client, filed},
+    kube::queue::Outcome,
+    modules::testing::{cache_of, failing_client, reconciled},
 };
+
+const KIND_CONTENT: &str = "VolumeSnapshotContent";
 
 /// A snapshotter over hand-filled caches, with a driver that is never
 /// dialled and an apiserver that fails every request.
@@ -39,13 +42,15 @@ fn content(uid: Option<&str>) -> serde_json::Value {
 async fn a_content_without_its_class_waits_for_the_class() {
     let ledger = Registry::default().ledger(NAME);
     let s = snapshotter(&[content(Some("uid-1"))]);
-    let (outcome, entry) = filed(&ledger, KIND_CONTENT, "snapcontent-1", s.sync("snapcontent-1".into())).await;
+    let (outcome, entry) =
+        reconciled(&ledger, KIND_CONTENT, "snapcontent-1", s.sync(ObjectKey::named("snapcontent-1"))).await;
     assert_eq!(outcome, Outcome::Retry);
     let entry = entry.expect("filed");
     assert_eq!(entry.waiting_for, WaitingFor::Class);
     let error = entry.last_error.unwrap_or_default();
     assert!(error.starts_with("Failed to create snapshot: ") && error.contains("gold"), "{error}");
     let s = snapshotter(&[]);
-    let (outcome, entry) = filed(&ledger, KIND_CONTENT, "snapcontent-1", s.sync("snapcontent-1".into())).await;
+    let (outcome, entry) =
+        reconciled(&ledger, KIND_CONTENT, "snapcontent-1", s.sync(ObjectKey::named("snapcontent-1"))).await;
     assert_eq!((outcome, entry.is_none()), (Outcome::Done, true));
 }
