@@ -10,7 +10,7 @@ use k8s_openapi::{
 };
 
 use super::{
-    Expander, Resizer,
+    ClaimKey, Expander, Resizer,
     decide::{self, Failure, Memory, Step},
     is_status, set_of,
     waiting::ExpandStop,
@@ -18,8 +18,9 @@ use super::{
 use crate::{
     compat::{self, resizer as up},
     csi::proto::csi::v1::controller_service_capability::rpc::Type as Rpc,
-    debug::{self, WaitingFor},
-    kube::{events::EventType, queue::Outcome},
+    debug::WaitingFor,
+    kube::events::EventType,
+    modules::kit::{Done, Reconciled, Wait},
 };
 
 impl Resizer {
@@ -35,30 +36,29 @@ impl Resizer {
         self.slow.remove(key);
     }
 
-    pub(super) async fn sync(&self, key: String) -> Outcome {
-        let (ns, name) = key.split_once('/').unwrap_or(("", &key));
-        let Some(cached) = self.claims.get_named(Some(ns), name) else {
+    pub(super) async fn sync(&self, claim: ClaimKey) -> Reconciled {
+        let key = claim.to_string();
+        let Some(cached) = self.claims.get_named(claim.namespace(), claim.name()) else {
             self.forget(&key);
             self.own_writes.forget(&key);
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let pvc = cached.to_full();
         if let Some(owed) = self.superseded_by_own_write(&key, &pvc) {
             return owed;
         }
         let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let pv = self.pvs.get(&ObjectRef::new(&pv_name)).map(|p| p.to_full());
         let sizes = match decide::sizes(&pvc, pv.as_ref()) {
             Ok(Some(s)) => s,
-            Ok(None) => return Outcome::Done,
+            Ok(None) => return Ok(Done::Finished),
             Err(e) => {
                 // Bad input: said once per change (a fix re-queues the claim).
                 tracing::warn!(error = %e, "Cannot read the claim's sizes");
-                debug::waiting_for(e.waiting_for());
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &e.to_string());
-                return Outcome::Done;
+                return Ok(Done::Parked(e.waiting_for()));
             }
         };
         let Some(pv) = pv else {
@@ -68,28 +68,26 @@ impl Resizer {
             if decide::resize_asked_without_volume(&pvc, &sizes) && annotated_for(&pvc, &self.driver.name) {
                 let msg = format!("PersistentVolume {pv_name} of claim {key} not found; cannot resize");
                 tracing::warn!(pv = %pv_name, "{msg}");
-                debug::waiting_for(WaitingFor::Dependent);
                 self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Dependent));
             }
             tracing::debug!(pv = %pv_name, "PV not among the driver's; ignoring the claim");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         if self.gates.annotate_fs_resize
             && decide::pre_resize_annotation_stale(&pv, &sizes)
             && let Err(e) = self.patch_pv(&pv_name, decide::pv_annotation_removal()).await
         {
             tracing::warn!(pv = %pv_name, error = %e, "Removing the pre-resize annotation failed");
-            debug::waiting_for(WaitingFor::ApiServer);
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::ApiServer));
         }
         if !decide::needs_resize(&pvc, &sizes) {
             tracing::trace!("No resize needed");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         if !decide::pv_is_ours(&pv, &pvc, &self.driver.name) {
             tracing::debug!(pv = %pv_name, "PV is not this driver's volume of this claim");
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let (target, update_status) = if self.gates.recover {
             let slow = self.slow.remaining(&key, self.cfg.retry_interval_max);
@@ -102,14 +100,11 @@ impl Resizer {
                 controller_expansion: self.expander == Expander::Csi,
             };
             match decide::plan(&pvc, &sizes, memory) {
-                Step::Skip => return Outcome::Done,
+                Step::Skip => return Ok(Done::Finished),
                 step @ Step::HeldBack => {
-                    if let Some(w) = step.waiting_for() {
-                        debug::waiting_for(w);
-                    }
                     let left = slow.unwrap_or(self.cfg.retry_interval_max);
                     tracing::info!(retry_in = ?left, "{}", up::text_infeasible_skipped(&key));
-                    return Outcome::RetryAfter(left);
+                    return Err(Wait::on(step.waiting_for().unwrap_or(WaitingFor::Infeasible)).after(left));
                 }
                 Step::Expand { target, update_status } => (target, update_status),
             }
@@ -128,17 +123,15 @@ impl Resizer {
                 } else {
                     tracing::warn!(error = %e, "Marking the resize in progress failed");
                 }
-                debug::waiting_for(WaitingFor::ApiServer);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::ApiServer));
             }
         };
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         if set_of(&self.in_use_errors).contains(&uid) && self.in_use(&pvc) {
             let msg = up::text_in_use(&key, &self.driver.name);
             tracing::info!("{msg}");
-            debug::waiting_for(WaitingFor::VolumeInUse);
             self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::VolumeInUse));
         }
         self.event(&pvc, EventType::Normal, up::REASON_RESIZING, &up::text_resizing(&pv_name));
         set_of(&self.in_use_errors).remove(&uid);
@@ -181,20 +174,18 @@ impl Resizer {
         pv: &PersistentVolume,
         new_size: i64,
         node_required: bool,
-    ) -> Outcome {
+    ) -> Reconciled {
         self.forget(key);
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let patch = decide::pv_patch(pv, pvc, new_size, node_required, self.gates.annotate_fs_resize);
         if let Err(e) = self.patch_pv(&pv_name, patch).await {
             tracing::warn!(pv = %pv_name, error = %e, "Updating the PV capacity failed");
-            debug::waiting_for(WaitingFor::ApiServer);
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::ApiServer));
         }
         let patch = decide::success_patch(pvc, new_size, node_required, self.gates.recover, Timestamp::now());
         if let Err(e) = self.patch_status(pvc, patch).await {
             tracing::warn!(error = %e, "Updating the claim status failed");
-            debug::waiting_for(WaitingFor::ApiServer);
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::ApiServer));
         }
         if node_required {
             tracing::info!(pv = %pv_name, size = new_size, "Volume expanded; the node must finish");
@@ -203,7 +194,7 @@ impl Resizer {
             tracing::info!(pv = %pv_name, size = new_size, "Volume expanded");
             self.event(pvc, EventType::Normal, up::REASON_RESIZE_SUCCESSFUL, up::TEXT_RESIZE_SUCCESSFUL);
         }
-        Outcome::Done
+        Ok(Done::Finished)
     }
 
     async fn failed(
@@ -213,8 +204,7 @@ impl Resizer {
         pv_name: &str,
         stop: ExpandStop,
         err: &str,
-    ) -> Outcome {
-        debug::waiting_for(stop.waiting_for(self.pods.is_some()));
+    ) -> Reconciled {
         let code = stop.code();
         if code == Some(tonic::Code::FailedPrecondition) && self.pods.is_some() {
             set_of(&self.in_use_errors).insert(pvc.metadata.uid.clone().unwrap_or_default());
@@ -242,7 +232,7 @@ impl Resizer {
         }
         let text = up::text_resize_failed(pv_name, &self.driver.name, err);
         self.event(pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &text);
-        Outcome::Retry
+        Err(Wait::on(stop.waiting_for(self.pods.is_some())))
     }
 }
 

@@ -4,6 +4,7 @@
 use parking_lot::Mutex;
 use std::{collections::HashSet, sync::Arc};
 
+use super::ClaimKey;
 use super::decide;
 use crate::kube::{cached::CachedPvc, informers::Change, queue::WorkQueue};
 
@@ -16,11 +17,11 @@ pub(super) type InUseErrors = Arc<Mutex<HashSet<String>>>;
 /// in-use errors.
 pub(super) fn resize_claim_changed(
     change: &Change<'_, CachedPvc>,
-    queue: &WorkQueue<String>,
+    queue: &WorkQueue<ClaimKey>,
     recover: bool,
     in_use_errors: &InUseErrors,
 ) {
-    let key = decide::claim_key(&change.object().metadata);
+    let key = ClaimKey::of(&change.object().metadata);
     match change {
         Change::Deleted(c) => {
             queue.forget(&key);
@@ -60,7 +61,7 @@ mod tests {
         in_use.lock().extend(["uid-1".to_string(), "uid-2".to_string()]);
         let c = claim("uid-1");
         resize_claim_changed(&Change::Added(&c), &q, false, &in_use);
-        assert_eq!(q.take_ready().await, vec!["ns/data".to_string()]);
+        assert_eq!(q.take_ready().await, vec![ClaimKey::namespaced("ns", "data")]);
         assert_eq!(in_use.lock().len(), 2, "a live claim keeps its entry");
         resize_claim_changed(&Change::Deleted(&c), &q, false, &in_use);
         assert!(q.take_ready().await.is_empty());

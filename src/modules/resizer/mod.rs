@@ -37,7 +37,6 @@ use k8s_openapi::api::{
     storage::v1::VolumeAttributesClass,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::{
     compat::resizer as up,
@@ -45,22 +44,27 @@ use crate::{
         Connection, DriverInfo,
         proto::csi::v1::{controller_service_capability::rpc::Type as Rpc, node_service_capability, plugin_capability},
     },
+    debug::WaitingFor,
     kube::{
-        KubeContext,
         cache::Cache,
         cached::{CachedPod, CachedPv, CachedPvc},
         events::{EventType, Recorder, reference},
         informers::{Change, Informer, Informers},
+        key::ObjectKey,
         own_writes::OwnWrites,
-        queue::{Backoff, Outcome, WorkQueue},
+        queue::{Backoff, WorkQueue},
     },
-    modules::contract::{Module, ModuleContext, ModuleError},
+    modules::{
+        contract::{Module, ModuleContext, ModuleError},
+        kit::{Crew, Kit, Reconciled, Wait},
+    },
 };
+
+/// The key of a claim's resize or modify sync.
+type ClaimKey = ObjectKey<PersistentVolumeClaim>;
 use config::{Gates, ResizerFlags};
 
 const NAME: &str = "resizer";
-/// The API kind of both queues' keys, in `/debug/objects`.
-const KIND: &str = "PersistentVolumeClaim";
 
 /// How the driver expands volumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,12 +178,12 @@ impl Resizer {
     /// version does not always queue it: a write of the other controller
     /// (the modify sync's, seen by the resize queue) changes nothing its
     /// handler looks at.
-    fn superseded_by_own_write(&self, key: &str, pvc: &PersistentVolumeClaim) -> Option<Outcome> {
+    fn superseded_by_own_write(&self, key: &str, pvc: &PersistentVolumeClaim) -> Option<Reconciled> {
         if !self.own_writes.is_stale(key, pvc.metadata.resource_version.as_deref()) {
             return None;
         }
         tracing::debug!("Cached claim predates our own write; syncing again once the watch brings it");
-        Some(Outcome::RetryAfter(self.cfg.retry_interval_start))
+        Some(Err(Wait::on(WaitingFor::Retry).after(self.cfg.retry_interval_start)))
     }
 
     async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
@@ -245,11 +249,12 @@ impl Module for ResizerFlags {
 
 /// Runs the resizer until shutdown (or until its Lease is lost).
 pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
-    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    let gates = cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
-    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
-    let expander = expander(&ctx, &driver, cfg.timeout).await.map_err(fatal)?;
+    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let fatal = |message: String| kit.fatal(message);
+    let gates = cfg.validate().map_err(|message| kit.config_error(message))?;
+    let Some(driver) = kit.driver().await else { return Ok(()) };
+    let (ctx, kube) = (&kit.ctx, &kit.kube);
+    let expander = expander(ctx, &driver, cfg.timeout).await.map_err(fatal)?;
     let mut gates = gates;
     if !gates.volume_attributes_class_explicit && !crate::kube::discovery::vac_served(&kube.client).await {
         tracing::info!(
@@ -262,8 +267,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         return Err(fatal("CSI driver does not support resize nor modify".into()));
     }
     let watch_pods = cfg.handle_volume_inuse_error && expander == Some(Expander::Csi) && offline_only(&driver);
-    let ledger = ctx.debug.ledger(NAME);
-    let wiring = Wiring::new(&kube.informers, &driver.name, &cfg, modifies, watch_pods, &ledger);
+    let wiring = Wiring::new(&kit, &driver.name, modifies, watch_pods);
     tracing::info!(driver = %driver.name, ?expander, modifies, watch_pods, ?gates, "Resizer starting");
 
     let in_use_errors = feed::InUseErrors::default();
@@ -274,7 +278,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         expander: expander.unwrap_or(Expander::Trivial),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown),
+        events: kit.recorder(&up::event_component(&driver.name)),
         claims: wiring.claims.store(),
         pvs: wiring.pvs.store(),
         pods: wiring.pods.as_ref().map(|p| p.store()),
@@ -291,8 +295,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         cfg,
     });
     let expands = expander.is_some();
-    let work = move |token: CancellationToken| wiring.lead(r, expands, token);
-    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+    kit.lead(&up::lease_lock_name(&driver.name), move |crew| wiring.lead(r, expands, crew)).await
 }
 
 /// What the resizer watches and queues: its views of the shared cache and
@@ -306,32 +309,25 @@ struct Wiring {
     /// The classes: only when the modify controller runs.
     vacs: Option<Informer<VolumeAttributesClass>>,
     /// `<driver>-pvc`.
-    resize: WorkQueue<String>,
+    resize: WorkQueue<ClaimKey>,
     /// `<driver>-pvc-modify`.
-    modify: WorkQueue<String>,
+    modify: WorkQueue<ClaimKey>,
 }
 
 impl Wiring {
-    fn new(
-        informers: &Informers,
-        driver: &str,
-        cfg: &ResizerFlags,
-        modifies: bool,
-        watch_pods: bool,
-        ledger: &crate::debug::Ledger,
-    ) -> Self {
+    fn new(kit: &Kit, driver: &str, modifies: bool, watch_pods: bool) -> Self {
+        let informers: &Informers = &kit.kube.informers;
         let claims = crate::modules::views::bound_claims(informers, driver, decide::claim_may_be_for_driver);
         let pvs = crate::modules::views::driver_pvs(informers, driver);
         let vacs = modifies.then(|| informers.get::<VolumeAttributesClass>());
         let pods = watch_pods.then(|| crate::modules::views::pods_using_claims(informers));
-        let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
         // One queue per process and driver: the name lives as long as the process.
         let queue_name: &'static str = Box::leak(up::queue_resize(driver).into_boxed_str());
-        let resize: WorkQueue<String> = WorkQueue::new(queue_name, backoff).tracked(ledger, KIND);
+        let resize = kit.queue::<PersistentVolumeClaim>(queue_name);
         // The modify queue has its own workers and metrics name, and never runs
         // a claim while the resize queue does (sibling queues).
         let modify_name: &'static str = Box::leak(up::queue_modify(driver).into_boxed_str());
-        let modify = resize.sibling(modify_name).tracked(ledger, KIND);
+        let modify = kit.sibling(&resize, modify_name);
         Wiring { claims, pvs, pods, vacs, resize, modify }
     }
 
@@ -351,7 +347,7 @@ impl Wiring {
         if modifies {
             let q = self.modify.clone();
             self.claims.on_change_with_resync(cfg.resync_period, shutdown, move |c| {
-                let key = decide::claim_key(&c.object().metadata);
+                let key = ClaimKey::of(&c.object().metadata);
                 match c {
                     Change::Deleted(_) => {
                         q.forget(&key);
@@ -376,7 +372,7 @@ impl Wiring {
                 if c.is_deleted() {
                     let ns = p.metadata.namespace.as_deref().unwrap_or_default();
                     for claim in p.claims.iter() {
-                        q.add(format!("{ns}/{claim}"));
+                        q.add(ClaimKey::namespaced(ns, claim.as_str()));
                     }
                 }
             });
@@ -389,7 +385,7 @@ impl Wiring {
                 && let (Some(ns), Some(name)) = (r.namespace.as_deref(), r.name.as_deref())
             {
                 for q in resize.iter().chain(modify.iter()) {
-                    q.add(format!("{ns}/{name}"));
+                    q.add(ClaimKey::namespaced(ns, name));
                 }
             }
         });
@@ -414,43 +410,20 @@ impl Wiring {
 
     /// The leader's work: once the caches are synced, the workers of the
     /// resize queue (when the driver expands) and of the modify queue (when
-    /// it runs), until `token` is cancelled.
-    async fn lead(self, r: Arc<Resizer>, expands: bool, token: CancellationToken) {
-        if token.run_until_cancelled(self.synced()).await.is_none() {
+    /// it runs), until the crew stops.
+    async fn lead(self, r: Arc<Resizer>, expands: bool, mut crew: Crew) {
+        if !crew.synced("resizing", self.synced()).await {
             return;
         }
         r.recall_in_progress();
-        tracing::info!("Caches synced; resizing");
         let workers = r.cfg.workers;
-        let (queue, modify_queue) = (&self.resize, &self.modify);
-        let resize = {
-            let (r, token) = (r.clone(), token.clone());
-            async move {
-                if r.modify.is_some() && !expands {
-                    return;
-                }
-                queue
-                    .run(workers, token, move |key| {
-                        let r = r.clone();
-                        let span = tracing::info_span!("pvc", key = %key);
-                        async move { r.sync(key).await }.instrument(span)
-                    })
-                    .await
-            }
-        };
-        let modify = async move {
-            if r.modify.is_none() {
-                return;
-            }
-            modify_queue
-                .run(workers, token, move |key| {
-                    let r = r.clone();
-                    let span = tracing::info_span!("pvc-modify", key = %key);
-                    async move { r.sync_modify(key).await }.instrument(span)
-                })
-                .await
-        };
-        tokio::join!(resize, modify);
+        if r.modify.is_none() || expands {
+            crew.serve(&self.resize, workers, &r, |r, key| async move { r.sync(key).await });
+        }
+        if r.modify.is_some() {
+            crew.serve(&self.modify, workers, &r, |r, key| async move { r.sync_modify(key).await });
+        }
+        crew.run().await;
     }
 }
 

@@ -7,14 +7,15 @@ use ::kube::runtime::reflector::ObjectRef;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{
-    Resizer,
+    ClaimKey, Resizer,
     decide::{self, ModifyStep},
     is_status, set_of,
 };
 use crate::{
     compat::{self, modifier as mo},
-    debug::{self, WaitingFor},
-    kube::{events::EventType, queue::Outcome},
+    debug::WaitingFor,
+    kube::events::EventType,
+    modules::kit::{Done, Reconciled, Wait},
 };
 
 impl Resizer {
@@ -31,36 +32,33 @@ impl Resizer {
         }
     }
 
-    pub(super) async fn sync_modify(&self, key: String) -> Outcome {
-        let Some(m) = &self.modify else { return Outcome::Done };
-        let (ns, name) = key.split_once('/').unwrap_or(("", &key));
-        let Some(cached) = self.claims.get_named(Some(ns), name) else {
+    pub(super) async fn sync_modify(&self, claim: ClaimKey) -> Reconciled {
+        let Some(m) = &self.modify else { return Ok(Done::Finished) };
+        let key = claim.to_string();
+        let Some(cached) = self.claims.get_named(claim.namespace(), claim.name()) else {
             set_of(&m.uncertain).remove(&key);
             m.slow.remove(&key);
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let pvc = cached.to_full();
         if let Some(owed) = self.superseded_by_own_write(&key, &pvc) {
             return owed;
         }
         let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty()) else {
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let Some(pv) = self.pvs.get(&ObjectRef::new(&pv_name)).map(|p| p.to_full()) else {
             tracing::debug!(pv = %pv_name, "PV not among the driver's; no modification");
             // Done; a claim of the driver waits for its PV (whose arrival
             // queues it again).
             let annotated = super::expand::annotated_for(&pvc, &self.driver.name);
-            if let Some(w) = super::waiting::modify_without_volume(&pvc, annotated) {
-                debug::waiting_for(w);
-            }
-            return Outcome::Done;
+            return Ok(super::waiting::modify_without_volume(&pvc, annotated).map_or(Done::Finished, Done::Parked));
         };
         if pv.spec.as_ref().and_then(|s| s.csi.as_ref()).is_none_or(|c| *c.driver != *self.driver.name) {
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let slow = match decide::modify_infeasible_same_target(&pvc) {
             Some(true) => {
@@ -77,25 +75,21 @@ impl Resizer {
         let uncertain = set_of(&m.uncertain).contains(&key);
         let pvc_name = pvc.metadata.name.clone().unwrap_or_default();
         let (pvc, target) = match decide::plan_modify(&pvc, uncertain, slow) {
-            ModifyStep::Nothing => return Outcome::Done,
+            ModifyStep::Nothing => return Ok(Done::Finished),
             step @ ModifyStep::HeldBack => {
                 tracing::info!("{}", mo::text_infeasible_skipped(&key));
-                if let Some(w) = step.waiting_for() {
-                    debug::waiting_for(w);
-                }
-                return Outcome::Retry;
+                return Err(Wait::on(step.waiting_for().unwrap_or(WaitingFor::Infeasible)));
             }
             ModifyStep::Rollback { had_condition } => {
                 if !had_condition {
-                    return Outcome::Done;
+                    return Ok(Done::Finished);
                 }
                 if let Err(e) = self.patch_status(&pvc, decide::modify_rollback_patch(&pvc)).await {
                     tracing::warn!(error = %e, "Removing the ModifyingVolume condition failed");
-                    debug::waiting_for(WaitingFor::ApiServer);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
                 self.event(&pvc, EventType::Normal, mo::REASON_MODIFY_CANCELED, mo::TEXT_CANCELED);
-                return Outcome::Done;
+                return Ok(Done::Finished);
             }
             ModifyStep::Resume { target } => (pvc, target),
             ModifyStep::Start { target } => {
@@ -113,13 +107,12 @@ impl Resizer {
                     // does not retry either: the write ends the sync), so
                     // done, but waiting for the class.
                     tracing::warn!(vac = %target, "{msg}");
-                    debug::waiting_for(WaitingFor::Class);
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
                     return match self.patch_status(&pvc, decide::modify_pending_patch(&pvc)).await {
-                        Ok(_) => Outcome::Done,
+                        Ok(_) => Ok(Done::Parked(WaitingFor::Class)),
                         Err(e) => {
                             tracing::warn!(error = %e, "Marking the modification pending failed");
-                            Outcome::Retry
+                            Err(Wait::on(WaitingFor::Class))
                         }
                     };
                 }
@@ -130,13 +123,11 @@ impl Resizer {
                     // re-queues the claim, and no call was made.
                     Err(e) if is_status(&e, 409) => {
                         tracing::debug!("Claim changed meanwhile; syncing again");
-                        debug::waiting_for(WaitingFor::ApiServer);
-                        return Outcome::Retry;
+                        return Err(Wait::on(WaitingFor::ApiServer));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "Marking the modification in progress failed");
-                        debug::waiting_for(WaitingFor::ApiServer);
-                        return Outcome::Retry;
+                        return Err(Wait::on(WaitingFor::ApiServer));
                     }
                 };
                 self.event(&written, EventType::Normal, mo::REASON_MODIFY, &mo::text_modifying(&pvc_name, &target));
@@ -144,25 +135,22 @@ impl Resizer {
             }
         };
         let Some(vac) = m.vacs.get(&ObjectRef::new(&target)) else {
-            debug::waiting_for(WaitingFor::Class);
             self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &mo::text_vac_missing(&target));
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::Class));
         };
         let mut req = match decide::modify_request(&pv, &pvc, vac.parameters.as_ref(), self.cfg.extra_modify_metadata) {
             Ok(r) => r,
             Err(e) => {
-                debug::waiting_for(e.waiting_for());
                 self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e.to_string());
-                return Outcome::Retry;
+                return Err(Wait::on(e.waiting_for()));
             }
         };
         if let Some((name, ns)) = decide::modify_secret_ref(&pv) {
             match crate::kube::secrets::secret_data(&self.client, &name, &ns).await {
                 Ok(s) => req.secrets = s,
                 Err(e) => {
-                    debug::waiting_for(WaitingFor::Secret);
                     self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::Secret));
                 }
             }
         }
@@ -173,13 +161,11 @@ impl Resizer {
                 m.slow.remove(&key);
                 if let Err(e) = self.patch_pv(&pv_name, decide::pv_vac_patch(&target)).await {
                     tracing::warn!(pv = %pv_name, error = %e, "Recording the class on the PV failed");
-                    debug::waiting_for(WaitingFor::ApiServer);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
                 if let Err(e) = self.patch_status(&pvc, decide::modify_success_patch(&pvc, &target)).await {
                     tracing::warn!(error = %e, "Recording the class on the claim failed");
-                    debug::waiting_for(WaitingFor::ApiServer);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
                 tracing::info!(vac = %target, "Volume modified");
                 self.event(
@@ -188,12 +174,11 @@ impl Resizer {
                     mo::REASON_MODIFY_SUCCESSFUL,
                     &mo::text_modified(&pvc_name, &target),
                 );
-                Outcome::Done
+                Ok(Done::Finished)
             }
             Err(status) => {
                 let mut text = compat::grpc_error_text(&status);
                 let failed = decide::modify_failed(status.code());
-                debug::waiting_for(failed.waiting_for());
                 if failed.uncertain {
                     set_of(&m.uncertain).insert(key.clone());
                     text.push_str(&mo::text_still_modifying(&target));
@@ -209,7 +194,7 @@ impl Resizer {
                     Err(e) => tracing::warn!(error = %e, "Recording the modification error failed"),
                 }
                 self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &text);
-                Outcome::Retry
+                Err(Wait::on(failed.waiting_for()))
             }
         }
     }

@@ -1,10 +1,12 @@
 //! What the resize and modify syncs file in `/debug/objects`.
 
 use super::*;
+
+const KIND: &str = "PersistentVolumeClaim";
 use crate::{
     debug::{Registry, WaitingFor},
     kube::queue::Outcome,
-    modules::testing::{answering_client, cache_of, failing_client, filed},
+    modules::testing::{answering_client, cache_of, failing_client, reconciled},
 };
 
 const DRIVER: &str = "driver";
@@ -73,7 +75,8 @@ async fn a_modification_to_a_missing_class_waits_for_the_class() {
     let ledger = Registry::default().ledger(NAME);
     let written = answering_client(200, claim());
     let r = resizer(written, &[claim()], &[pv()], true);
-    let (outcome, entry) = filed(&ledger, KIND, "ns/data", r.sync_modify("ns/data".into())).await;
+    let (outcome, entry) =
+        reconciled(&ledger, KIND, "ns/data", r.sync_modify(ClaimKey::namespaced("ns", "data"))).await;
     assert_eq!(outcome, Outcome::Done);
     let entry = entry.expect("done, yet waiting");
     assert_eq!((entry.waiting_for, entry.attempts), (WaitingFor::Class, 0));
@@ -81,7 +84,8 @@ async fn a_modification_to_a_missing_class_waits_for_the_class() {
 
     let ledger = Registry::default().ledger(NAME);
     let r = resizer(failing_client(), &[claim()], &[pv()], true);
-    let (outcome, entry) = filed(&ledger, KIND, "ns/data", r.sync_modify("ns/data".into())).await;
+    let (outcome, entry) =
+        reconciled(&ledger, KIND, "ns/data", r.sync_modify(ClaimKey::namespaced("ns", "data"))).await;
     assert_eq!(outcome, Outcome::Retry);
     assert_eq!(entry.map(|e| e.waiting_for), Some(WaitingFor::Class));
 }
@@ -92,13 +96,13 @@ async fn a_modification_to_a_missing_class_waits_for_the_class() {
 async fn a_resize_without_its_pv_waits_for_it() {
     let ledger = Registry::default().ledger(NAME);
     let r = resizer(failing_client(), &[claim()], &[], false);
-    let (outcome, entry) = filed(&ledger, KIND, "ns/data", r.sync("ns/data".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND, "ns/data", r.sync(ClaimKey::namespaced("ns", "data"))).await;
     assert_eq!(outcome, Outcome::Retry);
     let entry = entry.expect("filed");
     assert_eq!(entry.waiting_for, WaitingFor::Dependent);
     assert!(entry.last_error.as_deref().is_some_and(|e| e.contains("pv-1")), "{entry:?}");
     let r = resizer(failing_client(), &[], &[], false);
-    let (outcome, entry) = filed(&ledger, KIND, "ns/data", r.sync("ns/data".into())).await;
+    let (outcome, entry) = reconciled(&ledger, KIND, "ns/data", r.sync(ClaimKey::namespaced("ns", "data"))).await;
     assert_eq!((outcome, entry.is_none()), (Outcome::Done, true), "gone: the entry goes");
 }
 

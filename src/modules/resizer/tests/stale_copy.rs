@@ -17,10 +17,7 @@ use crate::{
         self as csi,
         controller_server::{Controller, ControllerServer},
     },
-    kube::{
-        cache::Writer,
-        queue::{Backoff, Outcome},
-    },
+    kube::{cache::Writer, queue::Backoff},
     modules::testing::routing_client,
 };
 
@@ -134,12 +131,12 @@ async fn a_resize_behind_a_modification_goes_ahead_after_the_stale_copy() {
     let mut deliver = |v: &serde_json::Value| {
         watch.apply(::kube::runtime::watcher::Event::Apply(cached(v)), &|_| true);
     };
-    let key = "ns/data".to_string();
+    let key = ClaimKey::namespaced("ns", "data");
     let resize = WorkQueue::new("test-pvc", Backoff { start: Duration::from_millis(10), max: Duration::from_secs(1) });
     let in_use = feed::InUseErrors::default();
     // The A event queued the claim; the modify worker has it first.
     resize.add(key.clone());
-    assert_eq!(r.sync_modify(key.clone()).await, Outcome::Done, "modified");
+    assert_eq!(r.sync_modify(key.clone()).await, Ok(crate::modules::kit::Done::Finished), "modified");
     // The watch has brought B only when the resize worker wakes.
     deliver(&b);
     feed::resize_claim_changed(&Change::Updated { old: &cached(&a), new: &cached(&b) }, &resize, recover, &in_use);
@@ -151,7 +148,7 @@ async fn a_resize_behind_a_modification_goes_ahead_after_the_stale_copy() {
             q.run(1, token, move |key| {
                 let (r, syncs) = (r.clone(), syncs.clone());
                 async move {
-                    let outcome = r.sync(key).await;
+                    let outcome = crate::modules::kit::apply(&r.sync(key).await);
                     syncs.fetch_add(1, Ordering::SeqCst);
                     outcome
                 }
@@ -179,7 +176,7 @@ async fn a_resize_behind_a_modification_goes_ahead_after_the_stale_copy() {
 async fn both_syncs_leave_a_claim_whose_copy_is_stale_owed() {
     let r = resizer(crate::modules::testing::failing_client(), &[claim()], &[pv()], true);
     r.own_writes.wrote("ns/data", Some("5"), Some("6"));
-    let owed = Outcome::RetryAfter(r.cfg.retry_interval_start);
-    assert_eq!(r.sync("ns/data".into()).await, owed, "the resize sync");
-    assert_eq!(r.sync_modify("ns/data".into()).await, owed, "the modify sync");
+    let owed = Err(Wait::on(crate::debug::WaitingFor::Retry).after(r.cfg.retry_interval_start));
+    assert_eq!(r.sync(ClaimKey::namespaced("ns", "data")).await, owed, "the resize sync");
+    assert_eq!(r.sync_modify(ClaimKey::namespaced("ns", "data")).await, owed, "the modify sync");
 }
