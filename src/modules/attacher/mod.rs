@@ -431,7 +431,7 @@ impl Module for AttacherFlags {
 
 /// Runs the attacher until shutdown (or until its Lease is lost).
 pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let kit = Kit::new(NAME, ctx)?.retrying(Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max });
     let gates = cfg.validate().map_err(|message| kit.config_error(message))?;
     // One connection for the process: the cap holds for every module's responses.
     kit.ctx.csi.set_max_response_log_length(cfg.max_grpc_log_length);

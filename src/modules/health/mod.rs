@@ -30,8 +30,10 @@ use futures::future::BoxFuture;
 
 use crate::{
     compat::health_monitor as up,
-    kube::{KubeContext, events::Recorder},
-    modules::contract::{Module, ModuleContext, ModuleError},
+    modules::{
+        contract::{Module, ModuleContext, ModuleError},
+        kit::Kit,
+    },
 };
 use config::HealthMonitorFlags;
 
@@ -58,17 +60,17 @@ impl Module for HealthMonitorFlags {
 
 /// Runs the health monitor until shutdown (or until its Lease is lost).
 pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let fatal = |message: String| ModuleError::Fatal { module: NAME, message };
-    let kube: KubeContext = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
-    cfg.validate().map_err(|message| ModuleError::Config { module: NAME, message })?;
-    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    let kit = Kit::new(NAME, ctx)?;
+    cfg.validate().map_err(|message| kit.config_error(message))?;
+    let Some(driver) = kit.driver().await else { return Ok(()) };
+    let (ctx, kube) = (&kit.ctx, &kit.kube);
     let plan = match decide::plan(driver.health_capabilities()) {
         Ok(plan) => plan,
         Err(message) => {
             // At info level: upstream logs this at V(2) only, and the
             // container crash-loops without a word (kubernetes#101616).
             tracing::info!(driver = %driver.name, "{message}");
-            return Err(ModuleError::Config { module: NAME, message });
+            return Err(kit.config_error(message));
         }
     };
     let pvs = crate::modules::views::driver_pvs(&kube.informers, &driver.name);
@@ -81,7 +83,7 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         plan,
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: Recorder::new(kube.client.clone(), NAME, &up::event_component(&driver.name), "", &ctx.shutdown),
+        events: kit.recorder(&up::event_component(&driver.name)),
         pvs_informer: pvs,
         claims_informer: claims,
         reported: Default::default(),
@@ -92,6 +94,5 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         ledger: ctx.debug.ledger(NAME),
         cfg,
     });
-    let work = move |token| m.lead(token);
-    crate::modules::led::run_led(&ctx, NAME, &up::lease_lock_name(&driver.name), work).await
+    kit.lead(&up::lease_lock_name(&driver.name), move |crew| async move { m.lead(crew.token().clone()).await }).await
 }

@@ -12,7 +12,7 @@
 
 mod reconciled;
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use ::kube::Resource;
 use futures::future::BoxFuture;
@@ -46,12 +46,21 @@ pub struct Kit {
 
 impl Kit {
     /// The kit of `module`; an error if the host gave it no Kubernetes
-    /// client (a module row that does not ask for one).
-    pub fn new(module: &'static str, ctx: ModuleContext, backoff: Backoff) -> Result<Kit, ModuleError> {
+    /// client (a module row that does not ask for one). Its queues back off
+    /// as client-go's default controller rate limiter until
+    /// [`Kit::retrying`] sets the module's flags.
+    pub fn new(module: &'static str, ctx: ModuleContext) -> Result<Kit, ModuleError> {
         let kube =
             ctx.kube.clone().ok_or_else(|| ModuleError::Fatal { module, message: "no Kubernetes client".into() })?;
         let ledger = ctx.debug.ledger(module);
+        let backoff = Backoff { start: Duration::from_millis(5), max: Duration::from_secs(1000) };
         Ok(Kit { module, ctx, kube, backoff, ledger })
+    }
+
+    /// This kit, its queues backing off per `backoff`
+    /// (`--retry-interval-start`/`-max`).
+    pub fn retrying(self, backoff: Backoff) -> Kit {
+        Kit { backoff, ..self }
     }
 
     /// A configuration error of this module (exit status 1, like upstream).

@@ -249,7 +249,7 @@ impl Module for ResizerFlags {
 
 /// Runs the resizer until shutdown (or until its Lease is lost).
 pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let kit = Kit::new(NAME, ctx)?.retrying(Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max });
     let fatal = |message: String| kit.fatal(message);
     let gates = cfg.validate().map_err(|message| kit.config_error(message))?;
     let Some(driver) = kit.driver().await else { return Ok(()) };

@@ -478,7 +478,7 @@ impl Module for SnapshotterFlags {
 
 /// Runs the snapshotter until shutdown (or until its Lease is lost).
 pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let kit = Kit::new(NAME, ctx, Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max })?;
+    let kit = Kit::new(NAME, ctx)?.retrying(Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max });
     let config = |message: &str| kit.config_error(message);
     let (kube, ctx) = (&kit.kube, &kit.ctx);
     let gates = cfg.validate().map_err(|e| config(&e))?;
