@@ -67,13 +67,21 @@ impl Controller for Service {
             return Err(Status::new(code, msg));
         }
         check_secret(&s, &req.secrets)?;
+        // One operation per volume at a time: a retry while the backend
+        // still creates the volume is refused, never run twice.
+        if !self.creating.lock().expect("creating").insert(req.name.clone()) {
+            return Err(aborted(&req.name));
+        }
         // The backend finishes the operation even if the caller gives up
         // (tonic drops this handler when the client cancels).
-        let (volumes, name, delay) = (self.volumes.clone(), req.name.clone(), s.create_delay);
+        let (volumes, creating, name, delay) =
+            (self.volumes.clone(), self.creating.clone(), req.name.clone(), s.create_delay);
         let id = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let id = format!("fault-{name}");
-            volumes.lock().expect("volumes").entry(name).or_insert(id).clone()
+            let id = volumes.lock().expect("volumes").entry(name.clone()).or_insert(id).clone();
+            creating.lock().expect("creating").remove(&name);
+            id
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
@@ -242,6 +250,10 @@ impl Controller for Service {
         }
         check_secret(&s, &req.secrets)?;
         let id = req.volume_id;
+        // A volume the backend is still creating cannot be deleted yet.
+        if let Some(name) = id.strip_prefix("fault-").filter(|n| self.creating.lock().expect("creating").contains(*n)) {
+            return Err(aborted(name));
+        }
         self.volumes.lock().expect("volumes").retain(|_, v| *v != id);
         self.allocations.lock().expect("allocations").remove(&id);
         Ok(Response::new(csi::DeleteVolumeResponse {}))
@@ -323,4 +335,9 @@ impl Service {
             snapshot: Some(self.snapshot(&id, &source, !s.snapshot_not_ready)),
         }))
     }
+}
+
+/// The refusal of an operation on a volume another operation still holds.
+fn aborted(name: &str) -> Status {
+    Status::aborted(format!("an operation with the given Volume ID {name} already exists"))
 }

@@ -108,6 +108,7 @@ impl FaultDriver {
         let health: HealthBook = Arc::default();
         let svc = Service {
             health: health.clone(),
+            creating: Arc::default(),
             allocations: allocations.clone(),
             groups: groups.clone(),
             group_log: group_log.clone(),

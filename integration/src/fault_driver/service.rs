@@ -25,6 +25,11 @@ pub(super) struct Service {
     pub(super) modify_log: ModifyLog,
     pub(super) allocations: Allocations,
     pub(super) health: HealthBook,
+    /// Volume names whose CreateVolume the backend is still working on
+    /// (callers that gave up included): another operation on one of them
+    /// is refused with ABORTED, as drivers that lock per volume do
+    /// (csi-driver-host-path's `VolumeLocks`).
+    pub(super) creating: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Service {

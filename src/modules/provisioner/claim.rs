@@ -6,21 +6,20 @@ use super::*;
 
 impl Provisioner {
     /// Handles one PVC key.
-    pub(super) async fn sync_claim(&self, key: String) -> Outcome {
-        let pvc = self.claim(&key);
+    pub(super) async fn sync_claim(&self, claim: ClaimKey) -> Reconciled {
+        let key = claim.to_string();
+        let pvc = self.claim(&claim);
         let live_uid =
             pvc.as_ref().filter(|p| p.metadata.deletion_timestamp.is_none()).and_then(|p| p.metadata.uid.clone());
         // Uncertain creates of claims by this name that are no longer the
         // live claim (deleted, or deleted and re-created): finish them first.
         for (uid, f) in self.orphans_named(&key, live_uid.as_deref()) {
-            if self.finish_orphaned(&uid, &f).await != Outcome::Done {
-                return Outcome::Retry;
-            }
+            self.finish_orphaned(&uid, &f).await?;
         }
-        self.infeasible.lock().forget_named(&key, live_uid.as_deref());
+        self.infeasible.lock().forget_named(&claim, live_uid.as_deref());
         let Some(pvc) = pvc.filter(|_| live_uid.is_some()) else {
             self.races.forget(&key);
-            return Outcome::Done;
+            return Ok(Done::Finished);
         };
         let in_flight = live_uid.as_ref().and_then(|u| self.in_flight.lock().get(u).cloned());
         let class_name = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone()).unwrap_or_default();
@@ -30,14 +29,11 @@ impl Provisioner {
         match decide::decide_claim(&pvc, sc.as_deref(), &self.driver.name, pv_exists) {
             ClaimDecision::Ignore(why) => {
                 tracing::trace!(claim = %key, why, "Nothing to do");
-                Outcome::Done
+                Ok(Done::Finished)
             }
             decision @ ClaimDecision::WaitForScheduler => {
                 tracing::debug!(claim = %key, "Waiting for the scheduler to select a node");
-                if let Some(w) = decision.waiting_for() {
-                    crate::debug::waiting_for(w);
-                }
-                Outcome::Done
+                Ok(decision.waiting_for().map_or(Done::Finished, Done::Parked))
             }
             ClaimDecision::Provision => match sc {
                 Some(sc) => {
@@ -45,8 +41,7 @@ impl Provisioner {
                         && let Some(wait) = self.infeasible_wait(live_uid.as_deref().unwrap_or_default(), &sc)
                     {
                         tracing::debug!(claim = %key, retry_in = ?wait, "Infeasible CreateVolume: not retried yet (delay running, class unchanged)");
-                        crate::debug::waiting_for(WaitingFor::Infeasible);
-                        return Outcome::RetryAfter(wait);
+                        return Err(Wait::on(WaitingFor::Infeasible).after(wait));
                     }
                     if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
                         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
@@ -61,7 +56,7 @@ impl Provisioner {
                             node_deployment::Ownership::NotOurs => {
                                 tracing::trace!(claim = %key, "Not this node's claim");
                                 self.races.forget(&key);
-                                return Outcome::Done;
+                                return Ok(Done::Finished);
                             }
                             node_deployment::Ownership::Race => {
                                 // A class whose allowedTopologies exclude this node is not raced for.
@@ -69,7 +64,7 @@ impl Provisioner {
                                     && self.accessibility(&pvc, &sc).is_err()
                                 {
                                     tracing::debug!(claim = %key, "The class's allowed topologies exclude this node");
-                                    return Outcome::Done;
+                                    return Ok(Done::Finished);
                                 }
                                 return self.race(&key, &pvc, &sc).await;
                             }
@@ -79,9 +74,8 @@ impl Provisioner {
                 }
                 None => {
                     let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
-                    crate::debug::waiting_for(WaitingFor::Class);
                     self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
-                    Outcome::Retry
+                    Err(Wait::on(WaitingFor::Class))
                 }
             },
         }
@@ -129,7 +123,10 @@ impl Provisioner {
                 SourceKind::Clone => self.clone_source(pvc, sc, &src).await,
                 SourceKind::Snapshot => self.snapshot_source(pvc, sc, &src).await,
             };
-            let (content, read) = content.map_err(|e| invalid(sources::handle_error(kind, &src.name, &e)))?;
+            let (content, read) = content.map_err(|(waiting_for, e)| PlanError::Source {
+                waiting_for,
+                message: sources::handle_error(kind, &src.name, &e),
+            })?;
             plan.request.volume_content_source = Some(content);
             self.protect_source(read).await.map_err(invalid)?;
         }
@@ -142,7 +139,7 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
         saved: Option<InFlight>,
-    ) -> Outcome {
+    ) -> Reconciled {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         let class = sc.metadata.name.clone().unwrap_or_default();
         self.event_pvc(
@@ -161,9 +158,8 @@ impl Provisioner {
         let translated = match decide::migrated_class(sc, &self.driver.name) {
             Ok(t) => t,
             Err(e) => {
-                crate::debug::waiting_for(WaitingFor::Class);
                 failed(e);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Class));
             }
         };
         let migrated = translated.is_some();
@@ -178,21 +174,17 @@ impl Provisioner {
             Err(PlanError::ExternalPopulator(kind)) => {
                 tracing::info!(claim = %key, kind, "Data source left to an external populator");
                 // A normal wait (the long-wait alert leaves it out).
-                crate::debug::waiting_for(WaitingFor::Populator);
                 self.own_events.publish(
                     reference(pvc),
                     EventType::Normal,
                     up::REASON_PROVISIONING,
                     "Assuming an external populator will provision the volume",
                 );
-                return Outcome::Done;
+                return Ok(Done::Parked(WaitingFor::Populator));
             }
             Err(e) => {
-                if let Some(w) = e.waiting_for() {
-                    crate::debug::waiting_for(w);
-                }
                 failed(e.to_string());
-                return Outcome::Retry;
+                return Err(Wait::on(e.waiting_for()));
             }
         };
         let mut request = plan.request.clone();
@@ -200,15 +192,13 @@ impl Provisioner {
             Ok(r) => request.accessibility_requirements = r,
             Err(topology::TopologyError::Reschedule(e)) => {
                 // A missing node: upstream reports the lookup's error as it is.
-                crate::debug::waiting_for(WaitingFor::Scheduler);
                 failed(e);
                 unselect_node(&self.client, pvc).await;
-                return Outcome::Done;
+                return Ok(Done::Parked(WaitingFor::Scheduler));
             }
             Err(topology::TopologyError::Retry(e)) => {
-                crate::debug::waiting_for(WaitingFor::Topology);
                 failed(format!("error generating accessibility requirements: {e}"));
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Topology));
             }
         }
         match (&plan.provisioner_secret, saved_secrets) {
@@ -216,9 +206,8 @@ impl Provisioner {
             (Some(r), None) => match self.secret(r).await {
                 Ok(s) => request.secrets = s,
                 Err(e) => {
-                    crate::debug::waiting_for(WaitingFor::Secret);
                     failed(e);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::Secret));
                 }
             },
             (None, None) => {}
@@ -249,17 +238,16 @@ impl Provisioner {
         let pv = match built {
             Ok(pv) => pv,
             Err(msg) => {
-                crate::debug::waiting_for(WaitingFor::Driver);
                 // Unusable volume: delete it, then try again from scratch.
                 if let Some(v) = resp.volume.as_ref().filter(|v| !v.volume_id.is_empty())
                     && let Err(ce) = self.cleanup(&v.volume_id, &request.secrets).await
                 {
                     failed(decide::orphaned_volume_text(&msg, &plan.pv_name, &ce));
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::Driver));
                 }
                 self.forget_in_flight(&uid);
                 failed(msg);
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Driver));
             }
         };
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
@@ -269,11 +257,10 @@ impl Provisioner {
                 tracing::debug!(claim = %key, pv = %plan.pv_name, "PV already exists")
             }
             Err(e) => {
-                crate::debug::waiting_for(WaitingFor::ApiServer);
                 // The volume exists; keep it in flight so the next attempt
                 // (CreateVolume is idempotent by name) saves the PV.
                 failed(format!("error saving PersistentVolume {}: {}", plan.pv_name, api_error_text(&e)));
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::ApiServer));
             }
         }
         self.forget_in_flight(&uid);
@@ -291,7 +278,7 @@ impl Provisioner {
             up::REASON_PROVISIONING_SUCCEEDED,
             &format!("Successfully provisioned volume {}", plan.pv_name),
         );
-        Outcome::Done
+        Ok(Done::Finished)
     }
 
     pub(super) async fn create_failed(
@@ -302,23 +289,23 @@ impl Provisioner {
         sc: &StorageClass,
         status: &tonic::Status,
         failed: &(dyn Fn(String) + Sync),
-    ) -> Outcome {
+    ) -> Reconciled {
         let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some();
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
-        crate::debug::waiting_for(waiting::create_failure_waiting(class, status.code()));
+        let waiting_for = waiting::create_failure_waiting(class, status.code());
         failed(decide::create_error_text(status.code(), &status_text(status)));
         if let (Some(c), Some(sc)) = (&self.capacity, pvc.spec.as_ref().and_then(|s| s.storage_class_name.as_deref())) {
             c.refresh_class(sc);
         }
         match class {
-            CreateFailure::InBackground => Outcome::Retry,
+            CreateFailure::InBackground => Err(Wait::on(waiting_for)),
             CreateFailure::Final | CreateFailure::Reschedule => {
                 self.forget_in_flight(uid);
                 if class == CreateFailure::Reschedule {
                     unselect_node(&self.client, pvc).await;
-                    return Outcome::Done;
+                    return Ok(Done::Parked(waiting_for));
                 }
                 if status.code() == tonic::Code::InvalidArgument {
                     // Infeasible: slow retry (upstream's "slow set"), which
@@ -326,15 +313,15 @@ impl Provisioner {
                     let delay = self.cfg.retry_interval_max;
                     self.infeasible.lock().record(
                         uid,
-                        key,
+                        &ClaimKey::of(&pvc.metadata),
                         sc.metadata.name.as_deref().unwrap_or_default(),
                         sc.metadata.resource_version.as_deref().unwrap_or_default(),
                         std::time::Instant::now(),
                         delay,
                     );
-                    Outcome::RetryAfter(delay)
+                    Err(Wait::on(waiting_for).after(delay))
                 } else {
-                    Outcome::Retry
+                    Err(Wait::on(waiting_for))
                 }
             }
         }

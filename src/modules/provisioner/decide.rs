@@ -132,6 +132,15 @@ pub enum PlanError {
     /// Anything else, upstream's wording.
     #[error("{0}")]
     Invalid(String),
+    /// The data source cannot be used (yet): what the claim waits for,
+    /// and upstream's wording.
+    #[error("{message}")]
+    Source {
+        /// What the claim waits for.
+        waiting_for: crate::debug::WaitingFor,
+        /// Upstream's text.
+        message: String,
+    },
     /// `spec.selector` is set.
     #[error("claim Selector is not supported")]
     Selector,

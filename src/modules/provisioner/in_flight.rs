@@ -73,14 +73,14 @@ impl Provisioner {
         if let (Some(src), Some((_, queue))) = (gone.and_then(|f| f.plan.source), &self.clone_protection)
             && src.kind == SourceKind::Clone
         {
-            queue.add(src.key());
+            queue.add(ClaimKey::namespaced(src.namespace, src.name));
         }
     }
 
     /// The PVC with this UID went away while its CreateVolume was undecided:
     /// get a final answer, and delete what it created, with the secrets of
     /// the first attempt (the PVC's namespace and its secret may be gone).
-    pub(super) async fn finish_orphaned(&self, uid: &str, f: &InFlight) -> Outcome {
+    pub(super) async fn finish_orphaned(&self, uid: &str, f: &InFlight) -> Reconciled {
         let key = f.key.as_str();
         // The claim left the cache: deleted, or bound (bound claims are not
         // cached). If the PV was saved after all (a create whose answer was
@@ -92,12 +92,12 @@ impl Provisioner {
             Ok(l) if !l.items.is_empty() => {
                 tracing::info!(claim = %key, pv = %f.plan.pv_name, "The volume's PV exists; it owns the volume");
                 self.forget_in_flight(uid);
-                return Outcome::Done;
+                return Ok(Done::Finished);
             }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(claim = %key, error = %e, "Cannot check for the PV of an orphaned volume; retrying");
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::ApiServer));
             }
         }
         let mut request = f.plan.request.clone();
@@ -106,25 +106,27 @@ impl Provisioner {
             Ok(resp) => {
                 let Some(v) = resp.volume.filter(|v| !v.volume_id.is_empty()) else {
                     self.forget_in_flight(uid);
-                    return Outcome::Done;
+                    return Ok(Done::Finished);
                 };
                 match self.cleanup(&v.volume_id, &request.secrets).await {
                     Ok(()) => {
                         tracing::info!(claim = %key, volume = %v.volume_id, "Deleted the volume of a PVC deleted during provisioning");
                         self.forget_in_flight(uid);
-                        Outcome::Done
+                        Ok(Done::Finished)
                     }
                     Err(e) => {
                         tracing::warn!(claim = %key, error = %e, "Cleanup of an orphaned volume failed; retrying");
-                        Outcome::Retry
+                        Err(Wait::on(WaitingFor::Driver))
                     }
                 }
             }
-            Err(s) if decide::classify_create_error(s.code(), false) == CreateFailure::InBackground => Outcome::Retry,
+            Err(s) if decide::classify_create_error(s.code(), false) == CreateFailure::InBackground => {
+                Err(Wait::on(WaitingFor::Driver))
+            }
             Err(s) => {
                 tracing::info!(claim = %key, error = %status_text(&s), "CreateVolume of a deleted PVC ended in a final error");
                 self.forget_in_flight(uid);
-                Outcome::Done
+                Ok(Done::Finished)
             }
         }
     }

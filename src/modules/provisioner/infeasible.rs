@@ -11,9 +11,9 @@ use std::{
 
 /// One claim's infeasible create.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    /// The claim's `namespace/name` (its work-queue key).
-    key: String,
+struct Entry<K> {
+    /// The claim's work-queue key.
+    key: K,
     /// No CreateVolume before this.
     until: Instant,
     /// The class's name and `resourceVersion` the create failed with.
@@ -22,17 +22,23 @@ struct Entry {
 }
 
 /// The claims (by UID) with an infeasible create; time passed explicitly.
-#[derive(Debug, Default)]
-pub struct Infeasible {
-    by_uid: HashMap<String, Entry>,
+#[derive(Debug)]
+pub struct Infeasible<K> {
+    by_uid: HashMap<String, Entry<K>>,
 }
 
-impl Infeasible {
+impl<K> Default for Infeasible<K> {
+    fn default() -> Self {
+        Infeasible { by_uid: HashMap::new() }
+    }
+}
+
+impl<K: Clone + PartialEq> Infeasible<K> {
     /// Records an infeasible create of claim `uid` (queue key `key`) with
     /// class `class` at `class_version`: no new one before `now + delay`.
-    pub fn record(&mut self, uid: &str, key: &str, class: &str, class_version: &str, now: Instant, delay: Duration) {
+    pub fn record(&mut self, uid: &str, key: &K, class: &str, class_version: &str, now: Instant, delay: Duration) {
         let entry = Entry {
-            key: key.to_string(),
+            key: key.clone(),
             until: now + delay,
             class: class.to_string(),
             class_version: class_version.to_string(),
@@ -60,13 +66,13 @@ impl Infeasible {
 
     /// Forgets the claims named `key` other than the live one `live` (a
     /// claim deleted, or deleted and re-created under its name).
-    pub fn forget_named(&mut self, key: &str, live: Option<&str>) {
-        self.by_uid.retain(|uid, e| e.key != key || Some(uid.as_str()) == live);
+    pub fn forget_named(&mut self, key: &K, live: Option<&str>) {
+        self.by_uid.retain(|uid, e| e.key != *key || Some(uid.as_str()) == live);
     }
 
     /// The queue keys of the claims waiting because of class `class` (told
     /// when the class changes: their next sync may call the driver).
-    pub fn keys_of_class(&self, class: &str) -> Vec<String> {
+    pub fn keys_of_class(&self, class: &str) -> Vec<K> {
         self.by_uid.values().filter(|e| e.class == class).map(|e| e.key.clone()).collect()
     }
 
@@ -112,7 +118,7 @@ mod tests {
         ];
         for (what, uid, class, version, after, want, left) in cases {
             let mut inf = Infeasible::default();
-            inf.record("u1", "ns/c", "fast", "7", t0, MAX);
+            inf.record("u1", &"ns/c", "fast", "7", t0, MAX);
             assert_eq!(inf.wait(uid, class, version, t0 + after), want, "{what}");
             assert_eq!(inf.len(), left, "{what}");
         }
@@ -122,10 +128,10 @@ mod tests {
     fn a_new_failure_restarts_the_delay_and_forget_drops_it() {
         let t0 = Instant::now();
         let mut inf = Infeasible::default();
-        inf.record("u1", "ns/c", "fast", "7", t0, MAX);
+        inf.record("u1", &"ns/c", "fast", "7", t0, MAX);
         // The class changed, the retry failed again: a new deadline for the new version.
         assert_eq!(inf.wait("u1", "fast", "8", t0 + MAX / 2), None);
-        inf.record("u1", "ns/c", "fast", "8", t0 + MAX / 2, MAX);
+        inf.record("u1", &"ns/c", "fast", "8", t0 + MAX / 2, MAX);
         assert_eq!(inf.wait("u1", "fast", "8", t0 + MAX), Some(MAX / 2));
         inf.forget("u1");
         assert!(inf.is_empty());
@@ -136,19 +142,19 @@ mod tests {
     fn claims_by_name_and_by_class() {
         let t0 = Instant::now();
         let mut inf = Infeasible::default();
-        inf.record("old", "ns/c", "fast", "7", t0, MAX);
-        inf.record("new", "ns/c", "fast", "7", t0, MAX);
-        inf.record("u2", "ns/d", "slow", "3", t0, MAX);
+        inf.record("old", &"ns/c", "fast", "7", t0, MAX);
+        inf.record("new", &"ns/c", "fast", "7", t0, MAX);
+        inf.record("u2", &"ns/d", "slow", "3", t0, MAX);
         let mut fast = inf.keys_of_class("fast");
         fast.sort();
         assert_eq!(fast, ["ns/c", "ns/c"]);
         assert_eq!(inf.keys_of_class("slow"), ["ns/d"]);
         // "ns/c" re-created: only the live claim is kept.
-        inf.forget_named("ns/c", Some("new"));
+        inf.forget_named(&"ns/c", Some("new"));
         assert_eq!(inf.len(), 2);
         assert!(inf.wait("new", "fast", "7", t0).is_some());
         // Deleted.
-        inf.forget_named("ns/d", None);
-        assert_eq!(inf.keys_of_class("slow"), Vec::<String>::new());
+        inf.forget_named(&"ns/d", None);
+        assert_eq!(inf.keys_of_class("slow"), Vec::<&str>::new());
     }
 }

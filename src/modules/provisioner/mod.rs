@@ -62,20 +62,27 @@ use crate::{
         cached::{CachedPv, CachedPvc, CachedVa},
         events::{EventType, Recorder, reference},
         informers::{Informer, Informers},
-        queue::{Backoff, Outcome, WorkQueue},
+        key::ObjectKey,
+        queue::{Backoff, WorkQueue},
         reference_grant::ReferenceGrant,
         snapshot_api::{VolumeSnapshot, VolumeSnapshotContent},
     },
     modules::{
         contract::{Module, ModuleContext, ModuleError},
+        kit::{Crew, Done, Kit, Reconciled, Wait},
         views,
     },
 };
+
+/// The key of a claim's sync (provisioning, cloning protection).
+type ClaimKey = ObjectKey<PersistentVolumeClaim>;
+/// The key of a PV's sync.
+type PvKey = ObjectKey<PersistentVolume>;
 use config::ProvisionerFlags;
 use decide::{ClaimDecision, CreateFailure, Plan, PlanError, Settings, VolumeDecision};
 use in_flight::{InFlight, RecentUids, Secrets};
 use params::SecretRef;
-use protection::{run_cloning_protection, run_snapshot_sweep};
+use protection::run_snapshot_sweep;
 use sources::{CloneProtection, PlanSource, SourceKind};
 use topology_index::ClusterTopology;
 
@@ -104,7 +111,7 @@ struct Provisioner {
     /// Claims whose CreateVolume was infeasible: not called again before
     /// `--retry-interval-max` unless their class changes (shared with the
     /// class handler, which re-queues them on a change).
-    infeasible: Arc<Mutex<infeasible::Infeasible>>,
+    infeasible: Arc<Mutex<infeasible::Infeasible<ClaimKey>>>,
     /// UIDs of PVs whose backend volume this process deleted: a later sync
     /// of the same (deleting) PV only drops the finalizer.
     /// Entries expire after [`DELETED_MEMORY`].
@@ -120,7 +127,7 @@ struct Provisioner {
     waiting: Option<Cache<CachedPvc>>,
     /// Clone sources carrying the cloning-protection finalizer, and their
     /// queue (only with a driver that can clone).
-    clone_protection: Option<(Cache<CachedPvc>, WorkQueue<String>)>,
+    clone_protection: Option<(Cache<CachedPvc>, WorkQueue<ClaimKey>)>,
     /// VolumeSnapshots carrying the provisioner's source finalizer (only
     /// with the snapshot API installed, a driver that can snapshot and a
     /// sweep interval).
@@ -140,10 +147,6 @@ struct Provisioner {
 }
 
 use crate::kube::error_text as api_error_text;
-
-fn claim_key(pvc: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
-    format!("{}/{}", pvc.namespace.as_deref().unwrap_or_default(), pvc.name.as_deref().unwrap_or_default())
-}
 
 /// `<unix millis>-<0..9999>-<driver>`, upstream's provisioner identity.
 fn identity(driver: &str) -> String {
@@ -165,9 +168,8 @@ fn allowed_terms(sc: &StorageClass) -> Vec<Vec<(String, Vec<String>)>> {
 }
 
 impl Provisioner {
-    fn claim(&self, key: &str) -> Option<PersistentVolumeClaim> {
-        let (ns, name) = key.split_once('/')?;
-        self.pvcs.get(&ObjectRef::new(name).within(ns)).map(|c| c.to_full())
+    fn claim(&self, key: &ClaimKey) -> Option<PersistentVolumeClaim> {
+        self.pvcs.get(&key.cache_ref()).map(|c| c.to_full())
     }
 
     fn event_pvc(&self, pvc: &PersistentVolumeClaim, kind: EventType, reason: &str, message: &str) {
@@ -323,10 +325,10 @@ impl Views {
 /// The provisioner's work queues.
 #[derive(Clone)]
 struct Queues {
-    claims: WorkQueue<String>,
-    volumes: WorkQueue<String>,
+    claims: WorkQueue<ClaimKey>,
+    volumes: WorkQueue<PvKey>,
     /// With a driver that clones.
-    clone_sources: Option<WorkQueue<String>>,
+    clone_sources: Option<WorkQueue<ClaimKey>>,
 }
 
 /// Connects the views' changes to the queues. Handlers go on before the
@@ -335,7 +337,7 @@ struct Queues {
 fn add_handlers(
     views: &Views,
     queues: &Queues,
-    infeasible: &Arc<Mutex<infeasible::Infeasible>>,
+    infeasible: &Arc<Mutex<infeasible::Infeasible<ClaimKey>>>,
     driver: &str,
     shutdown: &CancellationToken,
 ) {
@@ -349,7 +351,7 @@ fn add_handlers(
         csinodes.on_change(move |n| c.update(&name(&n.object().metadata)));
     }
     let claims = queues.claims.clone();
-    views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(claim_key(&c.object().metadata)));
+    views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(ClaimKey::of(&c.object().metadata)));
     // A changed class: its claims with an infeasible create may try again.
     let (claims, infeasible) = (queues.claims.clone(), infeasible.clone());
     views.classes.on_change(move |c| {
@@ -363,7 +365,7 @@ fn add_handlers(
         let clones = clones.clone();
         inf.on_change(move |c| {
             if let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object()) {
-                clones.add(format!("{ns}/{name}"));
+                clones.add(ClaimKey::namespaced(ns, name));
             }
         });
     }
@@ -371,7 +373,7 @@ fn add_handlers(
         let clones = clones.clone();
         inf.on_change_with_resync(up::RESYNC, shutdown, move |c| {
             if !c.is_deleted() && c.object().metadata.deletion_timestamp.is_some() {
-                clones.add(claim_key(&c.object().metadata));
+                clones.add(ClaimKey::of(&c.object().metadata));
             }
         });
     }
@@ -383,7 +385,7 @@ fn add_handlers(
             || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
         let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
         if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
-            volumes.add(pv.metadata.name.clone().unwrap_or_default());
+            volumes.add(PvKey::of(&pv.metadata));
         }
     });
 }
@@ -445,41 +447,30 @@ fn library_event_component(driver: &str) -> String {
 }
 
 /// The work the Lease guards: the caches synced, then every queue's workers,
-/// the sweep and capacity tracking until `token` is cancelled.
+/// the sweep and capacity tracking until the crew stops.
 async fn work(
     p: Arc<Provisioner>,
     views: Arc<Views>,
     queues: Queues,
     capacity: Option<Arc<capacity::Controller>>,
-    token: CancellationToken,
+    mut crew: Crew,
 ) {
-    // A cache that cannot sync (a forbidden watch) must not hold up a
-    // shutdown: nothing was started that needs draining.
-    if token.run_until_cancelled(views.synced()).await.is_none() {
+    if !crew.synced("provisioning", views.synced()).await {
         return;
     }
-    tracing::info!("Caches synced; provisioning");
     let workers = p.cfg.worker_threads;
-    let (pc, pv) = (p.clone(), p.clone());
-    tokio::join!(
-        queues.claims.run(workers, token.clone(), move |key| {
-            let p = pc.clone();
-            let span = tracing::info_span!("claim", key = %key);
-            async move { p.sync_claim(key).await }.instrument(span)
-        }),
-        queues.volumes.run(workers, token.clone(), move |name| {
-            let p = pv.clone();
-            let span = tracing::info_span!("volume", pv = %name);
-            async move { p.sync_volume(name).await }.instrument(span)
-        }),
-        run_cloning_protection(p.clone(), queues.clone_sources.clone(), token.clone()),
-        run_snapshot_sweep(p.clone(), views.snapshots.clone(), token.clone()),
-        async {
-            if let Some(c) = capacity {
-                c.run(token.clone()).await;
-            }
-        },
-    );
+    crew.serve(&queues.claims, workers, &p, |p, key| async move { p.sync_claim(key).await });
+    crew.serve(&queues.volumes, workers, &p, |p, key| async move { p.sync_volume(key).await });
+    let threads = p.cfg.cloning_protection_threads;
+    if let Some(clone_sources) = queues.clone_sources.as_ref().filter(|_| threads > 0) {
+        crew.serve(clone_sources, threads, &p, |p, key| async move { p.sync_clone_source(key).await });
+    }
+    crew.spawn(run_snapshot_sweep(p.clone(), views.snapshots.clone(), crew.token().clone()));
+    if let Some(c) = capacity {
+        let token = crew.token().clone();
+        crew.spawn(async move { c.run(token).await });
+    }
+    crew.run().await;
 }
 
 /// The module's entry points for the host.
@@ -507,9 +498,9 @@ impl Module for ProvisionerFlags {
 
 /// Runs the provisioner until shutdown (or until its Lease is lost).
 pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), ModuleError> {
-    let config = |message: String| ModuleError::Config { module: NAME, message };
-    let kube: KubeContext =
-        ctx.kube.clone().ok_or_else(|| ModuleError::Fatal { module: NAME, message: "no Kubernetes client".into() })?;
+    let kit = Kit::new(NAME, ctx)?.retrying(Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max });
+    let config = |message: String| kit.config_error(message);
+    let (ctx, kube) = (&kit.ctx, &kit.kube);
     let gates = cfg.validate().map_err(config)?;
     let node_name = node_deployment::node_name(cfg.node_deployment, std::env::var(up::NODE_NAME_ENV).ok().as_deref())
         .map_err(config)?;
@@ -518,7 +509,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
             "--node-deployment with --leader-election: every node's instance competes for one Lease, so one node provisions at a time"
         );
     }
-    let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
+    let Some(driver) = kit.driver().await else { return Ok(()) };
     tracing::info!(driver = %driver.name, "Provisioner starting");
     let node = node_of(&cfg, &ctx.csi, node_name).await?;
     // Everything that awaits comes before the views are registered.
@@ -528,7 +519,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     // owner walk are start-up checks (upstream exits on each).
     let capacity_setup = match cfg.enable_capacity {
         false => None,
-        true => Some(capacity_settings(&cfg, &kube, &driver, node.as_ref()).await?),
+        true => Some(capacity_settings(&cfg, kube, &driver, node.as_ref()).await?),
     };
     let informers = &kube.informers;
     let capacity_ctl = capacity_setup.map(|(settings, client)| {
@@ -536,14 +527,12 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     });
     let topology_aware = gates.topology && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
     let views = Arc::new(Views::register(informers, &driver, node.as_ref(), sweep, topology_aware));
-    let backoff = Backoff { start: cfg.retry_interval_start, max: cfg.retry_interval_max };
-    let ledger = ctx.debug.ledger(NAME);
     let queues = Queues {
-        claims: WorkQueue::new(up::QUEUE_CLAIMS, backoff).tracked(&ledger, "PersistentVolumeClaim"),
-        volumes: WorkQueue::new(up::QUEUE_VOLUMES, backoff).tracked(&ledger, "PersistentVolume"),
-        clone_sources: views.clone_sources.as_ref().map(|_| WorkQueue::new(up::QUEUE_CLONING_PROTECTION, backoff)),
+        claims: kit.queue(up::QUEUE_CLAIMS),
+        volumes: kit.queue(up::QUEUE_VOLUMES),
+        clone_sources: views.clone_sources.as_ref().map(|_| kit.queue(up::QUEUE_CLONING_PROTECTION)),
     };
-    let infeasible: Arc<Mutex<infeasible::Infeasible>> = Arc::default();
+    let infeasible: Arc<Mutex<infeasible::Infeasible<ClaimKey>>> = Arc::default();
     add_handlers(&views, &queues, &infeasible, &driver.name, &ctx.shutdown);
     informers.start(&ctx.shutdown);
     let settings = Settings {
@@ -554,7 +543,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         controller_publish_readonly: cfg.controller_publish_readonly,
     };
     let component = library_event_component(&driver.name);
-    let events = Recorder::new(kube.client.clone(), NAME, &component, "", &ctx.shutdown);
+    let events = kit.recorder(&component);
     let p = Arc::new(Provisioner {
         settings,
         identity: node_deployment::identity(identity(&driver.name), node.as_ref().map(|n| n.node.as_str())),
@@ -583,9 +572,8 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         driver: driver.clone(),
         cfg,
     });
-    let led = move |token: CancellationToken| work(p, views, queues, capacity_ctl, token);
     // Lease name: upstream's for this module (the driver name, '/' replaced).
-    crate::modules::led::run_led(&ctx, NAME, &driver.name.replace('/', "-"), led).await
+    kit.lead(&driver.name.replace('/', "-"), move |crew| work(p, views, queues, capacity_ctl, crew)).await
 }
 
 /// The capacity controller's settings and client, checked at start-up:

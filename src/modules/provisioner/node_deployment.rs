@@ -28,7 +28,8 @@ use super::{
 use crate::{
     compat::provisioner as up,
     csi::proto::csi::v1::{self as csi, NodeGetInfoResponse},
-    kube::queue::Outcome,
+    debug::WaitingFor,
+    modules::kit::{Done, Reconciled, Wait},
 };
 
 /// What this instance knows about its node.
@@ -262,21 +263,21 @@ impl super::Provisioner {
     /// then writes the selected-node annotation conditioned on the cached
     /// resourceVersion. Whoever wins, the claim changes and comes back: to
     /// this instance as its own, or leaving its view.
-    pub(super) async fn race(&self, key: &str, pvc: &PersistentVolumeClaim, sc: &StorageClass) -> Outcome {
-        let Some(nd) = &self.node else { return Outcome::Done };
+    pub(super) async fn race(&self, key: &str, pvc: &PersistentVolumeClaim, sc: &StorageClass) -> Reconciled {
+        let Some(nd) = &self.node else { return Ok(Done::Finished) };
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         if let Some(wait) = self.races.wait(key, &uid, nd, Instant::now()) {
             tracing::trace!(claim = %key, ?wait, "Waiting before trying to own the claim");
-            return Outcome::RetryAfter(wait);
+            return Err(Wait::on(WaitingFor::Retry).after(wait));
         }
         if !self.has_capacity(key, pvc, sc).await {
             let wait = self.races.lost(key, nd, Instant::now());
             tracing::debug!(claim = %key, ?wait, "Not enough capacity on this node for the claim");
-            return Outcome::RetryAfter(wait);
+            return Err(Wait::on(WaitingFor::Retry).after(wait));
         }
         // Without a resourceVersion the write would not be conditional.
         let Some(version) = pvc.metadata.resource_version.as_deref().filter(|v| !v.is_empty()) else {
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::Retry));
         };
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
@@ -291,18 +292,18 @@ impl super::Provisioner {
             Ok(_) => {
                 tracing::info!(claim = %key, node = %nd.node, "Became the owner of the claim");
                 self.races.forget(key);
-                Outcome::Done
+                Ok(Done::Finished)
             }
             Err(::kube::Error::Api(e)) if e.code == 409 => {
                 let wait = self.races.lost(key, nd, Instant::now());
                 tracing::debug!(claim = %key, ?wait, "Conflict while trying to own the claim; trying again");
-                Outcome::RetryAfter(wait)
+                Err(Wait::on(WaitingFor::Retry).after(wait))
             }
             Err(e) => {
                 let wait = self.races.lost(key, nd, Instant::now());
                 let msg = owner_write_failed_text(key, &nd.node, &super::api_error_text(&e));
                 self.event_pvc(pvc, crate::kube::events::EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
-                Outcome::RetryAfter(wait)
+                Err(Wait::on(WaitingFor::ApiServer).after(wait))
             }
         }
     }

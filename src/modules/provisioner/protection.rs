@@ -19,13 +19,12 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
         src: &PlanSource,
-    ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
+    ) -> Result<(csi::VolumeContentSource, ReadSource), (WaitingFor, String)> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
-            crate::debug::waiting_for(crate::debug::WaitingFor::DataSource);
             let not_found = matches!(&e, ::kube::Error::Api(s) if s.code == 404);
             let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
-            sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e))
+            (WaitingFor::DataSource, sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e)))
         })?;
         let volume = source.spec.as_ref().and_then(|s| s.volume_name.clone()).filter(|v| !v.is_empty());
         let pv = match volume {
@@ -39,7 +38,7 @@ impl Provisioner {
             },
         };
         let content = sources::clone_source(pvc, &sc.provisioner, &source, pv.as_ref())
-            .inspect_err(|_| crate::debug::waiting_for(crate::debug::WaitingFor::DataSource))?;
+            .map_err(|e| (WaitingFor::DataSource, e))?;
         Ok((content, ReadSource::Claim(Box::new(source))))
     }
 
@@ -49,16 +48,15 @@ impl Provisioner {
         pvc: &PersistentVolumeClaim,
         sc: &StorageClass,
         src: &PlanSource,
-    ) -> Result<(csi::VolumeContentSource, ReadSource), String> {
+    ) -> Result<(csi::VolumeContentSource, ReadSource), (WaitingFor, String)> {
         let snapshots: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
         let snapshot = snapshots.get(&src.name).await.map_err(|e| {
-            crate::debug::waiting_for(crate::debug::WaitingFor::DataSource);
-            format!("error getting snapshot {} from api server: {}", src.name, api_error_text(&e))
+            (
+                WaitingFor::DataSource,
+                format!("error getting snapshot {} from api server: {}", src.name, api_error_text(&e)),
+            )
         })?;
-        let unusable = |e: String| {
-            crate::debug::waiting_for(super::waiting::snapshot_source_waiting(&snapshot));
-            e
-        };
+        let unusable = |e: String| (super::waiting::snapshot_source_waiting(&snapshot), e);
         sources::snapshot_usable(&snapshot).map_err(unusable)?;
         let content = match sources::bound_content_name(&snapshot) {
             None => None,
@@ -123,29 +121,29 @@ impl Provisioner {
     }
 
     /// The cloning-protection controller: one source claim.
-    pub(super) async fn sync_clone_source(&self, key: String) -> Outcome {
-        let Some((protected, _)) = &self.clone_protection else { return Outcome::Done };
-        let Some((ns, name)) = key.split_once('/') else { return Outcome::Done };
-        let Some(source) = protected.get(&ObjectRef::new(name).within(ns)) else { return Outcome::Done };
+    pub(super) async fn sync_clone_source(&self, key: ClaimKey) -> Reconciled {
+        let Some((protected, _)) = &self.clone_protection else { return Ok(Done::Finished) };
+        let Some(source) = protected.get(&key.cache_ref()) else { return Ok(Done::Finished) };
+        let ns = key.namespace().unwrap_or_default();
         let pending = self.waiting.as_ref().map(|w| w.state()).unwrap_or_default();
         let in_flight = self.in_flight_sources(SourceKind::Clone);
         tracing::trace!(source = %key, waiting = pending.len(), in_flight = in_flight.len(), "Checking a clone source");
         match sources::clone_protection(&source, pending.iter().map(|c| &**c), &in_flight) {
-            CloneProtection::Nothing => Outcome::Done,
+            CloneProtection::Nothing => Ok(Done::Finished),
             CloneProtection::Wait(why) => {
                 tracing::debug!(source = %key, why, "Clone source still needed");
-                Outcome::Retry
+                Err(Wait::on(WaitingFor::Dependent))
             }
             CloneProtection::Release => {
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
                 match crate::kube::finalizers::remove(&api, &source.to_full(), up::CLONE_FINALIZER).await {
                     Ok(()) => {
                         tracing::info!(source = %key, "Removed the cloning-protection finalizer");
-                        Outcome::Done
+                        Ok(Done::Finished)
                     }
                     Err(e) => {
                         tracing::info!(source = %key, error = %e, "Failed to remove the clone finalizer");
-                        Outcome::Retry
+                        Err(Wait::on(WaitingFor::ApiServer))
                     }
                 }
             }
@@ -172,26 +170,6 @@ impl Provisioner {
             }
         }
     }
-}
-
-/// The cloning-protection controller's workers (`--cloning-protection-threads`).
-pub(super) async fn run_cloning_protection(
-    p: Arc<Provisioner>,
-    queue: Option<WorkQueue<String>>,
-    token: CancellationToken,
-) {
-    let Some(queue) = queue else { return };
-    let threads = p.cfg.cloning_protection_threads;
-    if threads == 0 {
-        return;
-    }
-    queue
-        .run(threads, token, move |key| {
-            let p = p.clone();
-            let span = tracing::info_span!("clone_source", key = %key);
-            async move { p.sync_clone_source(key).await }.instrument(span)
-        })
-        .await;
 }
 
 /// The snapshot-finalizer sweep, every `--snapshot-orphan-sweep-interval`

@@ -5,27 +5,26 @@ use super::*;
 
 impl Provisioner {
     /// Handles one PV name.
-    pub(super) async fn sync_volume(&self, name: String) -> Outcome {
-        let Some(pv) = self.pvs.get(&ObjectRef::new(&name)).map(|p| p.to_full()) else { return Outcome::Done };
+    pub(super) async fn sync_volume(&self, key: PvKey) -> Reconciled {
+        let Some(pv) = self.pvs.get(&key.cache_ref()).map(|p| p.to_full()) else { return Ok(Done::Finished) };
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match decide::decide_volume(&pv, &self.driver.name) {
-            VolumeDecision::Ignore => Outcome::Done,
+            VolumeDecision::Ignore => Ok(Done::Finished),
             VolumeDecision::AddFinalizer => patch_finalizers(&api, &pv, true).await,
             VolumeDecision::RemoveFinalizer => self.release_finalizer(&api, &pv).await,
             VolumeDecision::Delete => self.delete(&api, &pv).await,
         }
     }
 
-    pub(super) async fn delete(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Outcome {
+    pub(super) async fn delete(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Reconciled {
         let name = pv.metadata.name.clone().unwrap_or_default();
         let failed =
             |msg: &str| self.events.publish(reference(pv), EventType::Warning, up::REASON_VOLUME_FAILED_DELETE, msg);
         if let Some(vas) = &self.attachments
             && let Some(va) = vas.by_index(crate::modules::views::VA_BY_PV, &name).first()
         {
-            crate::debug::waiting_for(WaitingFor::Dependent);
             failed(&format!("persistentvolume {name} is still attached to node {}", va.spec.node_name));
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::Dependent));
         }
         if !self.driver.has_plugin_service(Svc::ControllerService)
             || !self.driver.has_controller_capability(Rpc::CreateDeleteVolume)
@@ -33,7 +32,7 @@ impl Provisioner {
             failed(
                 "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported",
             );
-            return Outcome::Retry;
+            return Err(Wait::on(WaitingFor::Driver));
         }
         let uid = pv.metadata.uid.clone().unwrap_or_default();
         let already = self.volume_deleted.contains(&uid);
@@ -41,22 +40,21 @@ impl Provisioner {
             let secrets = match self.deletion_secrets(pv).await {
                 Ok(s) => s,
                 Err(e) => {
-                    crate::debug::waiting_for(WaitingFor::Secret);
                     failed(&e);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::Secret));
                 }
             };
             let (handle, migrated) = match decide::volume_handle(pv) {
                 Ok(h) => h,
                 Err(e) => {
                     failed(&e);
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::Retry));
                 }
             };
             let deleted = crate::csi::connection::migrated_scope(migrated, self.delete_volume(&handle, secrets)).await;
             if let Err(s) = deleted {
                 failed(&status_text(&s));
-                return Outcome::Retry;
+                return Err(Wait::on(WaitingFor::Driver));
             }
             tracing::info!(pv = %name, volume = %handle, "Deleted volume");
             self.volume_deleted.insert(&uid);
@@ -69,12 +67,11 @@ impl Provisioner {
             match api.delete(&name, &DeleteParams::default()).await {
                 // Still there because of finalizers: drop ours from this version.
                 Ok(either::Either::Left(deleting)) => current = deleting,
-                Ok(either::Either::Right(_)) => return Outcome::Done,
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Outcome::Done,
+                Ok(either::Either::Right(_)) => return Ok(Done::Finished),
+                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
-                    crate::debug::waiting_for(WaitingFor::ApiServer);
                     failed(&format!("error deleting PersistentVolume {name}: {}", api_error_text(&e)));
-                    return Outcome::Retry;
+                    return Err(Wait::on(WaitingFor::ApiServer));
                 }
             }
         }
@@ -83,13 +80,13 @@ impl Provisioner {
 
     /// Removes the provisioner finalizer, once per PV: a stale cached copy
     /// still showing it after the removal is not patched again.
-    pub(super) async fn release_finalizer(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Outcome {
+    pub(super) async fn release_finalizer(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Reconciled {
         let uid = pv.metadata.uid.clone().unwrap_or_default();
         if self.finalizer_released.contains(&uid) {
-            return Outcome::Done;
+            return Ok(Done::Finished);
         }
         let outcome = patch_finalizers(api, pv, false).await;
-        if outcome == Outcome::Done {
+        if outcome == Ok(Done::Finished) {
             self.finalizer_released.insert(&uid);
         }
         outcome
@@ -112,17 +109,17 @@ impl Provisioner {
     }
 }
 
-pub(super) async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, add: bool) -> Outcome {
+pub(super) async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, add: bool) -> Reconciled {
     let result = if add {
         crate::kube::finalizers::add(api, pv, up::PV_FINALIZER).await
     } else {
         crate::kube::finalizers::remove(api, pv, up::PV_FINALIZER).await
     };
     match result {
-        Ok(()) => Outcome::Done,
+        Ok(()) => Ok(Done::Finished),
         Err(e) => {
             tracing::warn!(pv = %pv.metadata.name.as_deref().unwrap_or_default(), error = %e, "Updating the PV finalizer failed");
-            Outcome::Retry
+            Err(Wait::on(WaitingFor::ApiServer))
         }
     }
 }

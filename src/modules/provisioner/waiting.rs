@@ -30,14 +30,16 @@ pub fn create_failure_waiting(class: CreateFailure, code: tonic::Code) -> Waitin
 }
 
 impl PlanError {
-    /// What a claim whose plan failed so waits for (`None`: the step that
-    /// failed said so itself, e.g. the data source check).
-    pub fn waiting_for(&self) -> Option<WaitingFor> {
+    /// What a claim whose plan failed so waits for: the data source's
+    /// readiness or the source itself as its check said; an invalid claim
+    /// (or a failed read of its grants or class) its next attempt.
+    pub fn waiting_for(&self) -> WaitingFor {
         match self {
-            PlanError::Param(_) | PlanError::Strip(_) | PlanError::Selector => Some(WaitingFor::Class),
-            PlanError::Capability(_) => Some(WaitingFor::Driver),
-            PlanError::ExternalPopulator(_) => Some(WaitingFor::Populator),
-            PlanError::Invalid(_) => None,
+            PlanError::Param(_) | PlanError::Strip(_) | PlanError::Selector => WaitingFor::Class,
+            PlanError::Capability(_) => WaitingFor::Driver,
+            PlanError::ExternalPopulator(_) => WaitingFor::Populator,
+            PlanError::Source { waiting_for, .. } => *waiting_for,
+            PlanError::Invalid(_) => WaitingFor::Retry,
         }
     }
 }
@@ -73,12 +75,14 @@ mod tests {
         for (class, code, want) in cases {
             assert_eq!(create_failure_waiting(class, code), want, "{class:?} {code:?}");
         }
-        assert_eq!(PlanError::Selector.waiting_for(), Some(WaitingFor::Class));
-        assert_eq!(PlanError::Capability("no".into()).waiting_for(), Some(WaitingFor::Driver));
-        assert_eq!(PlanError::Invalid("source".into()).waiting_for(), None);
+        assert_eq!(PlanError::Selector.waiting_for(), WaitingFor::Class);
+        assert_eq!(PlanError::Capability("no".into()).waiting_for(), WaitingFor::Driver);
+        assert_eq!(PlanError::Invalid("selector".into()).waiting_for(), WaitingFor::Retry);
+        let unready = PlanError::Source { waiting_for: WaitingFor::SnapshotReady, message: "not ready".into() };
+        assert_eq!(unready.waiting_for(), WaitingFor::SnapshotReady);
         // A normal wait, told apart from a data source that cannot be used
         // (the long-wait alert leaves it out).
-        assert_eq!(PlanError::ExternalPopulator("Backup".into()).waiting_for(), Some(WaitingFor::Populator));
+        assert_eq!(PlanError::ExternalPopulator("Backup".into()).waiting_for(), WaitingFor::Populator);
     }
 
     #[test]
