@@ -88,8 +88,8 @@ pub async fn run(inv: Invocation) -> ExitCode {
             return fail(e);
         }
     }
-    let has_prober = inv.modules.iter().any(|m| m.name() == "prober");
-    let plan = match http::listen_plan(&inv.shared, has_prober) {
+    let health_port = inv.modules.iter().any(|m| m.desc().needs.default_health_port);
+    let plan = match http::listen_plan(&inv.shared, health_port) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
@@ -151,8 +151,8 @@ pub async fn run(inv: Invocation) -> ExitCode {
 
     let kube = if inv.modules.iter().any(ModuleConfig::needs_kube) {
         let master = inv.modules.iter().find_map(ModuleConfig::master);
-        let provisioner = inv.modules.iter().any(|m| m.name() == "provisioner");
-        match KubeContext::connect_with(&inv.shared, master, provisioner, &inv.budgets).await {
+        let kubeconfig_env = inv.modules.iter().any(|m| m.desc().needs.kubeconfig_env);
+        match KubeContext::connect_with(&inv.shared, master, kubeconfig_env, &inv.budgets).await {
             Ok(k) => Some(k),
             Err(e) => return fail(e),
         }

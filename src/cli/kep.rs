@@ -22,20 +22,6 @@ pub const KEP_PROGRAM: &str = "csi-sidecars";
 /// The flag that selects the controllers.
 pub const CONTROLLERS_FLAG: &str = "controllers";
 
-/// KEP-4958's controller names (and csi-sidecar's module names, accepted
-/// too) → csi-sidecar modules. Also the flag prefixes (`<name>-`).
-pub const CONTROLLERS: &[(&str, &str)] = &[
-    ("attacher", "attacher"),
-    ("provisioner", "provisioner"),
-    ("resizer", "resizer"),
-    ("snapshotter", "snapshotter"),
-    ("health-monitor", "health-monitor"),
-    ("node-driver-registrar", "registrar"),
-    ("livenessprobe", "prober"),
-    ("registrar", "registrar"),
-    ("prober", "prober"),
-];
-
 /// Whether `args` (after argv[0]) use the KEP-4958 form: the binary is
 /// called `csi-sidecars`, or `--controllers` comes before any module name.
 pub fn wants(program: &str, args: &[String]) -> bool {
@@ -48,7 +34,7 @@ pub fn wants(program: &str, args: &[String]) -> bool {
 
 /// The module a KEP-4958 controller name selects.
 pub fn controller_module(name: &str) -> Option<&'static str> {
-    CONTROLLERS.iter().find(|(c, _)| *c == name).map(|(_, m)| *m)
+    modules::kep_controllers().find(|(c, _)| *c == name).map(|(_, m)| m)
 }
 
 const FEATURE_GATES_FLAG: &str = "feature-gates";
@@ -61,9 +47,8 @@ fn known_gates(desc: &ModuleDesc) -> Vec<&'static str> {
 /// A flag name split into (module, flag) when it carries a controller
 /// prefix (the longest matching one) and the rest is a flag of that module.
 fn prefixed(name: &str) -> Option<(&'static str, &str)> {
-    let mut hits: Vec<(&str, &str)> = CONTROLLERS
-        .iter()
-        .filter_map(|(c, m)| name.strip_prefix(c).and_then(|r| r.strip_prefix('-')).map(|rest| (*m, rest)))
+    let mut hits: Vec<(&str, &str)> = modules::kep_controllers()
+        .filter_map(|(c, m)| name.strip_prefix(c).and_then(|r| r.strip_prefix('-')).map(|rest| (m, rest)))
         .collect();
     hits.sort_by_key(|(_, rest)| rest.len());
     hits.into_iter().find(|(m, rest)| module_flag_kind(m, rest).is_some())
@@ -114,7 +99,7 @@ fn selected(list: &str) -> Result<Vec<&'static str>, String> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let Some(module) = controller_module(name) else {
-            let known: Vec<&str> = CONTROLLERS.iter().map(|(c, _)| *c).collect();
+            let known: Vec<&str> = modules::kep_controllers().map(|(c, _)| c).collect();
             return Err(format!("--{CONTROLLERS_FLAG}: unknown controller {name:?}; known: {}", known.join(", ")));
         };
         if !out.contains(&module) {
@@ -236,7 +221,7 @@ pub fn help() -> String {
          Usage:\n  {KEP_PROGRAM} --{CONTROLLERS_FLAG}=NAME[,NAME...] [common flags] [--NAME-FLAG=VALUE ...]\n\n\
          Controllers (KEP-4958 name → {PROGRAM} module):\n"
     );
-    for (c, m) in CONTROLLERS {
+    for (c, m) in modules::kep_controllers() {
         out.push_str(&format!("  {c:<22} {m}\n"));
     }
     out.push_str(
@@ -381,10 +366,10 @@ mod tests {
                 panic!("unexpected {m:?}");
             }
         }
-        for (controller, module) in CONTROLLERS {
-            let extra = if *module == "registrar" { " --kubelet-registration-path=/k/csi.sock" } else { "" };
+        for (controller, module) in modules::kep_controllers() {
+            let extra = if module == "registrar" { " --kubelet-registration-path=/k/csi.sock" } else { "" };
             let (_, m) = modules_of(&format!("csi-sidecar --controllers={controller}{extra}"));
-            assert_eq!(m.iter().map(ModuleConfig::name).collect::<Vec<_>>(), [*module], "{controller}");
+            assert_eq!(m.iter().map(ModuleConfig::name).collect::<Vec<_>>(), [module], "{controller}");
         }
     }
 

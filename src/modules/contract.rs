@@ -24,9 +24,6 @@ pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
     /// The per-call timeout this module wants for driver discovery.
     fn discovery_timeout(&self) -> Duration;
 
-    /// Whether the module needs the Kubernetes client and informer cache.
-    fn needs_kube(&self) -> bool;
-
     /// `--master`, where the module has it.
     fn master(&self) -> Option<&str> {
         None

@@ -50,7 +50,30 @@ pub struct ModuleDesc {
     /// The gates the module's `--feature-gates` knows (KEP-4958's common
     /// `--feature-gates` gives each module its own).
     pub feature_gates: KnownGates,
+    /// KEP-4958 controller names that select it besides `name` (each is
+    /// also a flag prefix, `--<name>-<flag>`).
+    pub kep_names: &'static [&'static str],
+    /// What it needs from the host.
+    pub needs: Needs,
 }
+
+/// What a module needs from the host; the host asks the rows, never a
+/// module's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    /// The Kubernetes client, the shared informer cache and a ledger.
+    pub kube: bool,
+    /// `$KUBECONFIG` counts as the kubeconfig (upstream's program reads it).
+    pub kubeconfig_env: bool,
+    /// The health port upstream's program serves by default (livenessprobe's
+    /// `:9808`) when no HTTP endpoint is given.
+    pub default_health_port: bool,
+}
+
+/// A controller: Kubernetes, its own Lease and ledger.
+const CONTROLLER: Needs = Needs { kube: true, kubeconfig_env: false, default_health_port: false };
+/// A node module: the driver's socket and the HTTP server only.
+const NODE: Needs = Needs { kube: false, kubeconfig_env: false, default_health_port: false };
 
 /// Every module.
 pub static MODULES: &[ModuleDesc] = &[
@@ -63,6 +86,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<provisioner::config::ProvisionerFlags>,
         shared: provisioner::config::SHARED_FLAGS,
         feature_gates: provisioner::config::FEATURE_GATES,
+        kep_names: &[],
+        needs: Needs { kubeconfig_env: true, ..CONTROLLER },
     },
     ModuleDesc {
         name: "attacher",
@@ -73,6 +98,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<attacher::config::AttacherFlags>,
         shared: attacher::config::SHARED_FLAGS,
         feature_gates: attacher::config::FEATURE_GATES,
+        kep_names: &[],
+        needs: CONTROLLER,
     },
     ModuleDesc {
         name: "registrar",
@@ -83,6 +110,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<registrar::config::RegistrarFlags>,
         shared: registrar::config::SHARED_FLAGS,
         feature_gates: &[],
+        kep_names: &["node-driver-registrar"],
+        needs: NODE,
     },
     ModuleDesc {
         name: "prober",
@@ -93,6 +122,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<prober::config::ProberFlags>,
         shared: prober::config::SHARED_FLAGS,
         feature_gates: &[],
+        kep_names: &["livenessprobe"],
+        needs: Needs { default_health_port: true, ..NODE },
     },
     ModuleDesc {
         name: "resizer",
@@ -103,6 +134,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<resizer::config::ResizerFlags>,
         shared: resizer::config::SHARED_FLAGS,
         feature_gates: resizer::config::FEATURE_GATES,
+        kep_names: &[],
+        needs: CONTROLLER,
     },
     ModuleDesc {
         name: "snapshotter",
@@ -113,6 +146,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<snapshotter::config::SnapshotterFlags>,
         shared: snapshotter::config::SHARED_FLAGS,
         feature_gates: snapshotter::config::FEATURE_GATES,
+        kep_names: &[],
+        needs: CONTROLLER,
     },
     ModuleDesc {
         name: "health-monitor",
@@ -123,6 +158,8 @@ pub static MODULES: &[ModuleDesc] = &[
         parse: parse_flags::<health::config::HealthMonitorFlags>,
         shared: health::config::SHARED_FLAGS,
         feature_gates: &[],
+        kep_names: &[],
+        needs: CONTROLLER,
     },
 ];
 
@@ -131,6 +168,13 @@ impl ModuleDesc {
     pub fn configure(&'static self, args: &[&str]) -> Result<ModuleConfig, argh::EarlyExit> {
         (self.parse)(self.name, args).map(|module| ModuleConfig { desc: self, module })
     }
+}
+
+/// KEP-4958 controller names → modules: each row's `kep_names`, then its
+/// own name (also accepted).
+pub fn kep_controllers() -> impl Iterator<Item = (&'static str, &'static str)> {
+    let kep = MODULES.iter().flat_map(|m| m.kep_names.iter().map(move |k| (*k, m.name)));
+    kep.chain(MODULES.iter().map(|m| (m.name, m.name)))
 }
 
 /// The module a name selects: its subcommand name or an upstream binary name.
@@ -169,9 +213,9 @@ impl ModuleConfig {
         self.module.discovery_timeout()
     }
 
-    /// See [`Module::needs_kube`].
+    /// The row's [`Needs::kube`].
     pub fn needs_kube(&self) -> bool {
-        self.module.needs_kube()
+        self.desc.needs.kube
     }
 
     /// See [`Module::master`].

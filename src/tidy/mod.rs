@@ -130,6 +130,33 @@ fn an_upstream_name_is_misplaced_outside_compat_or_twice_within() {
     assert!(is_upstream_name("csi.storage.k8s.io/fstype") && !is_upstream_name("see csi.storage.k8s.io/ keys"));
 }
 
+/// The files of `src/` outside `prefixes` whose string literals name a
+/// module (by its table name or a KEP-4958 name), with the names.
+fn module_names_spelled(prefixes: &[&str]) -> Vec<String> {
+    let names: BTreeSet<&str> = crate::modules::kep_controllers().map(|(c, _)| c).collect();
+    let mut found = Vec::new();
+    for (f, source) in &production_sources(&src_dir()) {
+        if !prefixes.iter().any(|p| f.starts_with(p)) {
+            continue;
+        }
+        let hits: BTreeSet<String> =
+            string_literals(&source.syntax).into_iter().filter(|l| names.contains(l.as_str())).collect();
+        if !hits.is_empty() {
+            found.push(format!("{f}: {hits:?}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_host_and_the_command_line_ask_the_rows_never_a_module_name() {
+    let found = module_names_spelled(&["host.rs", "cli/", "main.rs"]);
+    assert!(found.is_empty(), "a module's facts belong in its row of modules/mod.rs:\n{}", found.join("\n"));
+    // The check sees a name where one is spelled.
+    let table = module_names_spelled(&["modules/mod.rs"]);
+    assert!(table.iter().any(|f| f.contains("\"attacher\"")), "{table:?}");
+}
+
 /// The backticked paths of a Markdown text that name a file or folder of
 /// the repository (`src/...`, `integration/...`, ...).
 fn named_paths(markdown: &str) -> BTreeSet<String> {

@@ -49,10 +49,6 @@ impl Module for HealthMonitorFlags {
         self.timeout
     }
 
-    fn needs_kube(&self) -> bool {
-        true
-    }
-
     fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
         Box::pin(run(*self, ctx))
     }

@@ -51,10 +51,6 @@ impl Module for ProberFlags {
         self.probe_timeout
     }
 
-    fn needs_kube(&self) -> bool {
-        false
-    }
-
     fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
         Box::pin(run(*self, ctx))
     }

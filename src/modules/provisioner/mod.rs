@@ -483,10 +483,6 @@ impl Module for ProvisionerFlags {
         self.timeout
     }
 
-    fn needs_kube(&self) -> bool {
-        true
-    }
-
     fn master(&self) -> Option<&str> {
         self.master.as_deref()
     }

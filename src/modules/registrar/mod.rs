@@ -191,10 +191,6 @@ impl Module for RegistrarFlags {
         self.timeout
     }
 
-    fn needs_kube(&self) -> bool {
-        false
-    }
-
     fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
         Box::pin(run(*self, ctx))
     }

@@ -234,10 +234,6 @@ impl Module for ResizerFlags {
         self.timeout
     }
 
-    fn needs_kube(&self) -> bool {
-        true
-    }
-
     fn master(&self) -> Option<&str> {
         self.master.as_deref()
     }
