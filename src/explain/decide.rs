@@ -136,13 +136,9 @@ impl Verdict {
     }
 }
 
-/// The module of csi-sidecar that handles a kind.
-fn module_of(kind: &str) -> &'static str {
-    match kind {
-        "VolumeAttachment" => "attacher",
-        "VolumeSnapshotContent" | "VolumeSnapshot" => "snapshotter",
-        _ => "provisioner",
-    }
+/// The module of csi-sidecar that handles a kind (its row says so).
+fn module_of(kind: &str) -> Option<&'static str> {
+    crate::modules::module_of_kind(kind)
 }
 
 /// The driver the sidecar serves, from its pages.
@@ -155,7 +151,7 @@ fn served_driver(sidecar: &Sidecar) -> Option<&str> {
 
 /// The entry the sidecar holds for (kind, namespace, name).
 fn entry<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> Option<&'a ObjectView> {
-    entries(sidecar, kind, key).find(|o| o.module == module_of(kind))
+    entries(sidecar, kind, key).find(|o| Some(o.module.as_str()) == module_of(kind))
 }
 
 /// Every entry any module holds for (kind, namespace, name).
@@ -457,6 +453,6 @@ pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
 }
 
 /// The module handling `kind` (for the endpoint query).
-pub fn module_for(kind: &str) -> &'static str {
+pub fn module_for(kind: &str) -> Option<&'static str> {
     module_of(kind)
 }

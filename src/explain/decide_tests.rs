@@ -7,7 +7,7 @@ use crate::debug::{
 fn object(kind: &str, key: &str, waiting_for: WaitingFor, attempts: u32, error: Option<&str>) -> ObjectView {
     let (ns, name) = crate::debug::query::split_key(key);
     ObjectView {
-        module: decide::module_for(kind).into(),
+        module: decide::module_for(kind).expect("a module's kind").into(),
         kind: kind.into(),
         namespace: ns.map(str::to_string),
         name: name.into(),

@@ -55,6 +55,9 @@ pub struct ModuleDesc {
     pub kep_names: &'static [&'static str],
     /// What it needs from the host.
     pub needs: Needs,
+    /// The API kinds whose progress its ledger answers for (`explain` asks
+    /// it about them; no other row lists them).
+    pub kinds: &'static [&'static str],
 }
 
 /// What a module needs from the host; the host asks the rows, never a
@@ -88,6 +91,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: provisioner::config::FEATURE_GATES,
         kep_names: &[],
         needs: Needs { kubeconfig_env: true, ..CONTROLLER },
+        kinds: &["PersistentVolumeClaim", "PersistentVolume"],
     },
     ModuleDesc {
         name: "attacher",
@@ -100,6 +104,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: attacher::config::FEATURE_GATES,
         kep_names: &[],
         needs: CONTROLLER,
+        kinds: &["VolumeAttachment"],
     },
     ModuleDesc {
         name: "registrar",
@@ -112,6 +117,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: &[],
         kep_names: &["node-driver-registrar"],
         needs: NODE,
+        kinds: &[],
     },
     ModuleDesc {
         name: "prober",
@@ -124,6 +130,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: &[],
         kep_names: &["livenessprobe"],
         needs: Needs { default_health_port: true, ..NODE },
+        kinds: &[],
     },
     ModuleDesc {
         name: "resizer",
@@ -136,6 +143,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: resizer::config::FEATURE_GATES,
         kep_names: &[],
         needs: CONTROLLER,
+        kinds: &[],
     },
     ModuleDesc {
         name: "snapshotter",
@@ -148,6 +156,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: snapshotter::config::FEATURE_GATES,
         kep_names: &[],
         needs: CONTROLLER,
+        kinds: &["VolumeSnapshot", "VolumeSnapshotContent", "VolumeGroupSnapshotContent"],
     },
     ModuleDesc {
         name: "health-monitor",
@@ -160,6 +169,7 @@ pub static MODULES: &[ModuleDesc] = &[
         feature_gates: &[],
         kep_names: &[],
         needs: CONTROLLER,
+        kinds: &[],
     },
 ];
 
@@ -175,6 +185,12 @@ impl ModuleDesc {
 pub fn kep_controllers() -> impl Iterator<Item = (&'static str, &'static str)> {
     let kep = MODULES.iter().flat_map(|m| m.kep_names.iter().map(move |k| (*k, m.name)));
     kep.chain(MODULES.iter().map(|m| (m.name, m.name)))
+}
+
+/// The module whose ledger answers for objects of API kind `kind`; `None`
+/// for a kind no module tracks.
+pub fn module_of_kind(kind: &str) -> Option<&'static str> {
+    MODULES.iter().find(|m| m.kinds.contains(&kind)).map(|m| m.name)
 }
 
 /// The module a name selects: its subcommand name or an upstream binary name.
@@ -262,5 +278,16 @@ mod tests {
         assert!(prober.flags::<registrar::config::RegistrarFlags>().is_none());
         let slower = lookup("prober").and_then(|d| d.configure(&["--probe-timeout", "5s"]).ok()).expect("prober");
         assert_ne!(prober, slower, "equal names, different flags");
+    }
+
+    #[test]
+    fn each_kind_belongs_to_at_most_one_row_and_an_unknown_kind_to_none() {
+        let mut seen = std::collections::BTreeSet::new();
+        for kind in MODULES.iter().flat_map(|m| m.kinds) {
+            assert!(seen.insert(*kind), "{kind} is listed by two rows");
+        }
+        assert_eq!(module_of_kind("VolumeAttachment"), Some("attacher"));
+        assert_eq!(module_of_kind("PersistentVolumeClaim"), Some("provisioner"));
+        assert_eq!(module_of_kind("Pod"), None, "not the provisioner's by default");
     }
 }
