@@ -167,7 +167,7 @@ impl Crew {
                     // On the heap at once: a sync's future is large (its CSI
                     // and API calls), and each wrapper would copy it.
                     let sync = Box::pin(reconcile(target.clone(), key));
-                    async move { apply(&sync.await) }.instrument(span)
+                    async move { apply(&contained(module, sync).await) }.instrument(span)
                 })
                 .await
         }));
@@ -182,6 +182,35 @@ impl Crew {
     pub async fn run(self) {
         futures::future::join_all(self.tasks).await;
     }
+}
+
+/// The counter of syncs that panicked, per module.
+pub const PANICS_TOTAL: &str = "csi_sidecar_panics_total";
+
+/// Runs one sync; a panic in it stays in it (where the build unwinds): the
+/// object is retried with its backoff like any failure, the panic logged
+/// with the module and the message, counted, and filed as the object's
+/// last error.
+async fn contained(module: &'static str, sync: impl Future<Output = Reconciled>) -> Reconciled {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(sync).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = panic_message(payload.as_ref());
+            metrics::counter!(PANICS_TOTAL, "module" => module).increment(1);
+            tracing::error!(module, panic = %message, "Sync panicked; retrying with backoff");
+            Err(Wait::failed(crate::debug::WaitingFor::Retry, format!("panicked: {message}")))
+        }
+    }
+}
+
+/// The text a panic was raised with.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// Files a reconcile's notes for the current sync and returns the queue's
@@ -202,3 +231,6 @@ pub fn apply(result: &Reconciled) -> Outcome {
 fn w_text(w: Option<crate::debug::WaitingFor>) -> &'static str {
     w.map_or("", crate::debug::WaitingFor::as_str)
 }
+
+#[cfg(test)]
+mod tests;
