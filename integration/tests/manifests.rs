@@ -282,6 +282,38 @@ fn rules(role: &Value) -> BTreeSet<(String, String, String)> {
     out
 }
 
+/// A module row's ClusterRole rules as (apiGroup, resource, verb) triples.
+fn row_rules(row: &csi_sidecar::modules::ModuleDesc) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in row.cluster_rules {
+        for g in r.groups {
+            for res in r.resources {
+                for v in r.verbs {
+                    out.insert((g.to_string(), res.to_string(), v.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each controller module's ClusterRole in `manifests/rbac/<name>.yaml`
+/// grants exactly what its row says (the chart is checked against the
+/// manifests below); a node module has neither.
+#[test]
+fn every_rows_cluster_rules_are_its_manifests_cluster_role() {
+    for row in csi_sidecar::modules::MODULES {
+        let path = manifests().join("rbac").join(format!("{}.yaml", row.name));
+        if row.cluster_rules.is_empty() {
+            assert!(!path.exists(), "{}: a manifest without rules in the row", row.name);
+            continue;
+        }
+        let docs = load(&path);
+        let role = find(&docs, "ClusterRole", &format!("csi-sidecar-{}", row.name));
+        assert_eq!(rules(role), row_rules(row), "{}: manifests/rbac vs the module row", row.name);
+    }
+}
+
 fn find<'a>(docs: &'a [Value], want_kind: &str, name_suffix: &str) -> &'a Value {
     docs.iter()
         .find(|d| kind(d) == want_kind && d["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(name_suffix)))

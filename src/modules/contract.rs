@@ -33,6 +33,29 @@ pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
     fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>>;
 }
 
+/// One rule of a module's ClusterRole: every verb on every resource of
+/// every API group listed (RBAC's own shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// API groups (`""`: the core group).
+    pub groups: &'static [&'static str],
+    /// Resources, subresources as `resource/sub`.
+    pub resources: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+}
+
+impl Rule {
+    /// A rule of `verbs` on `resources` of `groups`.
+    pub const fn new(
+        groups: &'static [&'static str],
+        resources: &'static [&'static str],
+        verbs: &'static [&'static str],
+    ) -> Rule {
+        Rule { groups, resources, verbs }
+    }
+}
+
 /// Equality of two modules' flags behind `dyn Module`; every flags struct
 /// with `PartialEq` has it.
 pub trait DynEq {

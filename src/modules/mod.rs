@@ -18,7 +18,7 @@ pub mod views;
 use std::{any::Any, fmt, time::Duration};
 
 use argh::ArgsInfo;
-pub use contract::{DynEq, Module, ModuleContext, ModuleError, ParseFlags, parse_flags};
+pub use contract::{DynEq, Module, ModuleContext, ModuleError, ParseFlags, Rule, parse_flags};
 use futures::future::BoxFuture;
 
 use crate::flags::gates::KnownGates;
@@ -58,6 +58,9 @@ pub struct ModuleDesc {
     /// The API kinds whose progress its ledger answers for (`explain` asks
     /// it about them; no other row lists them).
     pub kinds: &'static [&'static str],
+    /// The rules of its ClusterRole (`manifests/rbac/<name>.yaml` and the
+    /// chart are checked against them); none for a node module.
+    pub cluster_rules: &'static [Rule],
 }
 
 /// What a module needs from the host; the host asks the rows, never a
@@ -92,6 +95,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &[],
         needs: Needs { kubeconfig_env: true, ..CONTROLLER },
         kinds: &["PersistentVolumeClaim", "PersistentVolume"],
+        cluster_rules: provisioner::config::CLUSTER_RULES,
     },
     ModuleDesc {
         name: "attacher",
@@ -105,6 +109,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &[],
         needs: CONTROLLER,
         kinds: &["VolumeAttachment"],
+        cluster_rules: attacher::config::CLUSTER_RULES,
     },
     ModuleDesc {
         name: "registrar",
@@ -118,6 +123,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &["node-driver-registrar"],
         needs: NODE,
         kinds: &[],
+        cluster_rules: &[],
     },
     ModuleDesc {
         name: "prober",
@@ -131,6 +137,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &["livenessprobe"],
         needs: Needs { default_health_port: true, ..NODE },
         kinds: &[],
+        cluster_rules: &[],
     },
     ModuleDesc {
         name: "resizer",
@@ -144,6 +151,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &[],
         needs: CONTROLLER,
         kinds: &[],
+        cluster_rules: resizer::config::CLUSTER_RULES,
     },
     ModuleDesc {
         name: "snapshotter",
@@ -157,6 +165,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &[],
         needs: CONTROLLER,
         kinds: &["VolumeSnapshot", "VolumeSnapshotContent", "VolumeGroupSnapshotContent"],
+        cluster_rules: snapshotter::config::CLUSTER_RULES,
     },
     ModuleDesc {
         name: "health-monitor",
@@ -170,6 +179,7 @@ pub static MODULES: &[ModuleDesc] = &[
         kep_names: &[],
         needs: CONTROLLER,
         kinds: &[],
+        cluster_rules: health::config::CLUSTER_RULES,
     },
 ];
 

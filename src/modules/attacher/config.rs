@@ -92,6 +92,18 @@ impl AttacherFlags {
     }
 }
 
+use crate::modules::contract::Rule;
+
+/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
+/// manifests grant, checked against `manifests/rbac/` and the chart.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule::new(&["storage.k8s.io"], &["volumeattachments"], &["list", "watch", "patch"]),
+    Rule::new(&["storage.k8s.io"], &["volumeattachments/status"], &["patch"]),
+    Rule::new(&[""], &["persistentvolumes"], &["list", "watch", "patch"]),
+    Rule::new(&["storage.k8s.io"], &["csinodes"], &["list", "watch"]),
+    Rule::new(&[""], &["secrets"], &["get"]),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,17 @@ impl HealthMonitorFlags {
     }
 }
 
+use crate::modules::contract::Rule;
+
+/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
+/// manifests grant, checked against `manifests/rbac/` and the chart.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule::new(&[""], &["persistentvolumeclaims"], &["list", "watch"]),
+    Rule::new(&[""], &["persistentvolumes"], &["list", "watch"]),
+    Rule::new(&[""], &["nodes", "pods"], &["list", "watch"]),
+    Rule::new(&[""], &["events"], &["list", "create", "patch"]),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

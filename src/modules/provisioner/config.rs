@@ -156,6 +156,24 @@ impl ProvisionerFlags {
     }
 }
 
+use crate::modules::contract::Rule;
+
+/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
+/// manifests grant, checked against `manifests/rbac/` and the chart.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule::new(&[""], &["persistentvolumeclaims"], &["get", "list", "watch", "patch"]),
+    Rule::new(&[""], &["persistentvolumes"], &["get", "list", "watch", "create", "delete", "patch"]),
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get", "list", "watch", "patch"]),
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get"]),
+    Rule::new(&["storage.k8s.io"], &["storageclasses"], &["list", "watch"]),
+    Rule::new(&["storage.k8s.io"], &["volumeattachments"], &["list", "watch"]),
+    Rule::new(&[""], &["nodes"], &["list", "watch"]),
+    Rule::new(&["storage.k8s.io"], &["csinodes"], &["list", "watch"]),
+    Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["get"]),
+    Rule::new(&[""], &["secrets"], &["get"]),
+    Rule::new(&[""], &["events"], &["create", "patch"]),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,20 @@ impl ResizerFlags {
     }
 }
 
+use crate::modules::contract::Rule;
+
+/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
+/// manifests grant, checked against `manifests/rbac/` and the chart.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule::new(&[""], &["persistentvolumeclaims"], &["list", "watch"]),
+    Rule::new(&[""], &["persistentvolumeclaims/status"], &["patch"]),
+    Rule::new(&[""], &["persistentvolumes"], &["list", "watch", "patch"]),
+    Rule::new(&[""], &["pods"], &["list", "watch"]),
+    Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["list", "watch"]),
+    Rule::new(&[""], &["secrets"], &["get"]),
+    Rule::new(&[""], &["events"], &["create", "patch"]),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

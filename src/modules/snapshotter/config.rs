@@ -109,6 +109,21 @@ impl SnapshotterFlags {
     }
 }
 
+use crate::modules::contract::Rule;
+
+/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
+/// manifests grant, checked against `manifests/rbac/` and the chart.
+pub const CLUSTER_RULES: &[Rule] = &[
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get", "list", "watch", "patch"]),
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents/status"], &["patch"]),
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotclasses"], &["list", "watch"]),
+    Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotcontents"], &["get", "list", "watch", "patch"]),
+    Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotcontents/status"], &["patch"]),
+    Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotclasses"], &["list", "watch"]),
+    Rule::new(&[""], &["secrets"], &["get"]),
+    Rule::new(&[""], &["events"], &["create", "patch"]),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
