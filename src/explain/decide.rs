@@ -136,11 +136,6 @@ impl Verdict {
     }
 }
 
-/// The module of csi-sidecar that handles a kind (its row says so).
-fn module_of(kind: &str) -> Option<&'static str> {
-    crate::modules::module_of_kind(kind)
-}
-
 /// The driver the sidecar serves, from its pages.
 fn served_driver(sidecar: &Sidecar) -> Option<&str> {
     match sidecar {
@@ -151,7 +146,7 @@ fn served_driver(sidecar: &Sidecar) -> Option<&str> {
 
 /// The entry the sidecar holds for (kind, namespace, name).
 fn entry<'a>(sidecar: &'a Sidecar, kind: &'a str, key: &'a str) -> Option<&'a ObjectView> {
-    entries(sidecar, kind, key).find(|o| Some(o.module.as_str()) == module_of(kind))
+    entries(sidecar, kind, key).find(|o| Some(o.module.as_str()) == module_for(kind))
 }
 
 /// Every entry any module holds for (kind, namespace, name).
@@ -452,7 +447,8 @@ pub fn snapshot(s: &Snapshot, sidecar: &Sidecar, events: &[Event]) -> Verdict {
     v
 }
 
-/// The module handling `kind` (for the endpoint query).
+/// The module of csi-sidecar whose ledger answers for `kind` (its row
+/// says so; the endpoint query asks it too).
 pub fn module_for(kind: &str) -> Option<&'static str> {
-    module_of(kind)
+    crate::modules::module_of_kind(kind)
 }

@@ -49,12 +49,6 @@ impl<K> ObjectKey<K> {
         self.namespace.as_deref()
     }
 
-    /// The same object as another Rust type of the kind (the cached form
-    /// of it, or the full one).
-    pub fn cast<T>(&self) -> ObjectKey<T> {
-        ObjectKey { namespace: self.namespace.clone(), name: self.name.clone(), kind: PhantomData }
-    }
-
     /// The reference the informer cache of `T` (a form of `K`) is keyed by.
     pub fn cache_ref<T: Resource<DynamicType = ()>>(&self) -> ObjectRef<T> {
         let r = ObjectRef::new(&self.name);
@@ -79,7 +73,7 @@ impl<K: Resource<DynamicType = ()>> ObjectKey<K> {
 
 impl<K> Clone for ObjectKey<K> {
     fn clone(&self) -> Self {
-        self.cast()
+        ObjectKey { namespace: self.namespace.clone(), name: self.name.clone(), kind: PhantomData }
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
+use crate::modules::contract::Rule;
 use crate::{compat::health_monitor as up, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -65,8 +66,6 @@ impl HealthMonitorFlags {
         Ok(())
     }
 }
-
-use crate::modules::contract::Rule;
 
 /// The module's ClusterRole (its row's `cluster_rules`): what upstream's
 /// manifests grant, checked against `manifests/rbac/` and the chart.

@@ -8,6 +8,7 @@ use argh::{ArgsInfo, FromArgs};
 
 use crate::compat::provisioner as up;
 use crate::flags::goflags::{go_bool_value, parse_go_duration};
+use crate::modules::contract::Rule;
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -155,8 +156,6 @@ impl ProvisionerFlags {
         parse_gates(&self.feature_gates)
     }
 }
-
-use crate::modules::contract::Rule;
 
 /// The module's ClusterRole (its row's `cluster_rules`): what upstream's
 /// manifests grant, checked against `manifests/rbac/` and the chart.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
+use crate::modules::contract::Rule;
 use crate::{compat::snapshotter as up, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -108,8 +109,6 @@ impl SnapshotterFlags {
         parse_gates(&self.feature_gates)
     }
 }
-
-use crate::modules::contract::Rule;
 
 /// The module's ClusterRole (its row's `cluster_rules`): what upstream's
 /// manifests grant, checked against `manifests/rbac/` and the chart.

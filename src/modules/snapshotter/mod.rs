@@ -400,11 +400,8 @@ impl Snapshotter {
 /// waits for the resync there).
 fn ready_or_poll<K: decide::Content>(c: &K, soon: Duration) -> Reconciled {
     let Some(w) = waiting::after_answer(c) else { return Ok(Done::Finished) };
-    match (c.is_ready(), c.meta().deletion_timestamp.is_some()) {
-        (true, false) => Ok(Done::Finished),
-        (true, true) => Err(Wait::on(w).after(soon)),
-        (false, _) => Err(Wait::on(w)),
-    }
+    // Not done and ready: being deleted.
+    Err(if c.is_ready() { Wait::on(w).after(soon) } else { Wait::on(w) })
 }
 
 /// Records a failure (`reason`, `message`) in the `status.error` of `c`
