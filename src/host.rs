@@ -78,10 +78,13 @@ fn module_context(
     Ok(ctx)
 }
 
-/// Runs the invocation until shutdown or a fatal module error.
+/// Runs the invocation until shutdown or a process-wide failure.
 ///
-/// Policy: a module that fails fatally stops the whole process with status
-/// 1 (the kubelet restarts the container), as each upstream sidecar would.
+/// Policy: a module that fails, panics or loses its Lease is started again
+/// alone (`supervise`); the process exits 1 (the kubelet restarts the
+/// container) on what no module restart can mend: a configuration error,
+/// the driver answering under another name, the HTTP port lost, the shared
+/// cache unable to start.
 pub async fn run(inv: Invocation) -> ExitCode {
     for m in &inv.modules {
         if let Err(e) = m.validate() {
@@ -140,11 +143,14 @@ pub async fn run(inv: Invocation) -> ExitCode {
     };
     let served_debug = inv.shared.enable_debug_endpoints.then(|| debug.clone());
     let router = http::router(health.clone(), Some(metrics), inv.shared.metrics_path(), served_debug);
+    // The HTTP port lost is a process-wide failure: no module restart mends it.
+    let http_failed = CancellationToken::new();
     for l in listeners {
-        let (router, shutdown) = (router.clone(), shutdown.clone());
+        let (router, shutdown, failed) = (router.clone(), shutdown.clone(), http_failed.clone());
         tasks.spawn(async move {
             if let Err(e) = http::serve(l, router, shutdown).await {
                 tracing::error!(error = %e, "HTTP server failed");
+                failed.cancel();
             }
         });
     }
@@ -163,7 +169,7 @@ pub async fn run(inv: Invocation) -> ExitCode {
     for m in inv.modules.iter().filter(|m| m.needs_kube()) {
         debug.ledger(m.name());
     }
-    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), kube, debug };
+    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), process: shutdown.clone(), grace, kube, debug };
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();
@@ -171,13 +177,19 @@ pub async fn run(inv: Invocation) -> ExitCode {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
-        modules.spawn(async move { (name, m.run(ctx).await) });
+        // Each module is its own failure domain: restarted alone (supervise.rs).
+        modules.spawn(async move { (name, crate::supervise::supervise(m, ctx).await) });
     }
 
     let mut code = ExitCode::SUCCESS;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = http_failed.cancelled() => {
+                code = ExitCode::from(1);
+                shutdown.cancel();
+                break;
+            }
             renamed = &mut driver_watch => {
                 if let Ok(Err(e)) = renamed {
                     tracing::error!("{e}");
@@ -190,12 +202,12 @@ pub async fn run(inv: Invocation) -> ExitCode {
                 None => break,
                 Some(Ok((_, Ok(())))) => {}
                 Some(Ok((name, Err(e)))) => {
-                    tracing::error!(module = name, error = %e, "Module failed; stopping the process");
+                    tracing::error!(module = name, error = %e, "Module cannot run; stopping the process");
                     code = ExitCode::from(1);
                     shutdown.cancel();
                 }
                 Some(Err(e)) => {
-                    tracing::error!(error = %e, "Module task panicked; stopping the process");
+                    tracing::error!(error = %e, "Module supervisor panicked; stopping the process");
                     code = ExitCode::from(1);
                     shutdown.cancel();
                 }

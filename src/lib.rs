@@ -16,5 +16,6 @@ pub mod logging;
 pub mod metrics;
 pub mod migration;
 pub mod modules;
+pub mod supervise;
 #[cfg(test)]
 mod tidy;

@@ -49,7 +49,7 @@ fn campaign(client: &Client, namespace: &str, identity: &str) -> Candidate {
     let lead_token: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
     let (e, s, slot) = (elector.clone(), shutdown.clone(), lead_token.clone());
     let run = tokio::spawn(async move {
-        e.run(s, |token| async move {
+        e.run(s, Duration::from_secs(1), |token| async move {
             *slot.lock().expect("token slot") = Some(token.clone());
             token.cancelled().await;
         })

@@ -90,11 +90,19 @@ fn view_change<'a, K>(keep: &dyn Fn(&K) -> bool, old: Option<&'a K>, new: Option
 
 type Handler<K> = Arc<dyn Fn(&Change<'_, K>) + Send + Sync>;
 
+/// A handler and the scope it serves: once `until` is cancelled (its
+/// module stopped, to be restarted with handlers of its own) it is told
+/// nothing more and is dropped at the next registration.
+struct Subscriber<K> {
+    handler: Handler<K>,
+    until: CancellationToken,
+}
+
 /// One filter's subscribers.
 struct View<K> {
     name: String,
     keep: Keep<K>,
-    handlers: Vec<Handler<K>>,
+    handlers: Vec<Subscriber<K>>,
     synced: watch::Sender<bool>,
 }
 
@@ -146,19 +154,22 @@ impl<K: Resource + 'static> Informer<K> {
 
     /// Calls `handler` for every change of this view, in the watch task:
     /// keep it cheap (enqueue a key). Objects already cached are replayed to
-    /// it first, as `Added`.
-    pub fn on_change(&self, handler: impl Fn(&Change<'_, K>) + Send + Sync + 'static) {
-        self.add_handler(Arc::new(handler));
+    /// it first, as `Added`. Until `until` is cancelled: the scope of the
+    /// module instance that registered it.
+    pub fn on_change(&self, until: &CancellationToken, handler: impl Fn(&Change<'_, K>) + Send + Sync + 'static) {
+        self.add_handler(Arc::new(handler), until);
     }
 
-    fn add_handler(&self, handler: Handler<K>) {
+    fn add_handler(&self, handler: Handler<K>, until: &CancellationToken) {
         let mut views = self.shared.views_mut();
         for o in self.shared.store.state() {
             if (self.keep)(&o) {
                 handler(&Change::Added(&o));
             }
         }
-        views[self.view].handlers.push(handler);
+        let handlers = &mut views[self.view].handlers;
+        handlers.retain(|s| !s.until.is_cancelled());
+        handlers.push(Subscriber { handler, until: until.clone() });
     }
 
     /// Like [`Informer::on_change`], and every `period` (unless zero) the
@@ -174,7 +185,7 @@ impl<K: Resource + 'static> Informer<K> {
         K: Send + Sync,
     {
         let handler: Handler<K> = Arc::new(handler);
-        self.add_handler(handler.clone());
+        self.add_handler(handler.clone(), shutdown);
         if period.is_zero() {
             return;
         }
@@ -585,8 +596,8 @@ fn announce<K>(views: &[View<K>], transitions: &[Transition<K>]) {
                 continue;
             }
             let Some(change) = view_change(v.keep.as_ref(), t.old.as_deref(), t.new.as_deref()) else { continue };
-            for h in &v.handlers {
-                h(&change);
+            for s in v.handlers.iter().filter(|s| !s.until.is_cancelled()) {
+                (s.handler)(&change);
             }
         }
     }
@@ -804,9 +815,13 @@ mod contract_tests {
     type Seen = Arc<Mutex<Vec<(&'static str, String, bool)>>>;
 
     fn record(inf: &Informer<ConfigMap>) -> Seen {
+        record_until(inf, &CancellationToken::new())
+    }
+
+    fn record_until(inf: &Informer<ConfigMap>, until: &CancellationToken) -> Seen {
         let seen: Seen = Arc::default();
         let (log, store) = (seen.clone(), inf.store());
-        inf.on_change(move |c| {
+        inf.on_change(until, move |c| {
             let what = if c.is_deleted() { "deleted" } else { "applied" };
             let o = c.object();
             let name = o.metadata.name.clone().unwrap_or_default();
@@ -862,6 +877,30 @@ mod contract_tests {
             ],
             "each difference announced once, with the store already holding the new state"
         );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_handler_whose_module_stopped_hears_nothing_more_and_is_dropped() {
+        let script = Script::new(1);
+        let (informers, stop) = setup(&script);
+        let inf = informers.get::<ConfigMap>();
+        let first_instance = CancellationToken::new();
+        let old = record_until(&inf, &first_instance);
+        informers.start(&stop);
+        script.list(0, &[cm("a", "1")]);
+        inf.synced().await;
+        until("a announced", || old.lock().len() == 1).await;
+        // The module stops; its restarted instance registers anew (and is
+        // replayed the cache), the stopped one's handler is gone.
+        first_instance.cancel();
+        let new = record(&inf);
+        script.send(0, vec![Event::Apply(cm("b", "1"))]);
+        until("b announced to the new instance", || new.lock().iter().any(|e| e.1 == "b")).await;
+        assert_eq!(take(&old), vec![("applied", "a".to_string(), true)], "nothing after its scope ended");
+        assert_eq!(take(&new), vec![("applied", "a".to_string(), true), ("applied", "b".to_string(), true)]);
+        let handlers = inf.shared.views()[inf.view].handlers.len();
+        assert_eq!(handlers, 1, "the stopped instance's handler was dropped");
         stop.cancel();
     }
 

@@ -102,19 +102,22 @@ pub struct KubeContext {
 /// All modules' Lease health checks as one: healthy only if each is.
 #[derive(Clone, Default)]
 pub struct LeaderHealth {
-    checks: std::sync::Arc<parking_lot::Mutex<Vec<std::sync::Arc<dyn crate::healthz::HealthCheck>>>>,
+    checks: std::sync::Arc<
+        parking_lot::Mutex<std::collections::BTreeMap<String, std::sync::Arc<dyn crate::healthz::HealthCheck>>>,
+    >,
 }
 
 impl LeaderHealth {
-    /// Adds one module's check.
-    pub fn add(&self, check: std::sync::Arc<dyn crate::healthz::HealthCheck>) {
-        self.checks.lock().push(check);
+    /// Sets the check of the election `name` (a module, or the process's
+    /// shared Lease); a restarted module's replaces its previous one.
+    pub fn set(&self, name: &str, check: std::sync::Arc<dyn crate::healthz::HealthCheck>) {
+        self.checks.lock().insert(name.to_string(), check);
     }
 }
 
 impl crate::healthz::HealthCheck for LeaderHealth {
     fn check(&self) -> futures::future::BoxFuture<'static, crate::healthz::HealthReport> {
-        let checks = self.checks.lock().clone();
+        let checks: Vec<_> = self.checks.lock().values().cloned().collect();
         Box::pin(async move {
             let reports = futures::future::join_all(checks.iter().map(|c| c.check())).await;
             reports.into_iter().find(|r| !r.is_healthy()).unwrap_or_else(crate::healthz::HealthReport::ok)
@@ -272,7 +275,7 @@ impl KubeContext {
             .shared_lease
             .get_or_try_init(|| async {
                 let elector = self.new_elector(name)?;
-                self.leader_health.add(elector.health_check());
+                self.leader_health.set(name, elector.health_check());
                 Ok::<_, leader::LeaderError>(shared_lease::SharedLease::start(elector, shutdown.clone()))
             })
             .await?;

@@ -2,11 +2,13 @@
 //!
 //! One elector runs for the whole process; every led module joins it
 //! ([`SharedLease::join`]), waits for it to lead and runs under the token it
-//! leads with. Losing the Lease stops every module at once (each reports the
-//! loss, as with its own Lease). A shutdown cancels the token but keeps
-//! renewing the Lease until every module that joined has left, that is until
-//! all their workers returned, and only then releases it once: a standby must
-//! not start CSI calls while ours are still in flight.
+//! leads with. Losing the Lease cancels that token for every module at once:
+//! each drains its work in hand and is restarted by the host, while the
+//! elector campaigns again (the process does not exit). A shutdown cancels
+//! the token but keeps renewing the Lease until every module that joined
+//! has left, that is until all their workers returned, and only then
+//! releases it once: a standby must not start CSI calls while ours are
+//! still in flight.
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -16,12 +18,10 @@ use super::leader::{LeaderElector, LeaderError};
 /// Where the shared election is.
 #[derive(Clone, Debug)]
 pub enum LeaseState {
-    /// Not leading yet.
+    /// Not leading (yet, or again after a loss).
     Waiting,
-    /// Leading; the token is cancelled when leading ends.
+    /// Leading; the token is cancelled when this term ends.
     Leading(CancellationToken),
-    /// The Lease was lost (the message says why).
-    Lost(String),
     /// The elector stopped (shutdown, after the release) or failed to start
     /// leading.
     Ended(Option<String>),
@@ -39,37 +39,48 @@ pub struct SharedLease {
     member: bool,
     /// The election (for what `/debug/objects` shows of it).
     elector: LeaderElector,
+    /// The process's shutdown.
+    shutdown: CancellationToken,
 }
 
 impl SharedLease {
-    /// Starts the election task; it stops when `shutdown` fires and every
-    /// member has left, or when the Lease is lost.
+    /// Starts the election task; it campaigns again after each loss, and
+    /// stops when `shutdown` fires and every member has left.
     pub fn start(elector: LeaderElector, shutdown: CancellationToken) -> SharedLease {
         let (tx, rx) = watch::channel(LeaseState::Waiting);
         let observed = elector.clone();
         let members = std::sync::Arc::new(watch::channel(0usize).0);
-        let mut remaining = members.subscribe();
+        let remaining = members.subscribe();
+        let stop = shutdown.clone();
         tokio::spawn(async move {
-            let leading = {
-                let tx = tx.clone();
-                move |token: CancellationToken| async move {
-                    tx.send_replace(LeaseState::Leading(token.clone()));
-                    token.cancelled().await;
-                    // Shutdown: renew (the elector keeps doing that while this
-                    // runs) until every module's workers have returned. The
-                    // sender lives in every handle, so this cannot fail while
-                    // one exists; if none does, nobody is left to wait for.
-                    let _ = remaining.wait_for(|n| *n == 0).await;
+            let end = loop {
+                let leading = {
+                    let (tx, mut remaining, shutdown) = (tx.clone(), remaining.clone(), shutdown.clone());
+                    move |token: CancellationToken| async move {
+                        tx.send_replace(LeaseState::Leading(token.clone()));
+                        token.cancelled().await;
+                        // Shutdown: renew (the elector keeps doing that while
+                        // this runs) until every module's workers have
+                        // returned. The sender lives in every handle, so this
+                        // cannot fail while one exists; if none does, nobody
+                        // is left to wait for. A loss: each module drains its
+                        // own work (the Lease is no longer ours to renew).
+                        if shutdown.is_cancelled() {
+                            let _ = remaining.wait_for(|n| *n == 0).await;
+                        }
+                    }
+                };
+                match elector.run(shutdown.clone(), std::time::Duration::ZERO, leading).await {
+                    Ok(()) => break LeaseState::Ended(None),
+                    Err(LeaderError::Lost { .. }) => {
+                        tx.send_replace(LeaseState::Waiting);
+                    }
+                    Err(e) => break LeaseState::Ended(Some(e.to_string())),
                 }
-            };
-            let end = match elector.run(shutdown, leading).await {
-                Ok(()) => LeaseState::Ended(None),
-                Err(e @ LeaderError::Lost { .. }) => LeaseState::Lost(e.to_string()),
-                Err(e) => LeaseState::Ended(Some(e.to_string())),
             };
             tx.send_replace(end);
         });
-        SharedLease { state: rx, members, member: false, elector: observed }
+        SharedLease { state: rx, members, member: false, elector: observed, shutdown: stop }
     }
 
     /// The election behind this handle.
@@ -87,41 +98,42 @@ impl SharedLease {
             members: self.members.clone(),
             member: true,
             elector: self.elector.clone(),
+            shutdown: self.shutdown.clone(),
         }
     }
 
-    /// Waits until the process leads: `Ok(Some(token))` then, `Ok(None)` if
-    /// the election ended first (shutdown), `Err` if it failed.
+    /// Waits until the process leads (a term not yet over):
+    /// `Ok(Some(token))` then, `Ok(None)` if the process shuts down or the
+    /// election ended first, `Err` if it failed.
     pub async fn leading(&self) -> Result<Option<CancellationToken>, String> {
         let mut rx = self.state.clone();
-        let state = rx.wait_for(|s| !matches!(s, LeaseState::Waiting)).await.map(|s| s.clone());
+        let current = |s: &LeaseState| match s {
+            LeaseState::Waiting => false,
+            LeaseState::Leading(t) => !t.is_cancelled(),
+            LeaseState::Ended(_) => true,
+        };
+        let state = tokio::select! {
+            () = self.shutdown.cancelled() => return Ok(None),
+            s = rx.wait_for(current) => s.map(|s| s.clone()),
+        };
         match state {
             Ok(LeaseState::Leading(t)) => Ok(Some(t)),
-            Ok(LeaseState::Lost(e)) | Ok(LeaseState::Ended(Some(e))) => Err(e),
+            Ok(LeaseState::Ended(Some(e))) => Err(e),
             _ => Ok(None),
         }
     }
 
-    /// After this module's leading ended (its workers returned): leaves the
-    /// election, then waits until the elector stopped; `Err` with the reason
-    /// if the Lease was lost. On shutdown, that is after the last module left
-    /// and the Lease was released.
+    /// After this module's leading ended on shutdown (its workers
+    /// returned): leaves the election, then waits until the elector stopped,
+    /// that is after the last module left and the Lease was released; `Err`
+    /// if the election failed.
     pub async fn outcome(mut self) -> Result<(), String> {
         self.leave();
         let mut rx = self.state.clone();
-        let state = rx.wait_for(|s| matches!(s, LeaseState::Lost(_) | LeaseState::Ended(_))).await.map(|s| s.clone());
+        let state = rx.wait_for(|s| matches!(s, LeaseState::Ended(_))).await.map(|s| s.clone());
         match state {
-            Ok(LeaseState::Lost(e)) | Ok(LeaseState::Ended(Some(e))) => Err(e),
+            Ok(LeaseState::Ended(Some(e))) => Err(e),
             _ => Ok(()),
-        }
-    }
-
-    /// Resolves with the reason when the Lease is lost; never on shutdown.
-    pub async fn lost(&self) -> String {
-        let mut rx = self.state.clone();
-        match rx.wait_for(|s| matches!(s, LeaseState::Lost(_))).await.map(|s| s.clone()) {
-            Ok(LeaseState::Lost(e)) => e,
-            _ => std::future::pending().await,
         }
     }
 

@@ -29,8 +29,10 @@ pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
         None
     }
 
-    /// Runs the module until shutdown.
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>>;
+    /// Runs one instance of the module until shutdown (or until it stops
+    /// with an error: the host then starts a new instance, with a fresh
+    /// context scope).
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>>;
 }
 
 /// One rule of a module's ClusterRole: every verb on every resource of
@@ -84,8 +86,18 @@ pub struct ModuleContext {
     pub csi: crate::csi::Connection,
     /// The one health registry (served by the one HTTP server).
     pub health: crate::http::HealthRegistry,
-    /// The process shutdown token.
+    /// This module instance's scope: cancelled on the process's shutdown
+    /// and when the host stops the instance to restart it. Everything the
+    /// module starts (handlers, workers, its Lease) ends with it.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The process's shutdown: only for the shared services a module may be
+    /// the first to start (the informers' watches, the shared Lease), which
+    /// outlive any one module instance.
+    pub process: tokio_util::sync::CancellationToken,
+    /// How long work may drain once cancelled (the host's shutdown grace:
+    /// the longest CSI `--timeout` plus the final writes), on shutdown and
+    /// on a lost Lease alike.
+    pub grace: std::time::Duration,
     /// The Kubernetes client and informer cache, when a module needs them.
     pub kube: Option<crate::kube::KubeContext>,
     /// The modules' ledgers of objects not done (`/debug/objects`).
@@ -103,12 +115,22 @@ pub enum ModuleError {
         /// What is wrong.
         message: String,
     },
-    /// A failure the module cannot recover from.
+    /// A failure the module cannot recover from by itself (the host
+    /// restarts it, with backoff).
     #[error("{module}: {message}")]
     Fatal {
         /// The module.
         module: &'static str,
         /// What happened.
+        message: String,
+    },
+    /// The module lost its Lease (its work has drained): the host starts it
+    /// again at once, to campaign from standby.
+    #[error("{module}: {message}")]
+    LostLease {
+        /// The module.
+        module: &'static str,
+        /// Why the Lease was lost.
         message: String,
     },
 }

@@ -1,6 +1,10 @@
 //! Lease orchestration for the controller modules: run a module's work
 //! while it leads (its own upstream-named Lease, or the process's shared one).
 
+use std::{future::Future, sync::Arc};
+
+use tokio_util::sync::CancellationToken;
+
 use super::contract::{ModuleContext, ModuleError};
 
 /// Runs `work` now, or, with `--leader-election`, only while this process
@@ -10,6 +14,12 @@ use super::contract::{ModuleContext, ModuleError};
 /// Every module's Lease health is served together at
 /// `/healthz/leader-election` (and per module at
 /// `/healthz/leader-election-<module>`).
+///
+/// A lost Lease cancels the work's token; the work in hand gets the host's
+/// grace to finish (as on shutdown), then this returns
+/// [`ModuleError::LostLease`] and the host starts the module again, in
+/// standby. Upstream's sidecars exit instead, which costs every other
+/// module of a combined process its leadership.
 pub async fn run_led<F, Fut>(
     ctx: &ModuleContext,
     module: &'static str,
@@ -17,8 +27,8 @@ pub async fn run_led<F, Fut>(
     work: F,
 ) -> Result<(), ModuleError>
 where
-    F: FnOnce(tokio_util::sync::CancellationToken) -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
 {
     let fatal = |message: String| ModuleError::Fatal { module, message };
     let kube = ctx.kube.as_ref().ok_or_else(|| fatal("no Kubernetes client".into()))?;
@@ -31,37 +41,58 @@ where
             work(token)
         }
     };
-    if let Some(shared) = kube.shared_lease(&ctx.shutdown).await.map_err(|e| fatal(e.to_string()))? {
+    if let Some(shared) = kube.shared_lease(&ctx.process).await.map_err(|e| fatal(e.to_string()))? {
         let elector = shared.elector().clone();
-        ledger.set_leader(std::sync::Arc::new(move || elector.view()));
-        ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
+        ledger.set_leader(Arc::new(move || elector.view()));
+        ctx.health.register("leader-election", Arc::new(kube.leader_health.clone()));
         tracing::info!(module, "Waiting for the process's shared Lease");
         ledger.set_phase(crate::debug::Phase::Standby);
         let Some(token) = shared.leading().await.map_err(fatal)? else { return Ok(()) };
-        // On shutdown the work drains (in-flight calls finish, then the
-        // Lease is released); on a lost Lease it is dropped at once, as the
-        // per-module elector does (upstream exits): another replica may
-        // lead as soon as the Lease expires.
-        tokio::select! {
-            () = work(token.clone()) => {}
-            reason = shared.lost() => return Err(fatal(reason)),
+        drained(&token, ctx.grace, work(token.clone())).await;
+        if ctx.shutdown.is_cancelled() {
+            // On shutdown the Lease is released once every module's work
+            // has drained.
+            return shared.outcome().await.map_err(fatal);
         }
-        return if token.is_cancelled() { shared.outcome().await.map_err(fatal) } else { Ok(()) };
+        return if token.is_cancelled() {
+            Err(ModuleError::LostLease { module, message: "the process's shared Lease was lost".into() })
+        } else {
+            Ok(())
+        };
     }
     match kube.elector(lock_name).map_err(|e| fatal(e.to_string()))? {
         Some(elector) => {
             let observed = elector.clone();
-            ledger.set_leader(std::sync::Arc::new(move || observed.view()));
+            ledger.set_leader(Arc::new(move || observed.view()));
             let check = elector.health_check();
             ctx.health.register(&format!("leader-election-{module}"), check.clone());
-            kube.leader_health.add(check);
+            kube.leader_health.set(module, check);
             ledger.set_phase(crate::debug::Phase::Standby);
-            ctx.health.register("leader-election", std::sync::Arc::new(kube.leader_health.clone()));
-            elector.run(ctx.shutdown.clone(), work).await.map_err(|e| fatal(e.to_string()))
+            ctx.health.register("leader-election", Arc::new(kube.leader_health.clone()));
+            match elector.run(ctx.shutdown.clone(), ctx.grace, work).await {
+                Ok(()) => Ok(()),
+                Err(lost @ crate::kube::leader::LeaderError::Lost { .. }) => {
+                    Err(ModuleError::LostLease { module, message: lost.to_string() })
+                }
+                Err(e) => Err(fatal(e.to_string())),
+            }
         }
         None => {
             work(ctx.shutdown.clone()).await;
             Ok(())
         }
+    }
+}
+
+/// Runs `work` until it returns, or until `grace` after `token` was
+/// cancelled (then it is dropped, with a warning).
+async fn drained(token: &CancellationToken, grace: std::time::Duration, work: impl Future<Output = ()>) {
+    let overdue = async {
+        token.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        () = work => {}
+        () = overdue => tracing::warn!(?grace, "The work in hand did not finish within the drain time; dropped"),
     }
 }

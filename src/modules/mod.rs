@@ -249,8 +249,8 @@ impl ModuleConfig {
         self.module.master()
     }
 
-    /// Runs the module until shutdown.
-    pub fn run(self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+    /// Runs one instance of the module (see [`Module::run`]).
+    pub fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
         self.module.run(ctx)
     }
 }

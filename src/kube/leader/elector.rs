@@ -141,15 +141,20 @@ impl LeaderElector {
     /// is cancelled when leadership is lost or `shutdown` fires; releases the
     /// Lease on shutdown. Returns Ok(()) after a clean shutdown, or when
     /// `lead` returned by itself (the Lease is released then too);
-    /// Err(LeaderError::Lost{..}) if leadership was lost (the caller exits
-    /// 1, like upstream).
+    /// Err(LeaderError::Lost{..}) if leadership was lost (the caller then
+    /// campaigns again; upstream exits).
     ///
     /// On shutdown, `lead` must return soon after its token is cancelled: the
     /// Lease is renewed until it does, and released after. On loss, the token
-    /// is cancelled and the `lead` future is dropped at once, not awaited (no
-    /// more work under a lease that another candidate may hold): tasks it
-    /// spawned must watch the token.
-    pub async fn run<F, Fut>(&self, shutdown: CancellationToken, lead: F) -> Result<(), LeaderError>
+    /// is cancelled and `lead` gets `drain` to finish the work in hand (the
+    /// calls in flight, as on shutdown; no new work starts), then it is
+    /// dropped: tasks it spawned must watch the token.
+    pub async fn run<F, Fut>(
+        &self,
+        shutdown: CancellationToken,
+        drain: std::time::Duration,
+        lead: F,
+    ) -> Result<(), LeaderError>
     where
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
@@ -165,10 +170,10 @@ impl LeaderElector {
         tracing::info!(lease, identity = %cfg.identity, "successfully acquired lease");
 
         let lead_token = shutdown.child_token();
-        let lead_fut = std::pin::pin!(lead(lead_token.clone()));
+        let mut lead_fut = std::pin::pin!(lead(lead_token.clone()));
         let renewing = std::pin::pin!(self.keep_renewing());
         let lost = tokio::select! {
-            () = lead_fut => None,
+            () = &mut lead_fut => None,
             reason = renewing => Some(reason),
         };
         match lost {
@@ -177,6 +182,9 @@ impl LeaderElector {
                 self.set_leading(false);
                 self.inner.lock().mine = None;
                 tracing::error!(lease, %reason, "Stopped leading");
+                if tokio::time::timeout(drain, lead_fut).await.is_err() {
+                    tracing::warn!(lease, ?drain, "The work in hand did not finish within the drain time; dropped");
+                }
                 Err(LeaderError::Lost { lease: lease.to_string(), reason })
             }
             None => {

@@ -420,8 +420,8 @@ impl Module for AttacherFlags {
         self.timeout
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 
@@ -462,7 +462,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
             }
         });
     }
-    informers.start(&kit.ctx.shutdown);
+    informers.start(&kit.ctx.process);
     let reconciles = handler == Handler::Csi
         && driver.has_controller_capability(Rpc::ListVolumes)
         && driver.has_controller_capability(Rpc::ListVolumesPublishedNodes);

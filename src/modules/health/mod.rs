@@ -49,8 +49,8 @@ impl Module for HealthMonitorFlags {
         self.timeout
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 
@@ -71,8 +71,8 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
     };
     let pvs = crate::modules::views::driver_pvs(&kube.informers, &driver.name);
     let claims = crate::modules::views::bound_claims(&kube.informers, &driver.name, monitor::claim_may_be_for_driver);
-    let nodes = cfg.enable_node_watcher.then(|| nodes::NodeWatcher::new(&kube.informers));
-    kube.informers.start(&ctx.shutdown);
+    let nodes = cfg.enable_node_watcher.then(|| nodes::NodeWatcher::new(&kube.informers, &ctx.shutdown));
+    kube.informers.start(&ctx.process);
     tracing::info!(driver = %driver.name, form = ?plan.form, mode = ?plan.mode, "Health monitor starting");
     let gauges = gauges::Gauges::install(&driver.name);
     let m = Arc::new(monitor::Monitor {

@@ -125,7 +125,8 @@ struct Work {
 
 impl NodeWatcher {
     /// Asks the shared cache for nodes and for pods with claims on a node.
-    pub fn new(informers: &Informers) -> NodeWatcher {
+    /// Its handlers serve until `until` (the module instance's scope).
+    pub fn new(informers: &Informers, until: &tokio_util::sync::CancellationToken) -> NodeWatcher {
         let nodes = informers.get::<CachedNode>();
         let pods = informers.view("on-node,using-claims", |p: &CachedPod| {
             p.node_name.is_some() && !p.claims.is_empty() && !p.terminated
@@ -133,7 +134,7 @@ impl NodeWatcher {
         pods.store().add_index(PODS_BY_NODE, |p: &CachedPod| p.node_name.as_deref());
         let wakes = Arc::new(Wakes::default());
         let w = wakes.clone();
-        nodes.on_change(move |c| {
+        nodes.on_change(until, move |c| {
             if node_change_matters(c)
                 && let Some(name) = c.object().metadata.name.as_deref()
             {
@@ -141,7 +142,7 @@ impl NodeWatcher {
             }
         });
         let w = wakes.clone();
-        pods.on_change(move |c| {
+        pods.on_change(until, move |c| {
             // Its node may have failed before the pod came.
             if let Change::Added(p) = c
                 && let Some(node) = p.node_name.as_deref()

@@ -51,8 +51,8 @@ impl Module for ProberFlags {
         self.probe_timeout
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 

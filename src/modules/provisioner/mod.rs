@@ -346,15 +346,15 @@ fn add_handlers(
         // caches (so the order of the two watches' events does not matter).
         let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| m.name.clone().unwrap_or_default();
         let c = cluster.clone();
-        nodes.on_change(move |n| c.update(&name(&n.object().metadata)));
+        nodes.on_change(shutdown, move |n| c.update(&name(&n.object().metadata)));
         let c = cluster.clone();
-        csinodes.on_change(move |n| c.update(&name(&n.object().metadata)));
+        csinodes.on_change(shutdown, move |n| c.update(&name(&n.object().metadata)));
     }
     let claims = queues.claims.clone();
     views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(ClaimKey::of(&c.object().metadata)));
     // A changed class: its claims with an infeasible create may try again.
     let (claims, infeasible) = (queues.claims.clone(), infeasible.clone());
-    views.classes.on_change(move |c| {
+    views.classes.on_change(shutdown, move |c| {
         let name = c.object().metadata.name.as_deref().unwrap_or_default();
         for key in infeasible.lock().keys_of_class(name) {
             claims.add(key);
@@ -363,7 +363,7 @@ fn add_handlers(
     if let (Some(inf), Some(clones)) = (&views.waiting, &queues.clone_sources) {
         // A clone that changed (bound, deleted): its source may be free.
         let clones = clones.clone();
-        inf.on_change(move |c| {
+        inf.on_change(shutdown, move |c| {
             if let Some((SourceKind::Clone, ns, name)) = sources::referenced_source(c.object()) {
                 clones.add(ClaimKey::namespaced(ns, name));
             }
@@ -487,8 +487,8 @@ impl Module for ProvisionerFlags {
         self.master.as_deref()
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 
@@ -519,7 +519,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     };
     let informers = &kube.informers;
     let capacity_ctl = capacity_setup.map(|(settings, client)| {
-        Arc::new(capacity::Controller::register(informers, settings, ctx.csi.clone(), client))
+        Arc::new(capacity::Controller::register(informers, settings, ctx.csi.clone(), client, &ctx.shutdown))
     });
     let topology_aware = gates.topology && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
     let views = Arc::new(Views::register(informers, &driver, node.as_ref(), sweep, topology_aware));
@@ -530,7 +530,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     };
     let infeasible: Arc<Mutex<infeasible::Infeasible<ClaimKey>>> = Arc::default();
     add_handlers(&views, &queues, &infeasible, &driver.name, &ctx.shutdown);
-    informers.start(&ctx.shutdown);
+    informers.start(&ctx.process);
     let settings = Settings {
         volume_name_prefix: cfg.volume_name_prefix.clone(),
         volume_name_uuid_length: cfg.volume_name_uuid_length,

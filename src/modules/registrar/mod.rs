@@ -191,8 +191,8 @@ impl Module for RegistrarFlags {
         self.timeout
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 

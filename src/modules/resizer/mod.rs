@@ -238,8 +238,8 @@ impl Module for ResizerFlags {
         self.master.as_deref()
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 
@@ -268,7 +268,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
 
     let in_use_errors = feed::InUseErrors::default();
     wiring.add_handlers(&cfg, &ctx.shutdown, expander.is_some(), gates.recover, &in_use_errors);
-    kube.informers.start(&ctx.shutdown);
+    kube.informers.start(&ctx.process);
     let r = Arc::new(Resizer {
         gates,
         expander: expander.unwrap_or(Expander::Trivial),
@@ -363,7 +363,7 @@ impl Wiring {
         if let Some(pods) = &self.pods {
             // A pod that ends or goes lets a held-back claim expand.
             let q = self.resize.clone();
-            pods.on_change(move |c| {
+            pods.on_change(shutdown, move |c| {
                 let p = c.object();
                 if c.is_deleted() {
                     let ns = p.metadata.namespace.as_deref().unwrap_or_default();
@@ -375,7 +375,7 @@ impl Wiring {
         }
         // A claim synced before its PV was cached is synced again when the PV comes.
         let (resize, modify) = (expands.then(|| self.resize.clone()), modifies.then(|| self.modify.clone()));
-        self.pvs.on_change(move |c| {
+        self.pvs.on_change(shutdown, move |c| {
             if let Change::Added(pv) = c
                 && let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_deref())
                 && let (Some(ns), Some(name)) = (r.namespace.as_deref(), r.name.as_deref())

@@ -464,8 +464,8 @@ impl Module for SnapshotterFlags {
         self.timeout
     }
 
-    fn run(self: Box<Self>, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
-        Box::pin(run(*self, ctx))
+    fn run(&self, ctx: ModuleContext) -> BoxFuture<'static, Result<(), ModuleError>> {
+        Box::pin(run(self.clone(), ctx))
     }
 }
 
@@ -530,7 +530,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
     }
-    informers.start(&ctx.shutdown);
+    informers.start(&ctx.process);
     let events = kit.recorder(&up::event_component(&driver.name));
     let group = group_infs.as_ref().map(|(contents, classes)| {
         Arc::new(group::GroupSnapshotter {

@@ -18,6 +18,9 @@ use crate::kube::leader::{LeaderElectionConfig, LeaderElector, LeaderError, Lost
 
 type Running = tokio::task::JoinHandle<(Result<(), LeaderError>, bool)>;
 
+/// What the work in hand gets to finish after a lost Lease.
+const DRAIN: Duration = Duration::from_secs(1);
+
 /// Runs `e` until `shutdown`; the result says whether the token given
 /// to `lead` was cancelled by the time `run` returned.
 fn spawn(e: &LeaderElector, shutdown: &CancellationToken) -> Running {
@@ -26,7 +29,7 @@ fn spawn(e: &LeaderElector, shutdown: &CancellationToken) -> Running {
         let given: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
         let slot = given.clone();
         let r = e
-            .run(shutdown, |token| async move {
+            .run(shutdown, DRAIN, |token| async move {
                 *slot.lock() = Some(token.clone());
                 token.cancelled().await;
             })
@@ -145,6 +148,35 @@ async fn another_writer_taking_the_lease_stops_us_at_once() {
     assert_eq!(api.holder().as_deref(), Some("intruder"), "a lost lease is not released");
 }
 
+/// On a lost Lease the work in hand finishes (a CSI call in flight gets
+/// its answer recorded, as on shutdown) within the drain time; work that
+/// would take longer is dropped when it ends.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_lets_the_work_in_hand_finish_within_the_drain_time() {
+    for (work_after_cancel, finished) in [(Duration::from_millis(300), true), (DRAIN * 3, false)] {
+        let api = Arc::new(FakeApi::default());
+        let e = elector(&api, "me");
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let run = {
+            let (e, done) = (e.clone(), done.clone());
+            tokio::spawn(async move {
+                e.run(CancellationToken::new(), DRAIN, |token| async move {
+                    token.cancelled().await;
+                    tokio::time::sleep(work_after_cancel).await;
+                    done.store(true, Ordering::SeqCst);
+                })
+                .await
+            })
+        };
+        wait_for("leader", Duration::from_secs(2), || e.is_leader()).await;
+        api.write_as("intruder");
+        let result = run.await.unwrap();
+        assert!(matches!(result, Err(LeaderError::Lost { .. })), "{result:?}");
+        assert_eq!(done.load(Ordering::SeqCst), finished, "work of {work_after_cancel:?} after the loss");
+        assert!(!e.is_leader());
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_leader_renews_without_reading_first() {
     let api = Arc::new(FakeApi::default());
@@ -179,7 +211,7 @@ async fn same_identity_after_restart_resumes_at_once() {
 async fn invalid_config_is_refused_before_any_call() {
     let api = Arc::new(FakeApi::default());
     let e = elector_with(&api, LeaderElectionConfig { renew_deadline: Duration::from_secs(5), ..config("me") });
-    let r = e.run(CancellationToken::new(), |_| async {}).await;
+    let r = e.run(CancellationToken::new(), DRAIN, |_| async {}).await;
     assert!(matches!(r, Err(LeaderError::Config(_))), "{r:?}");
     assert!(api.lease.lock().is_none());
 }

@@ -84,8 +84,8 @@ impl Running {
     async fn start(count: usize, changed: Vec<CachedNode>) -> Running {
         let informers = Informers::new(failing_client());
         let (nodes, pods) = (scripted::<CachedNode>(&informers), scripted::<CachedPod>(&informers));
-        let watcher = Arc::new(NodeWatcher::new(&informers));
         let token = CancellationToken::new();
+        let watcher = Arc::new(NodeWatcher::new(&informers, &token));
         informers.start(&token);
         list(&nodes, (0..count).map(|i| node(i, "True", long_ago(), 1)).chain(changed));
         list(&pods, (0..count * PODS_PER_NODE).map(pod));

@@ -236,8 +236,15 @@ fn caught_up(seen: &CSIStorageCapacity, written: &CSIStorageCapacity) -> bool {
 
 impl Controller {
     /// Registers the views and handlers (before the watches start: no
-    /// await). `csi` is the driver connection, `client` the capacity client.
-    pub fn register(informers: &Informers, settings: Settings, csi: Connection, client: Client) -> Controller {
+    /// await), serving until `until` (the module instance's scope). `csi`
+    /// is the driver connection, `client` the capacity client.
+    pub fn register(
+        informers: &Informers,
+        settings: Settings,
+        csi: Connection,
+        client: Client,
+        until: &tokio_util::sync::CancellationToken,
+    ) -> Controller {
         let shared = Arc::new(Shared {
             tracker: Mutex::default(),
             items: WorkQueue::new(up::QUEUE, settings.backoff),
@@ -256,7 +263,7 @@ impl Controller {
         let written: Arc<Mutex<HashMap<Item, Arc<CSIStorageCapacity>>>> = Arc::default();
         {
             let (h, driver) = (handle.clone(), settings.driver.clone());
-            classes.on_change(move |c| {
+            classes.on_change(until, move |c| {
                 let (old, new) = match c {
                     Change::Updated { old, new } => (Some(*old), *new),
                     other => (None, other.object()),
@@ -272,13 +279,13 @@ impl Controller {
         }
         if let Some((nodes, csinodes)) = &topology {
             let h = handle.clone();
-            nodes.on_change(move |c| match c {
+            nodes.on_change(until, move |c| match c {
                 Change::Updated { old, new } if labels_of(old) == labels_of(new) => {}
                 Change::Resync(_) => {}
                 _ => h.shared.topology.add(()),
             });
             let (h, driver) = (handle.clone(), settings.driver.clone());
-            csinodes.on_change(move |c| match c {
+            csinodes.on_change(until, move |c| match c {
                 Change::Updated { old, new }
                     if decide::driver_keys(old, &driver) == decide::driver_keys(new, &driver) => {}
                 Change::Resync(_) => {}
@@ -290,7 +297,7 @@ impl Controller {
             // only (no reconciliation: a poll's own writes would each cost
             // one over every object).
             let (h, written) = (handle.clone(), written.clone());
-            objects.on_change(move |c| {
+            objects.on_change(until, move |c| {
                 if let Change::Resync(_) = c {
                     return;
                 }
