@@ -153,6 +153,30 @@ async fn metrics_carry_upstream_names_labels_and_buckets() {
     assert!(!m.contains("csi_sidecar_api_budget_"), "no Kubernetes module, no budget: {m}");
 }
 
+/// A /healthz asked while the driver is still being discovered (its
+/// GetPluginInfo is slow) waits for the discovery: its Probe is counted
+/// under the driver's name, never `unknown-driver` (upstream asks the name
+/// before each Probe).
+#[tokio::test]
+async fn a_probe_during_discovery_is_counted_under_the_drivers_name() {
+    let p = start_prober(&["--probe-timeout=5s"]);
+    let script = Script { plugin_info_delay: Duration::from_millis(1500), ..Script::default() };
+    let driver = FaultDriver::start(&p.socket, Transport::Grpc, script);
+    wait_until("discovery under way", Duration::from_secs(10), async || (driver.plugin_infos() > 0, ())).await;
+    let r = healthz(&p).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+    let m = get(&p.addr, "/metrics").await.map(|r| r.body).unwrap_or_default();
+    let probes: Vec<&str> =
+        m.lines().filter(|l| l.contains("/csi.v1.Identity/Probe") && l.contains("_count")).collect();
+    assert_eq!(
+        probes,
+        [
+            "csi_sidecar_operations_seconds_count{driver_name=\"fault.csi.example.com\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1"
+        ],
+        "{m}"
+    );
+}
+
 /// The lines of /metrics once one of them is `line`.
 async fn metrics_with(p: &Prober, line: &str) -> String {
     wait_until(&format!("{line} in /metrics"), Duration::from_secs(30), async || {

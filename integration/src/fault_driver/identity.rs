@@ -18,6 +18,7 @@ impl Identity for Service {
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
         self.counters.plugin_infos.fetch_add(1, Ordering::SeqCst);
         let s = self.script();
+        tokio::time::sleep(s.plugin_info_delay).await;
         if let Some((code, msg)) = s.plugin_info_error {
             return Err(Status::new(code, msg));
         }

@@ -186,6 +186,11 @@ impl FaultDriver {
         self.counters.probes.load(Ordering::SeqCst)
     }
 
+    /// `GetPluginInfo` calls so far.
+    pub fn plugin_infos(&self) -> u64 {
+        self.counters.plugin_infos.load(Ordering::SeqCst)
+    }
+
     /// Names of the volumes that exist in the backend.
     pub fn volume_names(&self) -> Vec<String> {
         self.volumes.lock().expect("volumes").keys().cloned().collect()

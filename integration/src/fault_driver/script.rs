@@ -31,6 +31,8 @@ pub struct Script {
     pub probe_delay: Duration,
     /// `GetPluginInfo` fails with this while set.
     pub plugin_info_error: Option<(Code, String)>,
+    /// Delay before answering `GetPluginInfo` (a driver slow to start).
+    pub plugin_info_delay: Duration,
     /// Advertise the controller service with CREATE_DELETE_VOLUME.
     pub controller: bool,
     /// Delay before `CreateVolume` creates the volume and answers (the
@@ -152,6 +154,7 @@ impl Default for Script {
             probe: ProbeAnswer::Ready,
             probe_delay: Duration::ZERO,
             plugin_info_error: None,
+            plugin_info_delay: Duration::ZERO,
             controller: false,
             create_delay: Duration::ZERO,
             create_error: None,

@@ -3,7 +3,10 @@
 //! `/healthz` answers from a CSI `Probe` within `--probe-timeout`, with
 //! upstream's codes and bodies. Unlike upstream it dials nothing per request:
 //! it uses the process's shared driver connection, and the health registry
-//! makes concurrent requests share one in-flight `Probe`.
+//! makes concurrent requests share one in-flight `Probe`. A request while
+//! the driver is still being discovered waits for the discovery (within the
+//! timeout), so the `Probe` is counted under the driver's name, as upstream
+//! asks the name before each `Probe`.
 
 pub mod config;
 pub mod decide;
@@ -29,7 +32,16 @@ impl HealthCheck for ProbeCheck {
     fn check(&self) -> BoxFuture<'static, HealthReport> {
         let (csi, timeout) = (self.csi.clone(), self.timeout);
         async move {
-            let report = decide::report(csi.probe(timeout).await);
+            let started = tokio::time::Instant::now();
+            let never = tokio_util::sync::CancellationToken::new();
+            // Not discovered within the timeout: the driver is down or
+            // broken, and the Probe gets the whole timeout to say how (the
+            // answer then takes up to twice the timeout).
+            let budget = match tokio::time::timeout(timeout, csi.wait_for_driver(&never)).await {
+                Ok(_) => timeout.saturating_sub(started.elapsed()),
+                Err(_) => timeout,
+            };
+            let report = decide::report(csi.probe(budget).await);
             if report.is_healthy() {
                 tracing::trace!("Health check succeeded");
             } else {
