@@ -1,6 +1,7 @@
 //! Controller modules in ONE process: each resource is watched once (read
-//! from the apiserver's own metrics), and per-module Leases with upstream
-//! names let csi-sidecar share a rollout with upstream sidecars.
+//! from the apiserver's own metrics), per-module Leases with upstream
+//! names let csi-sidecar share a rollout with upstream sidecars, and a lost
+//! Lease stops only its module.
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
@@ -9,9 +10,10 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     component_bin,
     failover::{fast_leader_election, leads, wait_one_leader},
+    fault_driver::{FaultDriver, FaultEnv, Script, Transport},
     free_port,
     http::get,
-    kube_support::{TestNamespace, create, pvc, storage_class, unique_name, volume_attachment, wait_for},
+    kube_support::{TestNamespace, create, csi_node, pvc, storage_class, unique_name, volume_attachment, wait_for},
     process::Proc,
     sidecar_bin, wait_until,
 };
@@ -19,7 +21,7 @@ use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
         core::v1::PersistentVolumeClaim,
-        storage::v1::{StorageClass, VolumeAttachment},
+        storage::v1::{CSINode, StorageClass, VolumeAttachment},
     },
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
@@ -379,4 +381,104 @@ async fn provisioner_attacher_resizer_and_snapshotter_watch_each_kind_once() {
         assert_eq!(delta(&now, &base, r), 1, "one watch on {r}; {now:?} vs {base:?}");
     }
     combined.terminate().await;
+}
+
+/// The attacher's Lease taken by another holder while 50 claims provision
+/// in the same process: only the attacher stops (its work drains and it
+/// starts again in standby). Every claim gets exactly one CreateVolume, the
+/// provisioner's Lease keeps its holder and the process its PID; once the
+/// other holder stops renewing, the attacher leads again and attaches the
+/// VolumeAttachment queued meanwhile, with one ControllerPublishVolume.
+#[tokio::test]
+async fn a_lost_attacher_lease_stops_only_the_attacher() {
+    const CLAIMS: usize = 50;
+    let env = FaultEnv::new("lostl").await;
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, Script { publish: true, ..env.script() });
+    let node = format!("{}-node", env.ns.name());
+    create(&Api::<CSINode>::all(env.ns.client().clone()), &csi_node(&node, &env.driver_name, "node-id", &[])).await;
+    let mut args = fast_leader_election(env.ns.name());
+    args.extend(["--kube-api-qps=50", "--kube-api-burst=100", "-v=2", "provisioner", "attacher"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut p = env.sidecar("csi-sidecar", &sidecar_bin(), &args);
+    let pid = p.pid();
+    let sc = env.storage_class("sc", |_| {}).await;
+    let first_pv = env.bound_claim("first", &sc, Duration::from_secs(60)).await;
+
+    let leases: Api<Lease> = env.ns.api();
+    let dashed = env.driver_name.replace('.', "-");
+    let (prov_lease, att_lease) = (dashed.clone(), format!("external-attacher-leader-{dashed}"));
+    let spec_of = async |name: &str| leases.get(name).await.ok().and_then(|l| l.spec).unwrap_or_default();
+    let ours = spec_of(&prov_lease).await;
+    let identity = ours.holder_identity.clone().expect("the provisioner leads");
+    // Each module campaigns with an identity of its own.
+    let attacher = wait_until("the attacher leads", Duration::from_secs(30), async || {
+        let holder = spec_of(&att_lease).await.holder_identity;
+        (holder.is_some(), holder.unwrap_or_default())
+    })
+    .await;
+
+    // Another holder takes the attacher's Lease and renews it.
+    let renewing = tokio_util::sync::CancellationToken::new();
+    let take = |at: Timestamp| {
+        serde_json::json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 4,
+            "acquireTime": MicroTime(at), "renewTime": MicroTime(at)}})
+    };
+    leases.patch(&att_lease, &PatchParams::default(), &Patch::Merge(&take(Timestamp::now()))).await.expect("take");
+    let renewer = {
+        let (leases, name, stop) = (leases.clone(), att_lease.clone(), renewing.clone());
+        tokio::spawn(async move {
+            while stop.run_until_cancelled(tokio::time::sleep(Duration::from_millis(500))).await.is_some() {
+                let p = serde_json::json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+                let _ = leases.patch(&name, &PatchParams::default(), &Patch::Merge(&p)).await;
+            }
+        })
+    };
+    wait_until("the attacher to notice", Duration::from_secs(30), async || {
+        (p.logs().contains("Module lost its Lease"), ())
+    })
+    .await;
+
+    // While it is standby: a VolumeAttachment waits, 50 claims provision.
+    let vas: Api<VolumeAttachment> = Api::all(env.ns.client().clone());
+    let va_name = env.ns.scoped("va");
+    create(&vas, &volume_attachment(&va_name, &env.driver_name, &node, &first_pv)).await;
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:02}")).collect();
+    futures::future::join_all(names.iter().map(|n| {
+        let (pvcs, claim) = (pvcs.clone(), pvc(n, Some(&sc), "1Mi"));
+        async move { create(&pvcs, &claim).await }
+    }))
+    .await;
+    for n in &names {
+        wait_for(&pvcs, n, Duration::from_secs(120), |c| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await;
+    }
+    assert_eq!(driver.creates(), CLAIMS as u64 + 1, "exactly one CreateVolume per claim");
+    assert!(driver.publish_calls().is_empty(), "the standby attacher published nothing");
+    let va = vas.get(&va_name).await.expect("va");
+    assert!(!va.status.is_some_and(|s| s.attached), "not attached while another holds the Lease");
+    assert_eq!(spec_of(&att_lease).await.holder_identity.as_deref(), Some("intruder"));
+    let theirs = spec_of(&prov_lease).await;
+    assert_eq!(
+        (theirs.holder_identity.as_deref(), theirs.lease_transitions),
+        (Some(identity.as_str()), ours.lease_transitions),
+        "the provisioner kept its Lease"
+    );
+    assert!(p.try_exit().is_none(), "the process runs on:\n{}", p.logs());
+
+    // The other holder stops renewing: the attacher leads again and
+    // attaches what was queued.
+    renewing.cancel();
+    renewer.await.expect("renewer");
+    wait_for(&vas, &va_name, Duration::from_secs(60), |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    assert_eq!(driver.publish_calls().len(), 1, "one ControllerPublishVolume");
+    // Its new instance campaigned as a new candidate of this process.
+    let holder = spec_of(&att_lease).await.holder_identity.unwrap_or_default();
+    assert!(!holder.is_empty() && holder != "intruder", "{holder} (before: {attacher})");
+    assert!(p.logs().contains(&format!("identity={holder}")), "{holder} is ours:\n{}", p.logs());
+    assert_eq!(spec_of(&prov_lease).await.lease_transitions, ours.lease_transitions, "no provisioner failover");
+    assert!(p.try_exit().is_none(), "the process runs on:\n{}", p.logs());
+    assert_eq!(p.pid(), pid);
 }

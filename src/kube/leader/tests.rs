@@ -3,6 +3,7 @@
 
 mod elector;
 mod fake_api;
+mod shared;
 
 use std::time::Duration;
 
