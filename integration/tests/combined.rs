@@ -232,9 +232,10 @@ async fn a_foreign_attacher_lease_keeps_only_the_attacher_standby() {
     assert!(p.logs().contains(&attacher_lease), "{}", p.logs());
 }
 
-/// `--leader-election-shared-lease`: one Lease for both modules of the
-/// process (no per-module Leases); the standby replica runs neither module;
-/// when the leader stops, the other replica takes both over.
+/// `--leader-election-shared-lease`: one Lease leads both modules of the
+/// process (each also holds its upstream-named Lease, the migration
+/// guard); the standby replica runs neither module; when the leader stops,
+/// the other replica takes both over.
 #[tokio::test]
 async fn one_shared_lease_leads_every_module_of_the_process() {
     let cp = ControlPlane::shared();
@@ -263,16 +264,28 @@ async fn one_shared_lease_leads_every_module_of_the_process() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!(leads(&a) && leads(&b)), "exactly one replica leads");
 
+    // The process's Lease, and (the migration guard) each module's own
+    // upstream-named one, taken by the leader only: an upstream sidecar of
+    // a previous deployment holding one would keep that module standby.
     let leases: Api<Lease> = ns.api();
-    let names: Vec<String> = leases
-        .list(&Default::default())
-        .await
-        .expect("leases")
-        .items
-        .into_iter()
-        .filter_map(|l| l.metadata.name)
-        .collect();
-    assert_eq!(names, ["my-driver-sidecars"], "one Lease for the process, none per module");
+    let dashed = driver_name.replace('.', "-");
+    let mut want = vec!["my-driver-sidecars".to_string(), dashed.clone(), format!("external-attacher-leader-{dashed}")];
+    want.sort();
+    let held = wait_until("the modules' own Leases", Duration::from_secs(30), async || {
+        let mut held: Vec<String> = leases
+            .list(&Default::default())
+            .await
+            .expect("leases")
+            .items
+            .into_iter()
+            .filter(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).is_some_and(|h| !h.is_empty()))
+            .filter_map(|l| l.metadata.name)
+            .collect();
+        held.sort();
+        (held == want, held)
+    })
+    .await;
+    assert_eq!(held, want);
 
     let sc = ns.scoped("sc");
     create(&Api::<StorageClass>::all(client.clone()), &storage_class(&sc, &driver_name)).await;
