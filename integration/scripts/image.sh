@@ -65,6 +65,10 @@ else
 fi
 [[ -x $BIN ]] || die "no binary at $BIN"
 log "binary: $BIN ($PROFILE, $(stat -c %s "$BIN") bytes)"
+# The tests' fault points exist in debug builds only (src/modules/kit).
+if [[ $PROFILE == release ]] && grep -q CSI_SIDECAR_TEST_PANIC "$BIN"; then
+	die "the release binary contains a test fault point (CSI_SIDECAR_TEST_PANIC)"
+fi
 
 # --- 1. the runtime stage of the Dockerfile ------------------------------------
 stage_from=$(grep -n '^FROM ' "$DOCKERFILE" | tail -1 | cut -d: -f1)

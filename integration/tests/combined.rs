@@ -10,7 +10,7 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     component_bin,
     failover::{fast_leader_election, leads, wait_one_leader},
-    fault_driver::{FaultDriver, FaultEnv, Script, Transport},
+    fault_driver::{FaultDriver, FaultEnv, HealthForms, Script, Transport},
     free_port,
     http::get,
     kube_support::{TestNamespace, create, csi_node, pvc, storage_class, unique_name, volume_attachment, wait_for},
@@ -494,4 +494,74 @@ async fn a_lost_attacher_lease_stops_only_the_attacher() {
     assert_eq!(spec_of(&prov_lease).await.lease_transitions, ours.lease_transitions, "no provisioner failover");
     assert!(p.try_exit().is_none(), "the process runs on:\n{}", p.logs());
     assert_eq!(p.pid(), pid);
+}
+
+/// The value of the sample `series` (name and labels) in `/metrics` text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A panic in one claim's sync (the debug build's fault point, absent from
+/// release builds) in a combined provisioner, attacher, resizer, snapshotter
+/// and health-monitor process: that claim is retried with backoff and
+/// counted, 50 other claims provision meanwhile, no module restarts and no
+/// Lease changes hands.
+#[tokio::test]
+async fn a_panicking_sync_stays_in_its_sync() {
+    const CLAIMS: usize = 50;
+    let env = FaultEnv::on(ControlPlane::with_snapshots(), "panic").await;
+    let health = HealthForms { legacy_list: true, ..HealthForms::NONE };
+    let script = Script { publish: true, snapshots: true, expand: true, health, ..env.script() };
+    let driver = FaultDriver::start(&env.socket(), Transport::Grpc, script);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = fast_leader_election(env.ns.name());
+    args.push(format!("--http-endpoint={addr}"));
+    args.extend(["--kube-api-qps=50", "--kube-api-burst=100", "-v=2"].map(String::from));
+    args.extend(["provisioner", "attacher", "resizer", "snapshotter", "health-monitor"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let point = format!("provisioner:{}/boom", env.ns.name());
+    let mut p = env.sidecar_env("csi-sidecar", &sidecar_bin(), &args, &[("CSI_SIDECAR_TEST_PANIC", &point)]);
+    let leases: Api<Lease> = env.ns.api();
+    let holders = async || -> BTreeMap<String, (String, Option<i32>)> {
+        let list = leases.list(&Default::default()).await.expect("leases").items;
+        let held = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty());
+        list.iter()
+            .filter_map(|l| Some((l.metadata.name.clone()?, (held(l)?, l.spec.as_ref()?.lease_transitions))))
+            .collect()
+    };
+    let before = wait_until("every module leads", Duration::from_secs(60), async || {
+        let held = holders().await;
+        (held.len() == 5, held)
+    })
+    .await;
+
+    let sc = env.storage_class("sc", |_| {}).await;
+    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
+    create(&pvcs, &pvc("boom", Some(&sc), "1Mi")).await;
+    let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:02}")).collect();
+    futures::future::join_all(names.iter().map(|n| {
+        let (pvcs, claim) = (pvcs.clone(), pvc(n, Some(&sc), "1Mi"));
+        async move { create(&pvcs, &claim).await }
+    }))
+    .await;
+    for n in &names {
+        wait_for(&pvcs, n, Duration::from_secs(120), |c| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await;
+    }
+    let series = "csi_sidecar_panics_total{module=\"provisioner\"}";
+    wait_until("the panicking claim retried", Duration::from_secs(30), async || {
+        let m = get(&addr, "/metrics").await.map(|r| r.body).unwrap_or_default();
+        (sample(&m, series).is_some_and(|n| n >= 2.0), sample(&m, series))
+    })
+    .await;
+    assert_eq!(driver.creates(), CLAIMS as u64, "the panicking claim never reached the driver");
+    let boom = pvcs.get("boom").await.expect("boom");
+    assert_eq!(boom.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+    let m = get(&addr, "/metrics").await.map(|r| r.body).unwrap_or_default();
+    assert!(!m.contains("csi_sidecar_module_restarts_total"), "no module restarted:\n{m}");
+    assert_eq!(holders().await, before, "no Lease changed hands");
+    assert!(p.try_exit().is_none(), "the process runs on:\n{}", p.logs());
+    assert!(p.logs().contains("the test panic point of"), "{}", p.logs());
 }

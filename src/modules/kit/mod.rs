@@ -164,9 +164,17 @@ impl Crew {
             queue
                 .run(workers, token, move |key: ObjectKey<K>| {
                     let span = tracing::info_span!("sync", module, queue = name, key = %key);
+                    #[cfg(debug_assertions)]
+                    let point = format!("{module}:{key}");
+                    let sync = reconcile(target.clone(), key);
+                    #[cfg(debug_assertions)]
+                    let sync = async move {
+                        panic_point(&point);
+                        sync.await
+                    };
                     // On the heap at once: a sync's future is large (its CSI
                     // and API calls), and each wrapper would copy it.
-                    let sync = Box::pin(reconcile(target.clone(), key));
+                    let sync = Box::pin(sync);
                     async move { apply(&contained(module, sync).await) }.instrument(span)
                 })
                 .await
@@ -181,6 +189,19 @@ impl Crew {
     /// Runs every worker and task until the crew stops.
     pub async fn run(self) {
         futures::future::join_all(self.tasks).await;
+    }
+}
+
+/// The tests' fault point, in debug builds only (a release build does not
+/// contain it, nor the variable's name): the sync of the object named by
+/// `$CSI_SIDECAR_TEST_PANIC` (`<module>:<namespace>/<name>`) panics, as a
+/// defect in a reconcile would.
+#[cfg(debug_assertions)]
+fn panic_point(point: &str) {
+    static TARGET: std::sync::LazyLock<Option<String>> =
+        std::sync::LazyLock::new(|| std::env::var("CSI_SIDECAR_TEST_PANIC").ok());
+    if TARGET.as_deref() == Some(point) {
+        panic!("the test panic point of {point}");
     }
 }
 
