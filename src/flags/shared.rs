@@ -82,7 +82,7 @@ pub struct SharedFlags {
     /// labels added to the Lease while leading, as k1:v1,k2:v2
     #[argh(option)]
     pub leader_election_labels: Option<String>,
-    /// csi-sidecar only: one Lease of this name for all modules of the process instead of one per module (default: per-module Leases with upstream names)
+    /// csi-sidecar only: one Lease of this name decides which replica runs all the modules of the process; each module still takes its upstream-named Lease before it works (the migration guard; default without this flag: per-module Leases with upstream names only)
     #[argh(option)]
     pub leader_election_shared_lease: Option<String>,
     /// log verbosity (klog levels: 0-1 info, 2-4 debug, 5+ trace with CSI requests)
