@@ -1,8 +1,9 @@
 //! snapshotter failures the mock driver cannot show, with the fault driver
 //! and the real snapshot-controller: final and non-final CreateSnapshot
 //! errors, timeouts, nonsense answers, ListSnapshots and DeleteSnapshot
-//! failures, the secret path, and the start-up refusals. The provisioner and
-//! the snapshotter run in one csi-sidecar process.
+//! failures, the secret path, the start-up refusals, and hung snapshot calls
+//! beside another module's. The provisioner and the snapshotter run in one
+//! csi-sidecar process.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     deref_fault_env,
     fault_driver::{FaultDriver, FaultEnv, Script, SnapshotMethod, Transport},
-    kube_support::{create, pvc, storage_class, wait_deleted, wait_for},
+    kube_support::{create, csi_node, csi_pv, pvc, storage_class, volume_attachment, wait_deleted, wait_for},
     sidecar_bin,
     snapshots::{SnapApis, being_created, error_message, obj, ready},
     wait_until,
@@ -18,8 +19,8 @@ use csi_sidecar_integration::{
 use k8s_openapi::{
     ByteString,
     api::{
-        core::v1::{PersistentVolumeClaim, Secret},
-        storage::v1::StorageClass,
+        core::v1::{PersistentVolume, PersistentVolumeClaim, Secret},
+        storage::v1::{CSINode, StorageClass, VolumeAttachment},
     },
 };
 use kube::{
@@ -442,4 +443,43 @@ async fn node_deployment_serves_only_its_nodes_contents() {
     for name in ["mine", "theirs"] {
         env.snaps.force_delete_content(&env.ns.scoped(name)).await;
     }
+}
+
+/// A driver that hangs every CreateSnapshot does not delay another module's
+/// calls on the shared connection: while every snapshotter worker waits on
+/// its CreateSnapshot, ten volumes attach (each ControllerPublishVolume
+/// answered) before any CreateSnapshot has returned.
+#[tokio::test]
+async fn hanging_snapshot_calls_do_not_delay_another_modules_calls() {
+    const HUNG: usize = 10; // the snapshotter's default --worker-threads
+    const ATTACHMENTS: usize = 10;
+    let env = Env::new("snapf-hang").await;
+    let hang = |s| Script { publish: true, create_snapshot_delay: Duration::from_secs(600), ..s };
+    let (driver, _sidecar) = env.start(hang, &["--timeout=600s", "attacher"]);
+    env.bound_claim("data").await;
+    let class = env.ns.scoped("vsc");
+    env.snaps.class(&class, &env.driver_name, "Delete", serde_json::Value::Null).await;
+    for i in 0..HUNG {
+        env.snaps.snapshot_of(&format!("s{i}"), &class, "data").await;
+    }
+    wait_until("every snapshotter worker waits on the driver", T, async || {
+        let n = driver.snapshot_calls_of(SnapshotMethod::Create).len();
+        (n >= HUNG, n)
+    })
+    .await;
+
+    let node = format!("{}-node", env.ns.name());
+    create(&Api::<CSINode>::all(env.ns.client().clone()), &csi_node(&node, &env.driver_name, "node-id", &[])).await;
+    let (pvs, vas): (Api<PersistentVolume>, Api<VolumeAttachment>) =
+        (Api::all(env.ns.client().clone()), Api::all(env.ns.client().clone()));
+    let names: Vec<String> = (0..ATTACHMENTS).map(|i| env.ns.scoped(&format!("va{i}"))).collect();
+    for n in &names {
+        create(&pvs, &csi_pv(n, &env.driver_name, &format!("vol-{n}"), "1Mi")).await;
+        create(&vas, &volume_attachment(n, &env.driver_name, &node, n)).await;
+    }
+    for n in &names {
+        wait_for(&vas, n, T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;
+    }
+    assert_eq!(driver.publish_calls().len(), ATTACHMENTS);
+    assert!(driver.snapshots.lock().expect("snapshots").is_empty(), "no CreateSnapshot has returned yet");
 }
