@@ -88,69 +88,6 @@ fn set(list: &[(&str, &str, &str)]) -> BTreeSet<Triple> {
     list.iter().map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect()
 }
 
-/// What the provisioner module calls, and where (src/modules/provisioner/mod.rs
-/// unless said otherwise). Nothing else: no `get` on StorageClasses or
-/// VolumeAttachments, which are only read from informer caches; PVCs and
-/// PVs are read with a GET only as a clone's source. (ReferenceGrants
-/// `list`, with the CrossNamespaceVolumeDataSource gate only, is a
-/// commented-out rule of the manifest: not granted by default.)
-const PROVISIONER_CALLS: &[(&str, &str, &str)] = &[
-    // `run`: informers.get::<PersistentVolumeClaim>() (src/kube/informers.rs:
-    // a streaming list, i.e. a watch; `list` where the apiserver refuses
-    // streaming lists, as one without the WatchList feature does).
-    ("", "persistentvolumeclaims", "list"),
-    ("", "persistentvolumeclaims", "watch"),
-    // `unselect_node`: merge patch removing volume.kubernetes.io/selected-node
-    // (reschedule: the selected node or its CSINode is gone, or
-    // ResourceExhausted from a topology-aware driver).
-    // Also `protect_source` / `sync_clone_source`: the cloning-protection
-    // finalizer on a clone's source.
-    ("", "persistentvolumeclaims", "patch"),
-    // `clone_source`: the source claim (bound: not in the cache).
-    ("", "persistentvolumeclaims", "get"),
-    // `clone_source`: the source claim's volume (its handle).
-    ("", "persistentvolumes", "get"),
-    // `snapshot_source`, `protect_source`, `release_snapshot`: a restore's snapshot.
-    ("snapshot.storage.k8s.io", "volumesnapshots", "get"),
-    // The provisioner's volumesnapshot-as-source-protection finalizer (JSON patches).
-    ("snapshot.storage.k8s.io", "volumesnapshots", "patch"),
-    // `run`: views::provisioner_protected_snapshots (the orphan sweep; the
-    // snapshot CRDs installed, a driver with CREATE_DELETE_SNAPSHOT).
-    ("snapshot.storage.k8s.io", "volumesnapshots", "list"),
-    ("snapshot.storage.k8s.io", "volumesnapshots", "watch"),
-    // `snapshot_source`: the snapshot's bound content (its handle).
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"),
-    // `run`: informers.get::<PersistentVolume>().
-    ("", "persistentvolumes", "list"),
-    ("", "persistentvolumes", "watch"),
-    // `provision`: api.create(&pv).
-    ("", "persistentvolumes", "create"),
-    // `delete`: api.delete(&name).
-    ("", "persistentvolumes", "delete"),
-    // `patch_finalizers`: merge patch of metadata.finalizers.
-    ("", "persistentvolumes", "patch"),
-    // `run`: informers.get::<StorageClass>().
-    ("storage.k8s.io", "storageclasses", "list"),
-    ("storage.k8s.io", "storageclasses", "watch"),
-    // `run`: informers.get::<VolumeAttachment>() when the driver can publish.
-    ("storage.k8s.io", "volumeattachments", "list"),
-    ("storage.k8s.io", "volumeattachments", "watch"),
-    // `run`: informers.metadata::<Node>() and informers.get::<CSINode>() for
-    // topology, only with a driver reporting VOLUME_ACCESSIBILITY_CONSTRAINTS
-    // (the live run's driver does).
-    ("", "nodes", "list"),
-    ("", "nodes", "watch"),
-    ("storage.k8s.io", "csinodes", "list"),
-    ("storage.k8s.io", "csinodes", "watch"),
-    // `secret`: Api::<Secret>::get (provisioner and deletion secrets).
-    ("", "secrets", "get"),
-    // `prepare`: Api::<VolumeAttributesClass>::get (a claim naming a class).
-    ("storage.k8s.io", "volumeattributesclasses", "get"),
-    // src/kube/events.rs `write`: create a new Event, patch the count of a repeat.
-    ("", "events", "create"),
-    ("", "events", "patch"),
-];
-
 /// What capacity tracking calls (src/modules/provisioner/capacity/mod.rs),
 /// in the provisioner's namespace only (a Role).
 const CAPACITY_CALLS: &[(&str, &str, &str)] = &[
@@ -180,149 +117,36 @@ const LEADER_ELECTION_CALLS: &[(&str, &str, &str)] = &[
     ("coordination.k8s.io", "leases", "update"),
 ];
 
-#[test]
-fn provisioner_cluster_role_is_exactly_what_the_code_calls() {
-    let role = doc("provisioner.yaml", "ClusterRole", "csi-sidecar-provisioner");
-    assert_eq!(triples(&role), set(PROVISIONER_CALLS));
+/// What a controller module calls cluster-wide: its row's ClusterRole
+/// rules (each with where the code calls it, in the module's
+/// `config.rs`), as triples. `manifests.rs` checks the manifests against
+/// the rows; the live runs here prove each triple needed and sufficient.
+fn row_calls(module: &str) -> BTreeSet<Triple> {
+    let row = csi_sidecar::modules::lookup(module).unwrap_or_else(|| panic!("no module {module}"));
+    let mut out = BTreeSet::new();
+    for rule in row.cluster_rules {
+        for g in rule.groups {
+            for r in rule.resources {
+                for v in rule.verbs {
+                    out.insert((g.to_string(), r.to_string(), v.to_string()));
+                }
+            }
+        }
+    }
+    out
 }
 
+/// Each controller module's Lease Role is exactly what the elector calls.
 #[test]
-fn provisioner_leader_election_role_is_exactly_what_the_code_calls() {
-    let role = doc("provisioner.yaml", "Role", "csi-sidecar-provisioner-leader-election");
-    assert_eq!(role["metadata"]["namespace"], "default", "namespace placeholder");
-    assert_eq!(triples(&role), set(LEADER_ELECTION_CALLS));
+fn each_controllers_leader_election_role_is_exactly_what_the_code_calls() {
+    let controllers = csi_sidecar::modules::MODULES.iter().filter(|m| m.needs.kube);
+    for m in controllers {
+        let role = doc(&format!("{}.yaml", m.name), "Role", &format!("csi-sidecar-{}-leader-election", m.name));
+        assert_eq!(role["metadata"]["namespace"], "default", "{}: namespace placeholder", m.name);
+        assert_eq!(triples(&role), set(LEADER_ELECTION_CALLS), "{}", m.name);
+        assert!(!row_calls(m.name).is_empty(), "{}: a controller row without rules", m.name);
+    }
 }
-
-/// What the attacher module calls (src/modules/attacher/mod.rs). No `get`
-/// on VolumeAttachments, PVs or CSINodes: informer caches only; no events.
-const ATTACHER_CALLS: &[(&str, &str, &str)] = &[
-    // `run`: informers.get::<VolumeAttachment>().
-    ("storage.k8s.io", "volumeattachments", "list"),
-    ("storage.k8s.io", "volumeattachments", "watch"),
-    // `attach`, `detach`: va_api().patch (finalizer, node-id annotation).
-    ("storage.k8s.io", "volumeattachments", "patch"),
-    // `patch_status`, `error_status`: va_api().patch_status.
-    ("storage.k8s.io", "volumeattachments/status", "patch"),
-    // `run`: informers.get::<PersistentVolume>().
-    ("", "persistentvolumes", "list"),
-    ("", "persistentvolumes", "watch"),
-    // `add_finalizer`, `sync_pv`: merge patch of metadata.finalizers.
-    ("", "persistentvolumes", "patch"),
-    // `run`: informers.get::<CSINode>().
-    ("storage.k8s.io", "csinodes", "list"),
-    ("storage.k8s.io", "csinodes", "watch"),
-    // `secrets`: Api::<Secret>::get (controllerPublishSecretRef).
-    ("", "secrets", "get"),
-];
-
-#[test]
-fn attacher_cluster_role_is_exactly_what_the_code_calls() {
-    let role = doc("attacher.yaml", "ClusterRole", "csi-sidecar-attacher");
-    assert_eq!(triples(&role), set(ATTACHER_CALLS));
-    let lease = doc("attacher.yaml", "Role", "csi-sidecar-attacher-leader-election");
-    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
-    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
-}
-
-/// What the resizer module calls (src/modules/resizer/mod.rs). No `get`
-/// on claims, PVs, pods or classes: informer caches only.
-const RESIZER_CALLS: &[(&str, &str, &str)] = &[
-    // `run`: views::bound_claims.
-    ("", "persistentvolumeclaims", "list"),
-    ("", "persistentvolumeclaims", "watch"),
-    // `patch_status`: the resize and modify status (and the
-    // node-expansion-not-required annotation, through /status as upstream).
-    ("", "persistentvolumeclaims/status", "patch"),
-    // `run`: views::driver_pvs.
-    ("", "persistentvolumes", "list"),
-    ("", "persistentvolumes", "watch"),
-    // `patch_pv`: capacity, pre-resize annotation, volumeAttributesClassName.
-    ("", "persistentvolumes", "patch"),
-    // `run`: views::pods_using_claims (offline-only driver).
-    ("", "pods", "list"),
-    ("", "pods", "watch"),
-    // `run`: informers.get::<VolumeAttributesClass>() (the driver can modify).
-    ("storage.k8s.io", "volumeattributesclasses", "list"),
-    ("storage.k8s.io", "volumeattributesclasses", "watch"),
-    // `expand`, `sync_modify`: Api::<Secret>::get (controllerExpandSecretRef).
-    ("", "secrets", "get"),
-    // src/kube/events.rs `write`: create, and a repeat's PATCH.
-    ("", "events", "create"),
-    ("", "events", "patch"),
-];
-
-/// What the snapshotter module calls (src/modules/snapshotter/mod.rs). No
-/// VolumeSnapshots, claims or PVs, no `update`: every write is a patch.
-const SNAPSHOTTER_CALLS: &[(&str, &str, &str)] = &[
-    // `run`: views::driver_snapshot_contents.
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "list"),
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "watch"),
-    // `write_status`, `delete`: the fresh read before a status write.
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "get"),
-    // `patch`: the being-created annotation; kube/finalizers.rs: the finalizer.
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents", "patch"),
-    // `patch_status`: handle, readyToUse, creationTime, restoreSize, error.
-    ("snapshot.storage.k8s.io", "volumesnapshotcontents/status", "patch"),
-    // `run`: views::snapshot_classes.
-    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "list"),
-    ("snapshot.storage.k8s.io", "volumesnapshotclasses", "watch"),
-    // `run` with group snapshots: views::driver_group_snapshot_contents, views::group_snapshot_classes.
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "list"),
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "watch"),
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "list"),
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotclasses", "watch"),
-    // group.rs `write_status`, `delete`: the fresh read; `patch`: the group
-    // being-created annotation and the group finalizer; `patch_status`.
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "get"),
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "patch"),
-    ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents/status", "patch"),
-    // `secrets`: Api::<Secret>::get (deletion-secret annotations, list secret).
-    ("", "secrets", "get"),
-    // src/kube/events.rs `write`: create, and a repeat's PATCH.
-    ("", "events", "create"),
-    ("", "events", "patch"),
-];
-
-#[test]
-fn snapshotter_cluster_role_is_exactly_what_the_code_calls() {
-    let role = doc("snapshotter.yaml", "ClusterRole", "csi-sidecar-snapshotter");
-    assert_eq!(triples(&role), set(SNAPSHOTTER_CALLS));
-    let lease = doc("snapshotter.yaml", "Role", "csi-sidecar-snapshotter-leader-election");
-    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
-    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
-}
-
-#[test]
-fn resizer_cluster_role_is_exactly_what_the_code_calls() {
-    let role = doc("resizer.yaml", "ClusterRole", "csi-sidecar-resizer");
-    assert_eq!(triples(&role), set(RESIZER_CALLS));
-    let lease = doc("resizer.yaml", "Role", "csi-sidecar-resizer-leader-election");
-    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
-    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
-}
-
-/// What the health monitor calls (src/modules/health/). No `get` on
-/// claims, PVs, nodes or pods (informer caches only), no watch of events:
-/// its own past events are listed once when it starts leading.
-const HEALTH_MONITOR_CALLS: &[(&str, &str, &str)] = &[
-    // mod.rs `run`: views::bound_claims.
-    ("", "persistentvolumeclaims", "list"),
-    ("", "persistentvolumeclaims", "watch"),
-    // mod.rs `run`: views::driver_pvs.
-    ("", "persistentvolumes", "list"),
-    ("", "persistentvolumes", "watch"),
-    // nodes.rs `NodeWatcher::new` (--enable-node-watcher): informers.get::<CachedNode>()
-    // and the view of pods on a node using claims.
-    ("", "nodes", "list"),
-    ("", "nodes", "watch"),
-    ("", "pods", "list"),
-    ("", "pods", "watch"),
-    // monitor.rs `recall`: this monitor's past events, by reason and source.
-    ("", "events", "list"),
-    // src/kube/events.rs `write`: create, and a repeat's PATCH.
-    ("", "events", "create"),
-    ("", "events", "patch"),
-];
 
 /// The health monitor's optional rule, commented out in the manifest (and
 /// off in the chart unless `patchClaimStatus`): status_api.rs `probe`, the
@@ -349,15 +173,11 @@ fn commented_out(file: &str) -> BTreeSet<Triple> {
     triples(&serde_json::json!({ "rules": rules }))
 }
 
+/// The health monitor's optional claim status rule: in the manifest,
+/// commented out.
 #[test]
-fn health_monitor_cluster_role_is_exactly_what_the_code_calls() {
-    let role = doc("health-monitor.yaml", "ClusterRole", "csi-sidecar-health-monitor");
-    assert_eq!(triples(&role), set(HEALTH_MONITOR_CALLS));
-    // The optional claim status rule: in the file, commented out.
+fn the_health_monitors_optional_rule_is_commented_out() {
     assert_eq!(commented_out("health-monitor.yaml"), set(&[HEALTH_MONITOR_CLAIM_STATUS]));
-    let lease = doc("health-monitor.yaml", "Role", "csi-sidecar-health-monitor-leader-election");
-    assert_eq!(lease["metadata"]["namespace"], "default", "namespace placeholder");
-    assert_eq!(triples(&lease), set(LEADER_ELECTION_CALLS));
 }
 
 /// The kinds a piece of source touches: typed `Api<K>`, informers of a
@@ -464,7 +284,7 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         new.is_empty(),
         "kinds used in src/ that manifests/rbac does not cover: {new:?} (found {found:?}). Grant the verbs the \
          code uses in manifests/rbac/<module>.yaml and manifests/helm/csi-sidecar/templates/rbac.yaml, list them \
-         in PROVISIONER_CALLS / ATTACHER_CALLS above, and add the kind here"
+         in the module's CLUSTER_RULES (its config.rs), and add the kind here"
     );
 }
 

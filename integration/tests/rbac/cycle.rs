@@ -31,10 +31,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use super::{
-    ATTACHER_CALLS, CAPACITY_CALLS, CLAIM_STATUS_REFUSED, HEALTH_MONITOR_CALLS, LEADER_ELECTION_CALLS,
-    PROVISIONER_CALLS, RESIZER_CALLS, SNAPSHOTTER_CALLS, Triple, name, rbac_file, set,
-};
+use super::{CAPACITY_CALLS, CLAIM_STATUS_REFUSED, LEADER_ELECTION_CALLS, Triple, name, rbac_file, row_calls, set};
 
 const CONTROLLER_SA: &str = "csi-sidecar-controller";
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
@@ -77,13 +74,7 @@ impl Module {
 
     /// The triples the live run exercises: all of the module's.
     pub fn exercised(self) -> Vec<Triple> {
-        let calls = match self {
-            Module::Provisioner => PROVISIONER_CALLS,
-            Module::Attacher => ATTACHER_CALLS,
-            Module::Resizer => RESIZER_CALLS,
-            Module::Snapshotter => SNAPSHOTTER_CALLS,
-            Module::HealthMonitor => HEALTH_MONITOR_CALLS,
-        };
+        let calls = row_calls(self.name());
         // The mock driver has no GroupController: the snapshotter's live run
         // lists and watches the group kinds but writes no group content.
         // Those writes are proven sufficient and needed under this manifest by
@@ -95,12 +86,7 @@ impl Module {
         ];
         let skip = set(&unexercised);
         let capacity = if self == Module::Provisioner { CAPACITY_CALLS } else { &[] };
-        set(calls)
-            .into_iter()
-            .filter(|t| !skip.contains(t))
-            .chain(set(LEADER_ELECTION_CALLS))
-            .chain(set(capacity))
-            .collect()
+        calls.into_iter().filter(|t| !skip.contains(t)).chain(set(LEADER_ELECTION_CALLS)).chain(set(capacity)).collect()
     }
 }
 

@@ -93,13 +93,21 @@ impl AttacherFlags {
     }
 }
 
-/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
-/// manifests grant, checked against `manifests/rbac/` and the chart.
+/// The module's ClusterRole (its row's `cluster_rules`): exactly what the
+/// code calls, each rule with where. `manifests/rbac/` and the chart are
+/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
+    // list, watch: `run`'s informer (never a GET). patch: `attach`,
+    // `detach` (finalizer, node-id annotation).
     Rule::new(&["storage.k8s.io"], &["volumeattachments"], &["list", "watch", "patch"]),
+    // `patch_status`, `error_status`.
     Rule::new(&["storage.k8s.io"], &["volumeattachments/status"], &["patch"]),
+    // list, watch: the informer. patch: `add_finalizer`, `sync_pv`.
     Rule::new(&[""], &["persistentvolumes"], &["list", "watch", "patch"]),
+    // The informer of CSINodes (node IDs).
     Rule::new(&["storage.k8s.io"], &["csinodes"], &["list", "watch"]),
+    // `secrets`: the controllerPublishSecretRef.
     Rule::new(&[""], &["secrets"], &["get"]),
 ];
 

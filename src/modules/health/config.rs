@@ -67,12 +67,20 @@ impl HealthMonitorFlags {
     }
 }
 
-/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
-/// manifests grant, checked against `manifests/rbac/` and the chart.
+/// The module's ClusterRole (its row's `cluster_rules`): exactly what the
+/// code calls, each rule with where. `manifests/rbac/` and the chart are
+/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
+    // mod.rs `run`: views::bound_claims (never a GET).
     Rule::new(&[""], &["persistentvolumeclaims"], &["list", "watch"]),
+    // mod.rs `run`: views::driver_pvs.
     Rule::new(&[""], &["persistentvolumes"], &["list", "watch"]),
+    // nodes.rs `NodeWatcher::new` (--enable-node-watcher): the nodes and
+    // the view of pods on a node using claims.
     Rule::new(&[""], &["nodes", "pods"], &["list", "watch"]),
+    // list: monitor.rs `recall`, its own past events once when it leads (no
+    // watch). create, patch: kube/events.rs `write`.
     Rule::new(&[""], &["events"], &["list", "create", "patch"]),
 ];
 

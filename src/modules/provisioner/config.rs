@@ -157,19 +157,40 @@ impl ProvisionerFlags {
     }
 }
 
-/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
-/// manifests grant, checked against `manifests/rbac/` and the chart.
+/// The module's ClusterRole (its row's `cluster_rules`): exactly what the
+/// code calls, each rule with where. `manifests/rbac/` and the chart are
+/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
+    // list, watch: `run`'s informer of claims (a streaming list; `list` where
+    // the apiserver refuses those). patch: `unselect_node` (the selected-node
+    // annotation on a reschedule) and the cloning-protection finalizer on a
+    // clone's source (`protect_source`, `sync_clone_source`). get:
+    // `clone_source`, the bound source claim (not in the cache).
     Rule::new(&[""], &["persistentvolumeclaims"], &["get", "list", "watch", "patch"]),
+    // get: `clone_source`, the source's volume. list, watch: the informer.
+    // create: `provision`. delete: `delete`. patch: `patch_finalizers`.
     Rule::new(&[""], &["persistentvolumes"], &["get", "list", "watch", "create", "delete", "patch"]),
+    // get: a restore's snapshot (`snapshot_source`, `protect_source`,
+    // `release_snapshot`); patch: its source-protection finalizer; list,
+    // watch: the orphan sweep's view (with the snapshot CRDs and a driver
+    // that snapshots).
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get", "list", "watch", "patch"]),
+    // `snapshot_source`: the snapshot's bound content (its handle).
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get"]),
+    // The informer of classes (never a GET: the cache).
     Rule::new(&["storage.k8s.io"], &["storageclasses"], &["list", "watch"]),
+    // The informer of attachments, when the driver can publish.
     Rule::new(&["storage.k8s.io"], &["volumeattachments"], &["list", "watch"]),
+    // Topology (a driver with VOLUME_ACCESSIBILITY_CONSTRAINTS): the Node
+    // metadata and CSINode informers.
     Rule::new(&[""], &["nodes"], &["list", "watch"]),
     Rule::new(&["storage.k8s.io"], &["csinodes"], &["list", "watch"]),
+    // `prepare`: a claim naming a VolumeAttributesClass.
     Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["get"]),
+    // `secret`: provisioner and deletion secrets.
     Rule::new(&[""], &["secrets"], &["get"]),
+    // kube/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 

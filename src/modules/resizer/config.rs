@@ -101,15 +101,26 @@ impl ResizerFlags {
     }
 }
 
-/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
-/// manifests grant, checked against `manifests/rbac/` and the chart.
+/// The module's ClusterRole (its row's `cluster_rules`): exactly what the
+/// code calls, each rule with where. `manifests/rbac/` and the chart are
+/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
+    // `run`: views::bound_claims (never a GET).
     Rule::new(&[""], &["persistentvolumeclaims"], &["list", "watch"]),
+    // `patch_status`: resize and modify status, and the
+    // node-expansion-not-required annotation (through /status, as upstream).
     Rule::new(&[""], &["persistentvolumeclaims/status"], &["patch"]),
+    // list, watch: views::driver_pvs. patch: `patch_pv` (capacity, the
+    // pre-resize annotation, volumeAttributesClassName).
     Rule::new(&[""], &["persistentvolumes"], &["list", "watch", "patch"]),
+    // views::pods_using_claims (an offline-only driver).
     Rule::new(&[""], &["pods"], &["list", "watch"]),
+    // The informer of classes, when the driver can modify.
     Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["list", "watch"]),
+    // `expand`, `sync_modify`: the controllerExpandSecretRef.
     Rule::new(&[""], &["secrets"], &["get"]),
+    // kube/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 

@@ -110,16 +110,28 @@ impl SnapshotterFlags {
     }
 }
 
-/// The module's ClusterRole (its row's `cluster_rules`): what upstream's
-/// manifests grant, checked against `manifests/rbac/` and the chart.
+/// The module's ClusterRole (its row's `cluster_rules`): exactly what the
+/// code calls, each rule with where. `manifests/rbac/` and the chart are
+/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
+    // list, watch: views::driver_snapshot_contents. get: the fresh read
+    // before a status write or a delete. patch: the being-created annotation
+    // and (kube/finalizers.rs) the finalizer. No `update`: every write is a
+    // patch.
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get", "list", "watch", "patch"]),
+    // `patch_status`: handle, readyToUse, creationTime, restoreSize, error.
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents/status"], &["patch"]),
+    // views::snapshot_classes.
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotclasses"], &["list", "watch"]),
+    // With group snapshots: the view of the driver's group contents, and
+    // group.rs's fresh read, annotation and finalizer patches, status.
     Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotcontents"], &["get", "list", "watch", "patch"]),
     Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotcontents/status"], &["patch"]),
     Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotclasses"], &["list", "watch"]),
+    // `secrets`: the deletion-secret annotations, the list secret.
     Rule::new(&[""], &["secrets"], &["get"]),
+    // kube/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 
