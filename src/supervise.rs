@@ -13,9 +13,10 @@
 //! A new instance rebuilds its state from the shared cache: its handlers
 //! are replayed every cached object, so nothing queued is lost. While a
 //! controller module is down, and while it crash-loops (3 failures without
-//! 10 min of running in between), `/healthz/<module>` answers 500, so the
-//! kubelet's liveness probe restarts the container when a module cannot
-//! recover ([`healthy`]).
+//! 10 min of running in between), `/healthz/<module>` answers 500, and so
+//! does `/healthz/leader-election` (the chart's liveness probe), so the
+//! kubelet restarts the container when a module cannot recover
+//! ([`healthy`]).
 
 use std::{
     sync::Arc,
@@ -174,6 +175,11 @@ pub async fn supervise(module: ModuleConfig, base: ModuleContext) -> Result<(), 
     if module.desc().needs.kube {
         // The node modules serve their own check under their name.
         base.health.register(name, Arc::new(status.clone()));
+        // And in `/healthz/leader-election`, the path the chart's liveness
+        // probe asks: a controller that cannot recover restarts the pod.
+        if let Some(kube) = base.kube.as_ref() {
+            kube.leader_health.set(&format!("module:{name}"), Arc::new(status.clone()));
+        }
     }
     metrics::describe_counter!(METRIC_RESTARTS, METRIC_RESTARTS_HELP);
     let mut failures = 0;
