@@ -142,7 +142,7 @@ enum Ended {
 
 async fn serve_once(socket_path: &Path, info: PluginInfo, shutdown: &CancellationToken) -> Result<Ended, ModuleError> {
     let listener =
-        socket::listen(socket_path).map_err(|e| ModuleError::Fatal { module: NAME, message: e.to_string() })?;
+        socket::listen(socket_path).map_err(|e| ModuleError::Config { module: NAME, message: e.to_string() })?;
     tracing::info!(socket = %socket_path.display(), "Registration Server started");
     let (events, mut rx) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();

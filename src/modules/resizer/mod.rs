@@ -260,7 +260,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     }
     let modifies = gates.volume_attributes_class && driver.has_controller_capability(Rpc::ModifyVolume);
     if expander.is_none() && !modifies {
-        return Err(fatal("CSI driver does not support resize nor modify".into()));
+        return Err(kit.config_error("CSI driver does not support resize nor modify"));
     }
     let watch_pods = cfg.handle_volume_inuse_error && expander == Some(Expander::Csi) && offline_only(&driver);
     let wiring = Wiring::new(&kit, &driver.name, modifies, watch_pods);

@@ -490,7 +490,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     };
     let Some(driver) = kit.driver().await else { return Ok(()) };
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
-        return Err(kit.fatal(up::text_no_create_capability(&driver.name)));
+        return Err(kit.config_error(up::text_no_create_capability(&driver.name)));
     }
     if !discovery::wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
