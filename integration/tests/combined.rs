@@ -455,19 +455,9 @@ async fn a_lost_attacher_lease_stops_only_the_attacher() {
     let vas: Api<VolumeAttachment> = Api::all(env.ns.client().clone());
     let va_name = env.ns.scoped("va");
     create(&vas, &volume_attachment(&va_name, &env.driver_name, &node, &first_pv)).await;
-    let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:02}")).collect();
-    futures::future::join_all(names.iter().map(|n| {
-        let (pvcs, claim) = (pvcs.clone(), pvc(n, Some(&sc), "1Mi"));
-        async move { create(&pvcs, &claim).await }
-    }))
-    .await;
-    for n in &names {
-        wait_for(&pvcs, n, Duration::from_secs(120), |c| {
-            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-        })
-        .await;
-    }
+    env.create_claims(&names, &sc).await;
+    env.wait_bound(&names, Duration::from_secs(120)).await;
     assert_eq!(driver.creates(), CLAIMS as u64 + 1, "exactly one CreateVolume per claim");
     assert!(driver.publish_calls().is_empty(), "the standby attacher published nothing");
     let va = vas.get(&va_name).await.expect("va");
@@ -539,17 +529,8 @@ async fn a_panicking_sync_stays_in_its_sync() {
     let pvcs: Api<PersistentVolumeClaim> = env.ns.api();
     create(&pvcs, &pvc("boom", Some(&sc), "1Mi")).await;
     let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:02}")).collect();
-    futures::future::join_all(names.iter().map(|n| {
-        let (pvcs, claim) = (pvcs.clone(), pvc(n, Some(&sc), "1Mi"));
-        async move { create(&pvcs, &claim).await }
-    }))
-    .await;
-    for n in &names {
-        wait_for(&pvcs, n, Duration::from_secs(120), |c| {
-            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-        })
-        .await;
-    }
+    env.create_claims(&names, &sc).await;
+    env.wait_bound(&names, Duration::from_secs(120)).await;
     let series = "csi_sidecar_panics_total{module=\"provisioner\"}";
     wait_until("the panicking claim retried", Duration::from_secs(30), async || {
         let m = get(&addr, "/metrics").await.map(|r| r.body).unwrap_or_default();

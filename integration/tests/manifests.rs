@@ -284,17 +284,8 @@ fn rules(role: &Value) -> BTreeSet<(String, String, String)> {
 
 /// A module row's ClusterRole rules as (apiGroup, resource, verb) triples.
 fn row_rules(row: &csi_sidecar::modules::ModuleDesc) -> BTreeSet<(String, String, String)> {
-    let mut out = BTreeSet::new();
-    for r in row.cluster_rules {
-        for g in r.groups {
-            for res in r.resources {
-                for v in r.verbs {
-                    out.insert((g.to_string(), res.to_string(), v.to_string()));
-                }
-            }
-        }
-    }
-    out
+    let triples = row.cluster_rules.iter().flat_map(|rule| rule.triples());
+    triples.map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect()
 }
 
 /// Each controller module's ClusterRole in `manifests/rbac/<name>.yaml`

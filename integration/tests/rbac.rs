@@ -123,17 +123,8 @@ const LEADER_ELECTION_CALLS: &[(&str, &str, &str)] = &[
 /// the rows; the live runs here prove each triple needed and sufficient.
 fn row_calls(module: &str) -> BTreeSet<Triple> {
     let row = csi_sidecar::modules::lookup(module).unwrap_or_else(|| panic!("no module {module}"));
-    let mut out = BTreeSet::new();
-    for rule in row.cluster_rules {
-        for g in rule.groups {
-            for r in rule.resources {
-                for v in rule.verbs {
-                    out.insert((g.to_string(), r.to_string(), v.to_string()));
-                }
-            }
-        }
-    }
-    out
+    let triples = row.cluster_rules.iter().flat_map(|rule| rule.triples());
+    triples.map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect()
 }
 
 /// Each controller module's Lease Role is exactly what the elector calls.

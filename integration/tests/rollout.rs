@@ -9,13 +9,13 @@ use std::time::Duration;
 use csi_sidecar_integration::{
     failover::fast_leader_election,
     fault_driver::{FaultDriver, FaultEnv, Script, Transport},
-    kube_support::{create, csi_node, csi_pv, pvc, volume_attachment, wait_for},
+    kube_support::{create, csi_node, csi_pv, volume_attachment, wait_for},
     process::Proc,
     sidecar_bin,
 };
 use futures::future::join_all;
 use k8s_openapi::api::{
-    core::v1::{PersistentVolume, PersistentVolumeClaim},
+    core::v1::PersistentVolume,
     storage::v1::{CSINode, VolumeAttachment},
 };
 use kube::Api;
@@ -70,13 +70,8 @@ impl World {
 
     /// Creates `CLAIMS` claims and `ATTACHMENTS` attachments named by `wave`.
     async fn start_wave(&self, wave: &str) -> (Vec<String>, Vec<String>) {
-        let pvcs: Api<PersistentVolumeClaim> = self.env.ns.api();
         let claims: Vec<String> = (0..CLAIMS).map(|i| format!("{wave}-c{i:02}")).collect();
-        join_all(claims.iter().map(|n| {
-            let (pvcs, claim) = (pvcs.clone(), pvc(n, Some(&self.sc), "1Mi"));
-            async move { create(&pvcs, &claim).await }
-        }))
-        .await;
+        self.env.create_claims(&claims, &self.sc).await;
         let (pvs, vas): (Api<PersistentVolume>, Api<VolumeAttachment>) =
             (Api::all(self.env.ns.client().clone()), Api::all(self.env.ns.client().clone()));
         let names: Vec<String> = (0..ATTACHMENTS).map(|i| self.env.ns.scoped(&format!("{wave}-va{i:02}"))).collect();
@@ -96,10 +91,7 @@ impl World {
     /// one CreateVolume or ControllerPublishVolume, none at once with another
     /// on the same volume.
     async fn assert_done_once(&self, claims: &[String], attachments: &[String], creates_before: u64) {
-        let pvcs: Api<PersistentVolumeClaim> = self.env.ns.api();
-        for c in claims {
-            wait_for(&pvcs, c, T, |c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).await;
-        }
+        self.env.wait_bound(claims, T).await;
         let vas: Api<VolumeAttachment> = Api::all(self.env.ns.client().clone());
         for a in attachments {
             wait_for(&vas, a, T, |v| v.status.as_ref().is_some_and(|s| s.attached)).await;

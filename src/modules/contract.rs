@@ -56,6 +56,13 @@ impl Rule {
     ) -> Rule {
         Rule { groups, resources, verbs }
     }
+
+    /// Every (API group, resource, verb) the rule grants.
+    pub fn triples(&self) -> impl Iterator<Item = (&'static str, &'static str, &'static str)> + '_ {
+        self.groups
+            .iter()
+            .flat_map(move |g| self.resources.iter().flat_map(move |r| self.verbs.iter().map(move |v| (*g, *r, *v))))
+    }
 }
 
 /// Equality of two modules' flags behind `dyn Module`; every flags struct

@@ -91,6 +91,27 @@ impl FaultEnv {
         sc.metadata.name.unwrap_or_default()
     }
 
+    /// Creates the 1Mi claims `names` of class `sc`, all at once.
+    pub async fn create_claims(&self, names: &[String], sc: &str) {
+        let pvcs: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = self.ns.api();
+        futures::future::join_all(names.iter().map(|n| {
+            let (pvcs, claim) = (pvcs.clone(), crate::kube_support::pvc(n, Some(sc), "1Mi"));
+            async move { crate::kube_support::create(&pvcs, &claim).await }
+        }))
+        .await;
+    }
+
+    /// Waits up to `timeout` (each) until every claim of `names` is Bound.
+    pub async fn wait_bound(&self, names: &[String], timeout: Duration) {
+        let pvcs: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = self.ns.api();
+        for n in names {
+            crate::kube_support::wait_for(&pvcs, n, timeout, |c| {
+                c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+            })
+            .await;
+        }
+    }
+
     /// Creates the 1Mi claim `name` of class `sc` and waits up to `timeout`
     /// for it to be Bound; its PV's name.
     pub async fn bound_claim(&self, name: &str, sc: &str, timeout: Duration) -> String {
