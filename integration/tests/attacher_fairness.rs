@@ -157,6 +157,11 @@ struct Reconciled {
 
 impl Reconciled {
     async fn start(tag: &str, extra: &[&str]) -> Reconciled {
+        Self::start_scripted(tag, extra, |s| s).await
+    }
+
+    /// [`Reconciled::start`] with a driver whose script `script` changes.
+    async fn start_scripted(tag: &str, extra: &[&str], script: impl FnOnce(Script) -> Script) -> Reconciled {
         let cp = ControlPlane::shared();
         let client = cp.client().await;
         let ns = TestNamespace::new(&client, tag).await;
@@ -166,7 +171,7 @@ impl Reconciled {
         let driver = FaultDriver::start(
             &socket,
             Transport::Grpc,
-            Script { name: driver_name.clone(), controller: true, publish: true, ..Script::default() },
+            script(Script { name: driver_name.clone(), controller: true, publish: true, ..Script::default() }),
         );
         let node = format!("{}-node", ns.name());
         create(&Api::<CSINode>::all(client.clone()), &csi_node(&node, &driver_name, &node, &[])).await;
@@ -284,6 +289,25 @@ async fn a_later_error_without_a_code_drops_the_old_error_code() {
     })
     .await;
     assert_eq!(e.and_then(|e| e.error_code), None, "no gRPC code for this error");
+}
+
+/// A publish answered late: the passes during it see the driver publish a
+/// volume whose attachment is not yet marked attached, and leave the attach
+/// in flight alone; they used to force a second publish of the volume right
+/// after the first (and so did passes between the status write and the
+/// cache seeing it, a flake of `Reconciled::start`'s one-publish check).
+#[tokio::test]
+async fn the_reconciler_leaves_an_attach_in_flight_alone() {
+    let late = |s| Script { publish_answer_delay: Duration::from_secs(3), ..s };
+    let r = Reconciled::start_scripted("recfly", &[], late).await;
+    let lists = || r.driver.counters.list_volumes.load(std::sync::atomic::Ordering::SeqCst);
+    let after_attach = lists();
+    wait_until("two passes over the attached volume", Duration::from_secs(30), async || {
+        (lists() >= after_attach + 2, lists())
+    })
+    .await;
+    assert_eq!(r.publishes(), 1, "{}", r.attacher.logs());
+    assert!(!r.attacher.logs().contains("Driver disagrees"), "{}", r.attacher.logs());
 }
 
 /// A volume missing from the driver's answer is published nowhere, as

@@ -52,6 +52,9 @@ pub struct Script {
     pub topology: bool,
     /// Delay of `ControllerPublishVolume`.
     pub publish_delay: Duration,
+    /// Delay of a successful `ControllerPublishVolume`'s answer, after the
+    /// publication is recorded (a backend that attached but answers late).
+    pub publish_answer_delay: Duration,
     /// Delay of `ControllerUnpublishVolume`.
     pub unpublish_delay: Duration,
     /// `ControllerUnpublishVolume` fails with this (after its delay) while set.
@@ -163,6 +166,7 @@ impl Default for Script {
             publish: false,
             topology: false,
             publish_delay: Duration::ZERO,
+            publish_answer_delay: Duration::ZERO,
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
             list_volumes_endless: false,

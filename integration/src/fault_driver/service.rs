@@ -72,11 +72,14 @@ impl Service {
         if attempt <= s.publish_failures_per_pair as usize {
             return Err(Status::internal(format!("injected failure of publish attempt {attempt}")));
         }
-        let mut published = self.published.lock().expect("published");
-        let nodes = published.entry(req.volume_id).or_default();
-        if !nodes.contains(&req.node_id) {
-            nodes.push(req.node_id);
+        {
+            let mut published = self.published.lock().expect("published");
+            let nodes = published.entry(req.volume_id).or_default();
+            if !nodes.contains(&req.node_id) {
+                nodes.push(req.node_id);
+            }
         }
+        tokio::time::sleep(s.publish_answer_delay).await;
         let publish_context = match s.publish_context {
             Some(c) => c.into_iter().collect(),
             None => [("device".to_string(), "/dev/fault".to_string())].into(),

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod decide;
 mod reconcile;
+mod settling;
 pub mod status;
 pub mod waiting;
 
@@ -77,6 +78,8 @@ struct Attacher {
     csinodes: Cache<CSINode>,
     /// VAs the reconciler found out of sync with the driver.
     forced: Forced,
+    /// The syncs' recent touches, which a reconcile pass leaves alone.
+    settling: settling::Settling,
     pv_queue: WorkQueue<PvKey>,
 }
 
@@ -149,7 +152,10 @@ impl Attacher {
         let old = va.status.as_ref();
         let patch = status::patch(old, &status::next(old, write));
         match self.va_api().patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.settling.wrote(name, written.metadata.resource_version);
+                Ok(())
+            }
             Err(e) if is_status(&e, 404) => Ok(()),
             Err(e) => Err(e),
         }
@@ -261,6 +267,7 @@ impl Attacher {
             return Ok(Done::Finished);
         };
         let forced = self.forced.lock().contains(name);
+        let _touch = self.settling.begin(name);
         match decide::decide_va(&va, &self.driver.name, self.handler, forced) {
             VaAction::Ignore => Ok(Done::Finished),
             VaAction::Attach if self.handler == Handler::Trivial => {
@@ -475,6 +482,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         pvs: pv_inf.store(),
         csinodes: csinode_inf.store(),
         forced,
+        settling: settling::Settling::new(reconciles),
         pv_queue: queues.pv.clone(),
         driver: driver.clone(),
         cfg,

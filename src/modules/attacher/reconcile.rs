@@ -55,16 +55,23 @@ impl Attacher {
     }
 
     /// One ListVolumes pass: VAs whose `attached` disagrees with the driver's
-    /// published nodes are synced again, forced.
+    /// published nodes are synced again, forced; a VA whose sync has not
+    /// settled before the driver answered waits for the next pass
+    /// ([`super::settling`]).
     pub(super) async fn reconcile(
         &self,
         attach: &WorkQueue<VaKey>,
         detach: &WorkQueue<VaKey>,
         shutdown: &CancellationToken,
     ) {
+        let asked = std::time::Instant::now();
         let Some(published) = self.list_published(shutdown).await else { return };
         for cached in self.vas.state() {
             if *cached.spec.attacher != *self.driver.name {
+                continue;
+            }
+            let version = cached.metadata.resource_version.as_deref();
+            if !self.settling.judge(cached.metadata.name.as_deref().unwrap_or_default(), asked, version) {
                 continue;
             }
             let va = cached.to_full();
@@ -106,5 +113,6 @@ impl Attacher {
                 decide::Reconcile::Detach => detach.add(VaKey::named(name)),
             }
         }
+        self.settling.prune(asked);
     }
 }

@@ -98,6 +98,7 @@ fn attacher(vas: &[serde_json::Value], pvs: &[serde_json::Value]) -> Attacher {
         pvs: cache_of::<CachedPv>(pvs),
         csinodes: Cache::default(),
         forced: Forced::default(),
+        settling: settling::Settling::new(true),
         pv_queue: WorkQueue::new("test-pv", backoff),
     }
 }
