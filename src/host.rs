@@ -11,7 +11,7 @@ use crate::{
     cli::Invocation,
     csi::Connection,
     http::{self, HealthRegistry},
-    kube::KubeContext,
+    k8s::KubeContext,
     metrics::Metrics,
     modules::{ModuleConfig, ModuleContext},
 };
@@ -69,7 +69,7 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 fn module_context(
     ctx: &ModuleContext,
     desc: &crate::modules::ModuleDesc,
-) -> Result<ModuleContext, crate::kube::client::ClientError> {
+) -> Result<ModuleContext, crate::k8s::client::ClientError> {
     let mut ctx = ctx.clone();
     let program = desc.binary_names.first().copied().unwrap_or(desc.name);
     if let Some(kube) = ctx.kube.as_mut() {

@@ -11,7 +11,7 @@ pub mod flags;
 pub mod healthz;
 pub mod host;
 pub mod http;
-pub mod kube;
+pub mod k8s;
 pub mod logging;
 pub mod metrics;
 pub mod migration;

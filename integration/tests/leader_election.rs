@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use csi_sidecar::kube::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
+use csi_sidecar::k8s::leader::{LeaderElectionConfig, LeaderElector, LeaderError};
 use csi_sidecar_integration::{cluster::ControlPlane, kube_support::TestNamespace, wait_until};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},

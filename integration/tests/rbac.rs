@@ -110,7 +110,7 @@ fn provisioner_capacity_role_is_exactly_what_the_code_calls() {
     assert_eq!(triples(&role), set(CAPACITY_CALLS));
 }
 
-/// src/kube/leader.rs: `get_opt`, `create`, `replace` of the Lease.
+/// src/k8s/leader.rs: `get_opt`, `create`, `replace` of the Lease.
 const LEADER_ELECTION_CALLS: &[(&str, &str, &str)] = &[
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
@@ -209,7 +209,7 @@ fn cached_kind(name: &str) -> &str {
         "CachedPvc" => "PersistentVolumeClaim",
         "CachedVa" => "VolumeAttachment",
         "CachedPod" => "Pod",
-        "CachedNode" => "Node", // src/kube/cached_node.rs
+        "CachedNode" => "Node", // src/k8s/cached_node.rs
         other => other,
     }
 }
@@ -243,7 +243,7 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         }
     }
     let covered: BTreeSet<String> = [
-        "K", // src/kube/informers.rs: the generic informer (its kinds are listed here by their modules)
+        "K", // src/k8s/informers.rs: the generic informer (its kinds are listed here by their modules)
         "PersistentVolumeClaim",
         "PersistentVolume",
         "StorageClass",

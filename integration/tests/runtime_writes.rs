@@ -6,7 +6,7 @@
 
 use std::{borrow::Cow, time::Duration};
 
-use csi_sidecar::kube::finalizers::{self, AddForm};
+use csi_sidecar::k8s::finalizers::{self, AddForm};
 use csi_sidecar_integration::{
     cluster::ControlPlane,
     kube_support::{TestNamespace, create, csi_pv, pvc, unique_name, wait_for},

@@ -18,7 +18,7 @@ use crate::{
         goflags::{self, FlagError, FlagKind, GivenFlag},
         shared,
     },
-    kube::ModuleBudget,
+    k8s::ModuleBudget,
     modules::{self, ModuleConfig, ModuleDesc},
 };
 

@@ -276,7 +276,7 @@ fn provisioner_flags_and_defaults() {
     assert!(inv.shared.leader_election);
     assert_eq!(
         inv.budgets,
-        [crate::kube::ModuleBudget { module: "provisioner", qps: 20.0, burst: 10 }],
+        [crate::k8s::ModuleBudget { module: "provisioner", qps: 20.0, burst: 10 }],
         "the sidecar's own budget"
     );
     let inv = run("csi-provisioner --immediate-topology");

@@ -2,7 +2,7 @@
 //! `/debug/objects`, `csi-sidecar explain` and the waiting-object gauges.
 //!
 //! Each module has one [`Ledger`] from the process's [`Registry`]. A work
-//! queue tracked with [`crate::kube::queue::WorkQueue::tracked`] runs every
+//! queue tracked with [`crate::k8s::queue::WorkQueue::tracked`] runs every
 //! sync inside a [`SyncScope`]; the code of that sync says what the object
 //! waits for ([`waiting_for`], the value its pure decision code returned),
 //! the event recorder files the text of a Warning event ([`failed`]) and

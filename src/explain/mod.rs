@@ -11,7 +11,7 @@ mod read;
 
 use decide::Verdict;
 
-use crate::kube::client::ClientError;
+use crate::k8s::client::ClientError;
 
 /// The usage text.
 pub const USAGE: &str = "\
@@ -208,10 +208,10 @@ impl From<read::ReadError> for ExplainError {
 pub async fn explain(req: &Request) -> Result<Verdict, ExplainError> {
     // --kubeconfig wins over $KUBECONFIG, as kubectl's does.
     let config = match req.kubeconfig.as_deref() {
-        Some(path) => crate::kube::client::load_config(Some(path), false).await?,
-        None => crate::kube::client::load_config(None, true).await?,
+        Some(path) => crate::k8s::client::load_config(Some(path), false).await?,
+        None => crate::k8s::client::load_config(None, true).await?,
     };
-    let client = crate::kube::client::build_unlimited(config)?;
+    let client = crate::k8s::client::build_unlimited(config)?;
     let ns = req.namespace.as_deref().unwrap_or_default();
     Ok(match req.kind {
         Kind::Claim => {

@@ -1,10 +1,6 @@
 //! The reads behind `explain`: the object, its class or content, its events
 //! (from the API) and what csi-sidecar holds (from its debug endpoints).
 
-use ::kube::{
-    Api, Client,
-    api::{ListParams, ObjectList},
-};
 use k8s_openapi::{
     api::{
         core::v1::{Event as CoreEvent, PersistentVolumeClaim},
@@ -12,12 +8,16 @@ use k8s_openapi::{
     },
     jiff::Timestamp,
 };
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectList},
+};
 
 use super::decide::{Attachment, Claim, Class, Event, Sidecar, Snapshot};
 use crate::{
-    compat::provisioner as up,
+    compat::provisioner as upstream,
     debug::query::Query,
-    kube::snapshot_api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent},
+    k8s::snapshot_api::{VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent},
 };
 
 /// A read failed (the text names the object).
@@ -37,11 +37,11 @@ pub enum ReadError {
         /// What was read.
         what: String,
         /// Why it failed.
-        source: ::kube::Error,
+        source: kube::Error,
     },
 }
 
-fn api_err(what: impl Into<String>) -> impl FnOnce(::kube::Error) -> ReadError {
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReadError {
     let what = what.into();
     move |source| ReadError::Api { what, source }
 }
@@ -125,7 +125,7 @@ pub async fn claim(client: &Client, namespace: &str, name: &str) -> Result<(Clai
         phase: pvc.status.as_ref().and_then(|s| s.phase.clone()),
         volume_name: spec.volume_name.clone().filter(|v| !v.is_empty()),
         class_name: spec.storage_class_name.clone(),
-        selected_node: pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE).cloned()),
+        selected_node: pvc.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_SELECTED_NODE).cloned()),
         deleting: pvc.metadata.deletion_timestamp.as_ref().map(|_| pvc.metadata.finalizers.clone().unwrap_or_default()),
     };
     let class = match spec.storage_class_name.as_deref().filter(|c| !c.is_empty()) {

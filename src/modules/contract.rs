@@ -106,7 +106,7 @@ pub struct ModuleContext {
     /// on a lost Lease alike.
     pub grace: std::time::Duration,
     /// The Kubernetes client and informer cache, when a module needs them.
-    pub kube: Option<crate::kube::KubeContext>,
+    pub kube: Option<crate::k8s::KubeContext>,
     /// The modules' ledgers of objects not done (`/debug/objects`).
     pub debug: crate::debug::Registry,
 }

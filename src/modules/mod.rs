@@ -5,7 +5,7 @@ pub mod attacher;
 pub mod contract;
 pub mod health;
 pub mod kit;
-pub mod led;
+pub mod leading;
 pub mod prober;
 pub mod provisioner;
 pub mod registrar;

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use ::kube::Client;
+use kube::Client;
 
 use crate::{
     debug::{Entry, Finish, Ledger},
-    kube::{cache::Cache, queue::Outcome},
+    k8s::{cache::Cache, queue::Outcome},
 };
 
 /// An apiserver that answers every request with a 500.
@@ -30,14 +30,14 @@ where
     F: Fn(&http::Method, &str) -> (u16, serde_json::Value) + Send + Sync + 'static,
 {
     let answer = std::sync::Arc::new(answer);
-    let svc = tower::service_fn(move |req: http::Request<::kube::client::Body>| {
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
         let (code, body) = answer(req.method(), req.uri().path());
         let body = body.to_string();
         async move {
             let resp = http::Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
-                .body(::kube::client::Body::from(body.into_bytes()))
+                .body(kube::client::Body::from(body.into_bytes()))
                 .expect("response");
             Ok::<_, std::convert::Infallible>(resp)
         }
@@ -48,13 +48,13 @@ where
 /// A cache holding `objects` (JSON of kind `K`).
 pub fn cache_of<K>(objects: &[serde_json::Value]) -> Cache<K>
 where
-    K: ::kube::Resource + serde::de::DeserializeOwned + Clone,
+    K: kube::Resource + serde::de::DeserializeOwned + Clone,
 {
     let cache = Cache::<K>::default();
-    let mut w = crate::kube::cache::Writer::new(cache.clone());
+    let mut w = crate::k8s::cache::Writer::new(cache.clone());
     for o in objects {
         let o: K = serde_json::from_value(o.clone()).expect("object");
-        w.apply(::kube::runtime::watcher::Event::Apply(o), &|_| true);
+        w.apply(kube::runtime::watcher::Event::Apply(o), &|_| true);
     }
     cache
 }

@@ -6,7 +6,7 @@
 
 use crate::{
     compat::provisioner::{ANN_PROVISIONED_BY, CLONE_FINALIZER, SNAPSHOT_SOURCE_FINALIZER},
-    kube::{
+    k8s::{
         cache::Cache,
         cached::{CachedPod, CachedPv, CachedPvc, CachedVa},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
@@ -129,7 +129,7 @@ pub fn claim_in_use(pods: &Cache<CachedPod>, namespace: Option<&str>, name: &str
 /// VolumeSnapshotContents of the driver (`spec.driver`): the snapshotter
 /// acts on them, the provisioner reads the content of a snapshot it
 /// restores from. Ask for it only when the snapshot API is installed
-/// ([`crate::kube::snapshot_api::installed`]).
+/// ([`crate::k8s::snapshot_api::installed`]).
 pub fn driver_snapshot_contents(informers: &Informers, driver: &str) -> Informer<VolumeSnapshotContent> {
     let d = driver.to_string();
     informers.view(&format!("driver={driver}"), move |c: &VolumeSnapshotContent| c.spec.driver == d)
@@ -151,7 +151,7 @@ pub fn cloning_protected_claims(informers: &Informers) -> Informer<CachedPvc> {
 
 /// VolumeSnapshots carrying the provisioner's source finalizer (restores
 /// in progress, or orphans for the sweep). Ask for it only when the
-/// snapshot API is installed ([`crate::kube::snapshot_api::installed`]).
+/// snapshot API is installed ([`crate::k8s::snapshot_api::installed`]).
 pub fn provisioner_protected_snapshots(informers: &Informers) -> Informer<VolumeSnapshot> {
     informers.view("provisioner-source", |s: &VolumeSnapshot| {
         s.metadata.finalizers.iter().flatten().any(|f| f == SNAPSHOT_SOURCE_FINALIZER)
@@ -169,7 +169,7 @@ pub fn claims_waiting_for_sources(informers: &Informers, with_source: fn(&Cached
 
 /// VolumeGroupSnapshotContents of the driver (`spec.driver`), for the
 /// snapshotter's group snapshots. Ask for it only when the group snapshot
-/// API is installed ([`crate::kube::group_snapshot_api::installed`]).
+/// API is installed ([`crate::k8s::group_snapshot_api::installed`]).
 pub fn driver_group_snapshot_contents(informers: &Informers, driver: &str) -> Informer<VolumeGroupSnapshotContent> {
     let d = driver.to_string();
     informers.view(&format!("driver={driver}"), move |c: &VolumeGroupSnapshotContent| c.spec.driver == d)
@@ -190,7 +190,7 @@ pub fn capacity_objects(
     managed_by: &str,
 ) -> Informer<k8s_openapi::api::storage::v1::CSIStorageCapacity> {
     use crate::compat::capacity::{LABEL_DRIVER_NAME, LABEL_MANAGED_BY};
-    let scope = crate::kube::informers::Scope {
+    let scope = crate::k8s::informers::Scope {
         namespace: namespace.to_string(),
         labels: format!("{LABEL_DRIVER_NAME}={driver},{LABEL_MANAGED_BY}={managed_by}"),
     };

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 
 use super::*;
-use crate::kube::cache::Writer;
+use crate::k8s::cache::Writer;
 
 fn pod(ns: &str, name: &str, claims: &[&str]) -> CachedPod {
     CachedPod {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::source::File;
 
 /// The unit a file of `src/` belongs to: its top-level module
-/// (`kube/queue/mod.rs` → `kube`), the module table `modules/mod.rs` →
+/// (`k8s/queue/mod.rs` → `k8s`), the module table `modules/mod.rs` →
 /// `modules`, and each `modules/<x>` (a module's folder, or a file the
 /// modules share) on its own.
 pub fn unit(file: &str) -> String {
@@ -97,23 +97,22 @@ pub fn violations(layers: &Layers, graph: &BTreeMap<String, BTreeMap<String, Str
 mod tests {
     use super::*;
 
-    const ORDER: &str =
-        "text\n```layers\nhost\nmodules\nmodules/*   # each module\nmodules/led modules/views\nkube csi\ncompat\n```\n";
+    const ORDER: &str = "text\n```layers\nhost\nmodules\nmodules/*   # each module\nmodules/leading modules/views\nk8s csi\ncompat\n```\n";
 
     #[test]
     fn an_edge_keeps_the_order_only_downwards_and_never_within_a_line() {
         let layers = Layers::from_markdown(ORDER).expect("a layers block");
         let cases = [
-            ("host", "kube", true),
+            ("host", "k8s", true),
             ("modules", "modules/attacher", true),
-            ("modules/attacher", "modules/led", true),
+            ("modules/attacher", "modules/leading", true),
             ("modules/attacher", "compat", true),
             ("modules/attacher", "modules/resizer", false),
             ("modules/attacher", "modules", false),
-            ("kube", "csi", false),
-            ("kube", "modules/views", false),
-            ("compat", "kube", false),
-            ("kube", "tidy", false),
+            ("k8s", "csi", false),
+            ("k8s", "modules/views", false),
+            ("compat", "k8s", false),
+            ("k8s", "tidy", false),
             ("debug", "compat", false),
         ];
         for (from, to, keeps) in cases {
@@ -125,10 +124,10 @@ mod tests {
     #[test]
     fn units_are_top_level_modules_and_each_module_folder() {
         let cases = [
-            ("kube/queue/mod.rs", "kube"),
+            ("k8s/queue/mod.rs", "k8s"),
             ("metrics.rs", "metrics"),
             ("modules/mod.rs", "modules"),
-            ("modules/led.rs", "modules/led"),
+            ("modules/leading.rs", "modules/leading"),
             ("modules/attacher/decide.rs", "modules/attacher"),
             ("main.rs", "main"),
         ];
@@ -136,12 +135,12 @@ mod tests {
             assert_eq!(unit(file), want, "{file}");
         }
         let files: BTreeMap<File, BTreeSet<File>> = [
-            ("kube/a.rs".to_string(), BTreeSet::from(["kube/b.rs".to_string(), "compat.rs".to_string()])),
-            ("kube/b.rs".to_string(), BTreeSet::from(["compat.rs".to_string()])),
+            ("k8s/a.rs".to_string(), BTreeSet::from(["k8s/b.rs".to_string(), "compat.rs".to_string()])),
+            ("k8s/b.rs".to_string(), BTreeSet::from(["compat.rs".to_string()])),
         ]
         .into();
         let graph = unit_graph(&files);
-        assert_eq!(graph["kube"].keys().collect::<Vec<_>>(), ["compat"]);
-        assert_eq!(graph["kube"]["compat"], "kube/a.rs → compat.rs");
+        assert_eq!(graph["k8s"].keys().collect::<Vec<_>>(), ["compat"]);
+        assert_eq!(graph["k8s"]["compat"], "k8s/a.rs → compat.rs");
     }
 }

@@ -188,8 +188,8 @@ fn every_path_architecture_names_exists() {
         assert!(missing.is_empty(), "{doc} names paths that do not exist: {missing:?}");
     }
     assert_eq!(
-        named_paths("see `src/kube/budget/` and `integration/tests/{a,b}.rs`, `x/y`"),
-        BTreeSet::from(["src/kube/budget/".to_string()])
+        named_paths("see `src/k8s/budget/` and `integration/tests/{a,b}.rs`, `x/y`"),
+        BTreeSet::from(["src/k8s/budget/".to_string()])
     );
 }
 

@@ -1,7 +1,7 @@
 //! The module paths a parsed file refers to, resolved as rustc would for
 //! the crate's own modules: `crate::`, `super::`, `self::`, a child module
 //! (`mod x;` or inline), or a name a `use` of the same module brought in
-//! (`use crate::kube; … kube::queue::names::X`), in `use` trees, types,
+//! (`use crate::k8s; … k8s::queue::names::X`), in `use` trees, types,
 //! expressions, patterns and macro arguments alike. Paths of external
 //! crates and single names (`Registry`, whose `use` is the reference) are
 //! not references to a module.
@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use proc_macro2::{Spacing, TokenStream, TokenTree};
 use syn::{Item, UseTree, visit::Visit};
 
-/// A module path from the crate root: `[]` is the root, `["kube", "queue"]`
-/// is `crate::kube::queue`.
+/// A module path from the crate root: `[]` is the root, `["k8s", "queue"]`
+/// is `crate::k8s::queue`.
 pub type ModPath = Vec<String>;
 
 /// How a file's paths start: its module, and the name of the library crate
@@ -243,12 +243,12 @@ mod tests {
         let text = r#"
             mod queue;
             mod inner { use super::super::d; fn f() { d::G; } }
-            use crate::kube;
+            use crate::k8s;
             use crate::{debug::{self, Registry}, http::HealthCheck as Check};
             use super::*;
-            use kube::leader as lead;
+            use k8s::leader as lead;
             fn f() -> Registry {
-                kube::queue::names::DEPTH;
+                k8s::queue::names::DEPTH;
                 queue::Item::new();
                 lead::Elector::run();
                 self::queue::X;
@@ -269,10 +269,10 @@ mod tests {
                 "debug",
                 "debug::Registry",
                 "http::HealthCheck",
-                "kube",
-                "kube::leader",
-                "kube::leader::Elector::run",
-                "kube::queue::names::DEPTH",
+                "k8s",
+                "k8s::leader",
+                "k8s::leader::Elector::run",
+                "k8s::queue::names::DEPTH",
                 "metrics::render",
             ]
         );

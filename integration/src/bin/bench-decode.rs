@@ -11,7 +11,7 @@ use std::{fmt::Write as _, time::Instant};
 
 use anyhow::{Context, Result, bail};
 use argh::FromArgs;
-use csi_sidecar::kube::cached::{CachedPv, CachedPvc};
+use csi_sidecar::k8s::cached::{CachedPv, CachedPvc};
 use csi_sidecar_integration::{
     cluster::ControlPlane,
     kube_support::{csi_pv, pvc, unique_name},

@@ -23,7 +23,7 @@ use std::{
 use argh::FromArgs;
 use csi_sidecar::{
     csi::proto::csi::v1::TopologyRequirement,
-    kube::cache::{Cache, Writer},
+    k8s::cache::{Cache, Writer},
     modules::provisioner::{
         topology::{Request, TopologyError},
         topology_index::ClusterTopology,
@@ -72,7 +72,7 @@ mod baseline {
 
     use csi_sidecar::{
         csi::proto::csi::v1::{Topology, TopologyRequirement},
-        kube::cache::Cache,
+        k8s::cache::Cache,
         modules::provisioner::topology::{Request, Segment, TopologyError},
     };
     use k8s_openapi::api::{core::v1::Node, storage::v1::CSINode};

@@ -11,7 +11,7 @@ use k8s_openapi::{
 };
 
 use crate::{
-    compat::{attacher as up, provisioner as prov},
+    compat::{attacher as upstream, provisioner},
     csi::{
         DriverInfo,
         proto::csi::v1::{
@@ -19,7 +19,7 @@ use crate::{
             plugin_capability::service::Type as Svc, volume_capability,
         },
     },
-    kube::{cached::CachedVa, informers::Change},
+    k8s::{cached::CachedVa, informers::Change},
 };
 
 /// Which handler the driver's capabilities call for.
@@ -67,7 +67,7 @@ pub fn decide_va(va: &VolumeAttachment, driver: &str, handler: Handler, forced: 
     if va.spec.attacher != driver {
         return VaAction::Ignore;
     }
-    let finalizer = up::finalizer(driver);
+    let finalizer = upstream::finalizer(driver);
     if va.metadata.deletion_timestamp.is_some() {
         return match handler {
             Handler::Csi if has_finalizer(va, &finalizer) => VaAction::Detach,
@@ -119,7 +119,7 @@ pub fn node_id(csinode: Option<&CSINode>, node: &str, driver: &str) -> Result<St
 /// The node ID for a detach: the CSINode's, else the annotation saved at attach.
 pub fn detach_node_id(va: &VolumeAttachment, csinode: Option<&CSINode>, driver: &str) -> Result<String, String> {
     node_id(csinode, &va.spec.node_name, driver)
-        .or_else(|e| va.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_NODE_ID)).cloned().ok_or(e))
+        .or_else(|e| va.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_NODE_ID)).cloned().ok_or(e))
 }
 
 /// The `ControllerPublishVolume` request (without secrets, fetched by the executor).
@@ -208,7 +208,7 @@ pub fn csi_form(pv: PersistentVolume, driver: &str) -> Result<(PersistentVolume,
 /// the annotation, so it loses the finalizer once detached).
 pub fn pv_finalizer_removable(pv: &PersistentVolume, referenced: bool, finalizer: &str, driver: &str) -> bool {
     let in_tree = pv.spec.as_ref().is_some_and(|s| s.csi.is_none() && crate::migration::Plugin::of_spec(s).is_some());
-    let migrated_to = pv.metadata.annotations.as_ref().and_then(|a| a.get(prov::ANN_MIGRATED_TO));
+    let migrated_to = pv.metadata.annotations.as_ref().and_then(|a| a.get(provisioner::ANN_MIGRATED_TO));
     let handed_back = in_tree && migrated_to.map(String::as_str) != Some(driver);
     (pv.metadata.deletion_timestamp.is_some() || handed_back)
         && !referenced
@@ -229,7 +229,7 @@ pub fn va_change_needs_sync(old: &CachedVa, new: &CachedVa, finalizer: &str) -> 
     let other_annotations = |a: &Option<std::collections::BTreeMap<String, String>>| {
         a.iter()
             .flatten()
-            .filter(|(k, _)| k.as_str() != up::ANN_NODE_ID)
+            .filter(|(k, _)| k.as_str() != upstream::ANN_NODE_ID)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<Vec<_>>()
     };

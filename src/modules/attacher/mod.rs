@@ -21,11 +21,6 @@ use std::{
     time::Duration,
 };
 
-use ::kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-    runtime::reflector::ObjectRef,
-};
 use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{
@@ -34,14 +29,19 @@ use k8s_openapi::{
     },
     jiff::Timestamp,
 };
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::reflector::ObjectRef,
+};
 
 use crate::{
-    compat::{self, attacher as up},
+    compat::{self, attacher as upstream},
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
-    kube::{
+    k8s::{
         cache::Cache,
         cached::{CachedPv, CachedVa},
         informers::Change,
@@ -135,8 +135,8 @@ fn stopped(stop: Stop, msg: String) -> Wait {
     Wait::failed(stop.waiting_for(), msg)
 }
 
-fn is_status(e: &::kube::Error, code: u16) -> bool {
-    matches!(e, ::kube::Error::Api(s) if s.code == code)
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 impl Attacher {
@@ -147,7 +147,7 @@ impl Attacher {
     /// Writes `write` into the attachment's status: one merge patch from
     /// the status it has (as cached) to the new one, so keys the new status
     /// lacks are removed ([`status`]).
-    async fn write_status(&self, va: &VolumeAttachment, write: Write) -> Result<(), ::kube::Error> {
+    async fn write_status(&self, va: &VolumeAttachment, write: Write) -> Result<(), kube::Error> {
         let name = va.metadata.name.as_deref().unwrap_or_default();
         let old = va.status.as_ref();
         let patch = status::patch(old, &status::next(old, write));
@@ -184,7 +184,7 @@ impl Attacher {
             return Ok(HashMap::new());
         };
         let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
-        crate::kube::secrets::secret_data(&self.client, &name, &ns).await
+        crate::k8s::secrets::secret_data(&self.client, &name, &ns).await
     }
 
     fn pv(&self, name: &str) -> Option<PersistentVolume> {
@@ -242,10 +242,10 @@ impl Attacher {
     /// merge patch without a resourceVersion (the finalizer list merges, so
     /// another controller's finalizer is kept and nothing conflicts; the
     /// finalizer is appended, see `kube::finalizers::strategic_add`).
-    async fn mark_attaching(&self, va: &VolumeAttachment, node_id: &str) -> Result<(), ::kube::Error> {
+    async fn mark_attaching(&self, va: &VolumeAttachment, node_id: &str) -> Result<(), kube::Error> {
         let has_finalizer = va.metadata.finalizers.iter().flatten().any(|f| *f == self.finalizer);
-        let annotated =
-            va.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_NODE_ID)).map(String::as_str) == Some(node_id);
+        let annotated = va.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_NODE_ID)).map(String::as_str)
+            == Some(node_id);
         if has_finalizer && annotated {
             return Ok(());
         }
@@ -253,9 +253,9 @@ impl Attacher {
         let mut patch = if has_finalizer {
             serde_json::json!({"metadata": {}})
         } else {
-            crate::kube::finalizers::strategic_add(va.metadata.finalizers.as_deref(), &self.finalizer)
+            crate::k8s::finalizers::strategic_add(va.metadata.finalizers.as_deref(), &self.finalizer)
         };
-        patch["metadata"]["annotations"] = serde_json::json!({up::ANN_NODE_ID: node_id});
+        patch["metadata"]["annotations"] = serde_json::json!({upstream::ANN_NODE_ID: node_id});
         self.va_api().patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
     }
 
@@ -312,11 +312,11 @@ impl Attacher {
             && let Err(e) =
                 add_finalizer(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer).await
         {
-            let msg = format!("could not add PersistentVolume finalizer: {}", crate::kube::error_text(&e));
+            let msg = format!("could not add PersistentVolume finalizer: {}", crate::k8s::error_text(&e));
             return fail(Stop::Api, msg, None).await;
         }
         if let Err(e) = self.mark_attaching(va, &node_id).await {
-            return fail(Stop::Api, format!("could not add finalizer: {}", crate::kube::error_text(&e)), None).await;
+            return fail(Stop::Api, format!("could not add finalizer: {}", crate::k8s::error_text(&e)), None).await;
         }
         match self.secrets(&pv).await {
             Ok(s) => req.secrets = s,
@@ -326,7 +326,7 @@ impl Attacher {
         match resp {
             Ok(r) => {
                 if let Err(e) = self.write_status(va, Write::Attached(r.publish_context)).await {
-                    let msg = format!("could not save the attach status: {}", crate::kube::error_text(&e));
+                    let msg = format!("could not save the attach status: {}", crate::k8s::error_text(&e));
                     return Err(stopped(Stop::Api, msg));
                 }
                 self.forced.lock().remove(&name);
@@ -371,8 +371,8 @@ impl Attacher {
         if let Err(s) = resp {
             return fail(Stop::Driver, compat::grpc_error_text(&s)).await;
         }
-        if let Err(e) = crate::kube::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
-            return Err(stopped(Stop::Api, format!("could not remove finalizer: {}", crate::kube::error_text(&e))));
+        if let Err(e) = crate::k8s::finalizers::remove(&self.va_api(), va, &self.finalizer).await {
+            return Err(stopped(Stop::Api, format!("could not remove finalizer: {}", crate::k8s::error_text(&e))));
         }
         let _ = self.write_status(va, Write::Detached).await;
         self.forced.lock().remove(&name);
@@ -397,24 +397,20 @@ impl Attacher {
                 None => Done::Finished,
             });
         }
-        match crate::kube::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
+        match crate::k8s::finalizers::remove(&Api::<PersistentVolume>::all(self.client.clone()), &pv, &self.finalizer)
             .await
         {
             Ok(()) => Ok(Done::Finished),
             Err(e) => Err(stopped(
                 Stop::Api,
-                format!("could not remove PersistentVolume finalizer: {}", crate::kube::error_text(&e)),
+                format!("could not remove PersistentVolume finalizer: {}", crate::k8s::error_text(&e)),
             )),
         }
     }
 }
 
-async fn add_finalizer(
-    api: &Api<PersistentVolume>,
-    pv: &PersistentVolume,
-    finalizer: &str,
-) -> Result<(), ::kube::Error> {
-    crate::kube::finalizers::add(api, pv, finalizer).await
+async fn add_finalizer(api: &Api<PersistentVolume>, pv: &PersistentVolume, finalizer: &str) -> Result<(), kube::Error> {
+    crate::k8s::finalizers::add(api, pv, finalizer).await
 }
 
 /// The module's entry points for the host.
@@ -446,12 +442,13 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
     let pv_inf = crate::modules::views::driver_pvs(informers, &driver.name);
     let csinode_inf = informers.get::<CSINode>();
 
-    let attach = kit.queue::<VolumeAttachment>(up::QUEUE_ATTACH);
+    let attach = kit.queue::<VolumeAttachment>(upstream::QUEUE_ATTACH);
     // Its own workers (a pile of failing detaches cannot starve attaches),
     // but never at the same time as an attach of the same attachment.
-    let queues = Queues { detach: kit.sibling(&attach, up::QUEUE_DETACH), pv: kit.queue(up::QUEUE_PV), attach };
+    let queues =
+        Queues { detach: kit.sibling(&attach, upstream::QUEUE_DETACH), pv: kit.queue(upstream::QUEUE_PV), attach };
     let forced = Forced::default();
-    let finalizer = up::finalizer(&driver.name);
+    let finalizer = upstream::finalizer(&driver.name);
     {
         let (queues, finalizer, forced) = (queues.clone(), finalizer.clone(), forced.clone());
         va_inf.on_change_with_resync(cfg.resync, &kit.ctx.shutdown, move |c| {
@@ -489,7 +486,7 @@ pub async fn run(cfg: AttacherFlags, ctx: ModuleContext) -> Result<(), ModuleErr
         gates,
     });
     // Lease name: upstream's for this module.
-    kit.lead(&up::lease_lock_name(&driver.name), move |mut crew| async move {
+    kit.lead(&upstream::lease_lock_name(&driver.name), move |mut crew| async move {
         if !crew
             .synced("attaching", async { tokio::join!(va_inf.synced(), pv_inf.synced(), csinode_inf.synced()) })
             .await

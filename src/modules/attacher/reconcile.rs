@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
-use ::kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 use super::{Attacher, VaKey, decide};
-use crate::{compat, csi::proto::csi::v1 as csi, kube::queue::WorkQueue};
+use crate::{compat, csi::proto::csi::v1 as csi, k8s::queue::WorkQueue};
 
 impl Attacher {
     /// The driver's answer to a whole ListVolumes pass: volume handle →

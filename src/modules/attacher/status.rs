@@ -65,7 +65,7 @@ pub fn next(old: Option<&VolumeAttachmentStatus>, write: Write) -> VolumeAttachm
 pub fn patch(old: Option<&VolumeAttachmentStatus>, new: &VolumeAttachmentStatus) -> Value {
     let json = |s: &VolumeAttachmentStatus| serde_json::to_value(s).unwrap_or(Value::Null);
     let old = json(&old.cloned().unwrap_or_default());
-    serde_json::json!({ "status": crate::kube::merge_patch::diff(&old, &json(new)) })
+    serde_json::json!({ "status": crate::k8s::merge_patch::diff(&old, &json(new)) })
 }
 
 #[cfg(test)]

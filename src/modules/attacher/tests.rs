@@ -7,7 +7,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
 use super::*;
 use crate::{
-    kube::queue::Outcome,
+    k8s::queue::Outcome,
     modules::testing::{cache_of, failing_client, reconciled},
 };
 

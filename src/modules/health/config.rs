@@ -7,7 +7,7 @@ use std::time::Duration;
 use argh::{ArgsInfo, FromArgs};
 
 use crate::modules::contract::Rule;
-use crate::{compat::health_monitor as up, flags::goflags::parse_go_duration};
+use crate::{compat::health_monitor as upstream, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -52,7 +52,7 @@ impl HealthMonitorFlags {
     /// Start-up checks (upstream exits 1 for these).
     pub fn validate(&self) -> Result<(), String> {
         if self.worker_threads == 0 {
-            return Err(up::ERR_WORKER_THREADS.into());
+            return Err(upstream::ERR_WORKER_THREADS.into());
         }
         for (flag, d) in [
             ("--monitor-interval", self.monitor_interval),
@@ -80,7 +80,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // the view of pods on a node using claims.
     Rule::new(&[""], &["nodes", "pods"], &["list", "watch"]),
     // list: monitor.rs `recall`, its own past events once when it leads (no
-    // watch). create, patch: kube/events.rs `write`.
+    // watch). create, patch: k8s/events.rs `write`.
     Rule::new(&[""], &["events"], &["list", "create", "patch"]),
 ];
 
@@ -110,7 +110,7 @@ mod tests {
     fn flags_parse_and_bad_values_are_refused() {
         let f = parse(&["--monitor-interval", "5s", "--enable-node-watcher", "--worker-threads", "3"]).unwrap();
         assert_eq!((f.monitor_interval, f.enable_node_watcher, f.worker_threads), (secs(5), true, 3));
-        assert_eq!(parse(&["--worker-threads", "0"]).unwrap().validate().unwrap_err(), up::ERR_WORKER_THREADS);
+        assert_eq!(parse(&["--worker-threads", "0"]).unwrap().validate().unwrap_err(), upstream::ERR_WORKER_THREADS);
         assert!(parse(&["--timeout", "0s"]).unwrap().validate().unwrap_err().contains("--timeout"));
         assert!(parse(&["--monitor-interval", "soon"]).is_err());
     }

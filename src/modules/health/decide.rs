@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{compat::health_monitor as up, csi::HealthCapabilities};
+use crate::{compat::health_monitor as upstream, csi::HealthCapabilities};
 
 /// How the driver reports health.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct Plan {
 /// The 1.13 RPCs win when the driver offers both forms.
 pub fn plan(offer: HealthCapabilities) -> Result<Plan, String> {
     if !offer.controller_service {
-        return Err(format!("{}: the health monitor needs CONTROLLER_SERVICE", up::ERR_NO_CONTROLLER_SERVICE));
+        return Err(format!("{}: the health monitor needs CONTROLLER_SERVICE", upstream::ERR_NO_CONTROLLER_SERVICE));
     }
     if offer.list_volume_health || offer.get_volume_health {
         let mode = if offer.list_volume_health { Mode::List } else { Mode::Get };
@@ -82,7 +82,7 @@ pub struct Condition {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observed {
     Healthy,
-    /// The conditions (sorted, at most [`up::MAX_HEALTH_CONDITIONS`]) and
+    /// The conditions (sorted, at most [`upstream::MAX_HEALTH_CONDITIONS`]) and
     /// the text an event carries.
     Abnormal {
         conditions: Vec<Condition>,
@@ -96,9 +96,9 @@ pub enum Observed {
 pub fn status_name(status: crate::csi::HealthStatus) -> &'static str {
     use crate::csi::HealthStatus as S;
     match status {
-        S::Inaccessible => up::STATUS_INACCESSIBLE,
-        S::DataLoss => up::STATUS_DATA_LOSS,
-        S::Degraded | S::Unknown => up::STATUS_DEGRADED,
+        S::Inaccessible => upstream::STATUS_INACCESSIBLE,
+        S::DataLoss => upstream::STATUS_DATA_LOSS,
+        S::Degraded | S::Unknown => upstream::STATUS_DEGRADED,
     }
 }
 
@@ -110,7 +110,7 @@ pub fn from_condition(abnormal: Option<bool>, message: &str) -> Option<Observed>
         false => Observed::Healthy,
         true => Observed::Abnormal {
             conditions: vec![Condition {
-                status: up::STATUS_DEGRADED.into(),
+                status: upstream::STATUS_DEGRADED.into(),
                 reason: String::new(),
                 message: message.into(),
             }],
@@ -152,7 +152,7 @@ pub fn from_health(entries: impl IntoIterator<Item = Condition>) -> Observed {
     }
     conditions.sort();
     conditions.dedup_by(|a, b| a.status == b.status && a.reason == b.reason);
-    conditions.truncate(up::MAX_HEALTH_CONDITIONS);
+    conditions.truncate(upstream::MAX_HEALTH_CONDITIONS);
     let message = conditions
         .iter()
         .map(|c| match c.reason == c.status {
@@ -187,7 +187,11 @@ pub struct EventOut {
 pub fn event_for(previous: Option<&Reported>, observed: &Observed) -> (Option<EventOut>, Reported) {
     match (previous, observed) {
         (Some(Reported::Abnormal(_)), Observed::Healthy) => (
-            Some(EventOut { warning: false, reason: up::REASON_NORMAL, message: up::MESSAGE_NORMAL.into() }),
+            Some(EventOut {
+                warning: false,
+                reason: upstream::REASON_NORMAL,
+                message: upstream::MESSAGE_NORMAL.into(),
+            }),
             Reported::Healthy,
         ),
         (_, Observed::Healthy) => (None, Reported::Healthy),
@@ -195,7 +199,7 @@ pub fn event_for(previous: Option<&Reported>, observed: &Observed) -> (Option<Ev
             (None, Reported::Abnormal(m.clone()))
         }
         (_, Observed::Abnormal { message, .. }) => (
-            Some(EventOut { warning: true, reason: up::REASON_ABNORMAL, message: message.clone() }),
+            Some(EventOut { warning: true, reason: upstream::REASON_ABNORMAL, message: message.clone() }),
             Reported::Abnormal(message.clone()),
         ),
     }
@@ -217,7 +221,7 @@ pub struct PastEvent {
 pub fn recall(events: &[PastEvent]) -> HashMap<String, Reported> {
     let mut latest: HashMap<&str, &PastEvent> = HashMap::new();
     for e in events {
-        if e.reason != up::REASON_ABNORMAL && e.reason != up::REASON_NORMAL {
+        if e.reason != upstream::REASON_ABNORMAL && e.reason != upstream::REASON_NORMAL {
             continue;
         }
         let newer = latest.get(e.claim_uid.as_str()).is_none_or(|l| e.last_seen >= l.last_seen);
@@ -228,7 +232,7 @@ pub fn recall(events: &[PastEvent]) -> HashMap<String, Reported> {
     latest
         .into_iter()
         .map(|(uid, e)| {
-            let r = match e.reason == up::REASON_ABNORMAL {
+            let r = match e.reason == upstream::REASON_ABNORMAL {
                 true => Reported::Abnormal(e.message.clone()),
                 false => Reported::Healthy,
             };

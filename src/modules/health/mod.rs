@@ -29,7 +29,7 @@ use std::{sync::Arc, time::Duration};
 use futures::future::BoxFuture;
 
 use crate::{
-    compat::health_monitor as up,
+    compat::health_monitor as upstream,
     modules::{
         contract::{Module, ModuleContext, ModuleError},
         kit::Kit,
@@ -79,7 +79,7 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         plan,
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: kit.recorder(&up::event_component(&driver.name)),
+        events: kit.recorder(&upstream::event_component(&driver.name)),
         pvs_informer: pvs,
         claims_informer: claims,
         reported: Default::default(),
@@ -90,5 +90,6 @@ pub async fn run(cfg: HealthMonitorFlags, ctx: ModuleContext) -> Result<(), Modu
         ledger: ctx.debug.ledger(NAME),
         cfg,
     });
-    kit.lead(&up::lease_lock_name(&driver.name), move |crew| async move { m.lead(crew.token().clone()).await }).await
+    kit.lead(&upstream::lease_lock_name(&driver.name), move |crew| async move { m.lead(crew.token().clone()).await })
+        .await
 }

@@ -7,15 +7,15 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use ::kube::{
-    Api, Client,
-    api::{ListParams, Patch, PatchParams},
-};
 use futures::StreamExt;
 use k8s_openapi::{
     api::core::v1::{Event, ObjectReference, PersistentVolumeClaim},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
     jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams},
 };
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -28,9 +28,9 @@ use super::{
     status_api::StatusApi,
 };
 use crate::{
-    compat::{health_monitor as up, provisioner as prov},
+    compat::{health_monitor as upstream, provisioner},
     csi::{Connection, DriverInfo},
-    kube::{
+    k8s::{
         cached::{CachedPv, CachedPvc},
         events::{EventType, Recorder},
         informers::Informer,
@@ -44,8 +44,8 @@ const PAGE: i32 = 0;
 /// pre-created PV: its PV decides).
 pub fn claim_may_be_for_driver(meta: &ObjectMeta, driver: &str) -> bool {
     let ann = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).map(String::as_str);
-    match ann(prov::ANN_STORAGE_PROVISIONER).or_else(|| ann(prov::ANN_BETA_STORAGE_PROVISIONER)) {
-        Some(p) => p == driver || ann(prov::ANN_MIGRATED_TO) == Some(driver),
+    match ann(provisioner::ANN_STORAGE_PROVISIONER).or_else(|| ann(provisioner::ANN_BETA_STORAGE_PROVISIONER)) {
+        Some(p) => p == driver || ann(provisioner::ANN_MIGRATED_TO) == Some(driver),
         None => true,
     }
 }
@@ -136,10 +136,10 @@ impl Monitor {
     /// What this monitor's own events last said, per claim: two lists
     /// scoped by reason and source (not a cache of every Event).
     async fn recall(&self) {
-        let source = up::event_component(&self.driver.name);
+        let source = upstream::event_component(&self.driver.name);
         let api: Api<Event> = Api::all(self.client.clone());
         let mut past = Vec::new();
-        for reason in [up::REASON_ABNORMAL, up::REASON_NORMAL] {
+        for reason in [upstream::REASON_ABNORMAL, upstream::REASON_NORMAL] {
             let fields = format!("reason={reason},source={source},involvedObject.kind=PersistentVolumeClaim");
             let mut params = ListParams::default().fields(&fields).limit(500);
             loop {
@@ -181,7 +181,7 @@ impl Monitor {
             if !same_uid || !claim_bound_here {
                 continue;
             }
-            let reference = crate::kube::events::reference(&*claim);
+            let reference = crate::k8s::events::reference(&*claim);
             out.push(Target { handle: csi.volume_handle.to_string(), claim, reference });
         }
         out
@@ -331,7 +331,7 @@ impl Monitor {
         let now = Timestamp::now().to_string();
         let Some(patch) = decide::status_patch(current.as_ref(), observed, &now) else { return };
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-        let params = PatchParams { field_manager: Some(up::FIELD_MANAGER.into()), ..Default::default() };
+        let params = PatchParams { field_manager: Some(upstream::FIELD_MANAGER.into()), ..Default::default() };
         let merge = Patch::Merge(&patch);
         let write = api.patch_status(name, &params, &merge);
         match tokio::time::timeout(self.cfg.timeout, write).await {

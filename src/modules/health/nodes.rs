@@ -27,8 +27,8 @@ use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    compat::health_monitor as up,
-    kube::{
+    compat::health_monitor as upstream,
+    k8s::{
         cached::{CachedPod, CachedPvc},
         cached_node::{CachedNode, NodeReady},
         events::{EventType, Recorder},
@@ -235,7 +235,7 @@ impl NodeWatcher {
                 continue;
             }
             let node = nodes.get_named(None, &name);
-            let health = node_health(node.as_ref().map(|n| n.ready.as_ref()), now, up::NODE_NOT_READY_GRACE);
+            let health = node_health(node.as_ref().map(|n| n.ready.as_ref()), now, upstream::NODE_NOT_READY_GRACE);
             match health {
                 NodeHealth::Pending { ends } => self.pending.lock().insert(name.clone(), ends),
                 _ => self.pending.lock().remove(&name),
@@ -245,25 +245,25 @@ impl NodeWatcher {
                     let claims = claims_on(&on_node, claim_of);
                     for (reference, pod_names) in &claims {
                         let (ns, claim) = (reference.namespace.as_deref(), reference.name.as_deref());
-                        let message = up::message_node_failed(
+                        let message = upstream::message_node_failed(
                             pod_names,
                             claim.unwrap_or_default(),
                             ns.unwrap_or_default(),
                             &name,
                         );
                         tracing::info!(node = %name, "{message}");
-                        events.publish(reference.clone(), EventType::Warning, up::REASON_NODE_FAILED, &message);
+                        events.publish(reference.clone(), EventType::Warning, upstream::REASON_NODE_FAILED, &message);
                     }
                     let told = claims.into_iter().map(|(r, _)| r).collect();
                     self.failed.lock().insert(name, told);
                 }
                 Some(false) => {
                     let told = self.failed.lock().remove(&name).unwrap_or_default();
-                    let message = up::message_node_recovered(&name);
+                    let message = upstream::message_node_recovered(&name);
                     tracing::info!(node = %name, claims = told.len(), "{message}");
                     for reference in told {
                         // Warning, as upstream.
-                        events.publish(reference, EventType::Warning, up::REASON_NODE_RECOVERED, &message);
+                        events.publish(reference, EventType::Warning, upstream::REASON_NODE_RECOVERED, &message);
                     }
                 }
                 None => {}
@@ -291,7 +291,7 @@ fn claims_on(
             let Some(c) = claim_of(ns, claim) else { continue };
             let entry = by_claim
                 .entry((ns.to_string(), claim.clone()))
-                .or_insert_with(|| (crate::kube::events::reference(&*c), Vec::new()));
+                .or_insert_with(|| (crate::k8s::events::reference(&*c), Vec::new()));
             entry.1.push(pod.metadata.name.clone().unwrap_or_default());
         }
     }

@@ -6,14 +6,14 @@
 //! does not grant `patch` on `persistentvolumeclaims/status` (an optional
 //! rule: the dry run is refused, 403, and one info line says so).
 
-use ::kube::{
+use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
 };
 use serde_json::json;
 use tokio::sync::OnceCell;
 
-use crate::compat::health_monitor as up;
+use crate::compat::health_monitor as upstream;
 
 /// The answer, once known.
 #[derive(Default)]
@@ -40,10 +40,11 @@ async fn probe(client: &Client, ns: &str, name: &str) -> Option<bool> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk_with_plural(&gvk, "persistentvolumeclaims"));
     let patch = json!({ "status": { "healthStatus": {
-        "healthConditions": [{ "status": up::STATUS_DEGRADED, "reason": "Probe", "message": "dry run" }],
+        "healthConditions": [{ "status": upstream::STATUS_DEGRADED, "reason": "Probe", "message": "dry run" }],
         "lastTransitionTime": "2000-01-01T00:00:00Z",
     } } });
-    let params = PatchParams { dry_run: true, field_manager: Some(up::FIELD_MANAGER.into()), ..Default::default() };
+    let params =
+        PatchParams { dry_run: true, field_manager: Some(upstream::FIELD_MANAGER.into()), ..Default::default() };
     match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
         Ok(claim) => {
             let served = claim.data["status"]["healthStatus"].is_object();
@@ -57,7 +58,7 @@ async fn probe(client: &Client, ns: &str, name: &str) -> Option<bool> {
             }
             Some(served)
         }
-        Err(::kube::Error::Api(s)) if s.code == 403 => {
+        Err(kube::Error::Api(s)) if s.code == 403 => {
             // The RBAC rule is optional (upstream grants none): not an error.
             tracing::info!(
                 "Not allowed to patch persistentvolumeclaims/status ({}): volume health is reported as events \

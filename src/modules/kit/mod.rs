@@ -14,15 +14,15 @@ mod reconciled;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use ::kube::Resource;
 use futures::future::BoxFuture;
+use kube::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use self::reconciled::{Done, Reconciled, Retry, Settled, Wait, settle};
 use crate::{
     csi::DriverInfo,
-    kube::{
+    k8s::{
         KubeContext,
         events::Recorder,
         key::ObjectKey,
@@ -108,7 +108,10 @@ impl Kit {
         Fut: Future<Output = ()>,
     {
         let module = self.module;
-        crate::modules::led::run_led(&self.ctx, module, lock_name, move |token| work(Crew::new(module, token))).await
+        crate::modules::leading::run_while_leading(&self.ctx, module, lock_name, move |token| {
+            work(Crew::new(module, token))
+        })
+        .await
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::{debug::WaitingFor, kube::queue::Outcome};
+use crate::{debug::WaitingFor, k8s::queue::Outcome};
 
 /// The result of one reconcile of one object.
 pub type Reconciled = Result<Done, Wait>;
@@ -94,7 +94,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{Done, Settled, Wait, settle};
-    use crate::{debug::WaitingFor, kube::queue::Outcome};
+    use crate::{debug::WaitingFor, k8s::queue::Outcome};
 
     #[test]
     fn each_result_settles_to_one_queue_step_and_its_notes() {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Crew, Done, Reconciled};
 use crate::{
     debug::{Registry, WaitingFor},
-    kube::{
+    k8s::{
         key::ObjectKey,
         queue::{Backoff, WorkQueue},
     },

@@ -44,7 +44,8 @@ impl Provisioner {
                         return Err(Wait::on(WaitingFor::Infeasible).after(wait));
                     }
                     if let Some(nd) = self.node.as_ref().filter(|_| in_flight.is_none()) {
-                        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
+                        let selected =
+                            pvc.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_SELECTED_NODE));
                         let immediate = node_deployment::immediate(&sc);
                         match node_deployment::ownership(
                             selected.map(String::as_str),
@@ -74,7 +75,7 @@ impl Provisioner {
                 }
                 None => {
                     let msg = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
-                    self.event_pvc(&pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
+                    self.event_pvc(&pvc, EventType::Warning, upstream::REASON_PROVISIONING_FAILED, &msg);
                     Err(Wait::on(WaitingFor::Class))
                 }
             },
@@ -116,8 +117,8 @@ impl Provisioner {
         }
         if let Some(src) = plan.source.clone() {
             let kind = match src.kind {
-                SourceKind::Clone => up::KIND_PVC,
-                SourceKind::Snapshot => up::KIND_SNAPSHOT,
+                SourceKind::Clone => upstream::KIND_PVC,
+                SourceKind::Snapshot => upstream::KIND_SNAPSHOT,
             };
             let content = match src.kind {
                 SourceKind::Clone => self.clone_source(pvc, sc, &src).await,
@@ -145,13 +146,13 @@ impl Provisioner {
         self.event_pvc(
             pvc,
             EventType::Normal,
-            up::REASON_PROVISIONING,
+            upstream::REASON_PROVISIONING,
             &format!("External provisioner is provisioning volume for claim \"{key}\""),
         );
         // As the provisioning library reports what `Provision` returns: the
         // error as it is, without a StorageClass prefix.
         let failed = |msg: String| {
-            self.event_pvc(pvc, EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
+            self.event_pvc(pvc, EventType::Warning, upstream::REASON_PROVISIONING_FAILED, &msg);
         };
         // CSI migration: a class of the in-tree plugin is provisioned with its
         // translation, and the PV is saved in the in-tree form.
@@ -177,7 +178,7 @@ impl Provisioner {
                 self.own_events.publish(
                     reference(pvc),
                     EventType::Normal,
-                    up::REASON_PROVISIONING,
+                    upstream::REASON_PROVISIONING,
                     "Assuming an external populator will provision the volume",
                 );
                 return Ok(Done::Parked(WaitingFor::Populator));
@@ -253,7 +254,7 @@ impl Provisioner {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), &pv).await {
             Ok(_) => {}
-            Err(::kube::Error::Api(e)) if e.code == 409 => {
+            Err(kube::Error::Api(e)) if e.code == 409 => {
                 tracing::debug!(claim = %key, pv = %plan.pv_name, "PV already exists")
             }
             Err(e) => {
@@ -275,7 +276,7 @@ impl Provisioner {
         self.event_pvc(
             pvc,
             EventType::Normal,
-            up::REASON_PROVISIONING_SUCCEEDED,
+            upstream::REASON_PROVISIONING_SUCCEEDED,
             &format!("Successfully provisioned volume {}", plan.pv_name),
         );
         Ok(Done::Finished)
@@ -290,7 +291,7 @@ impl Provisioner {
         status: &tonic::Status,
         failed: &(dyn Fn(String) + Sync),
     ) -> Reconciled {
-        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some();
+        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_SELECTED_NODE)).is_some();
         let topology = self.driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
         let class = decide::classify_create_error(status.code(), topology && selected);
         tracing::warn!(claim = %key, error = %status_text(status), class = ?class, "CreateVolume failed");
@@ -332,7 +333,7 @@ impl Provisioner {
 pub(super) async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(client.clone(), pvc.metadata.namespace.as_deref().unwrap_or_default());
-    let patch = serde_json::json!({"metadata": {"annotations": {up::ANN_SELECTED_NODE: null}}});
+    let patch = serde_json::json!({"metadata": {"annotations": {upstream::ANN_SELECTED_NODE: null}}});
     if let Err(e) = api
         .patch(pvc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::compat::provisioner as up;
+use crate::compat::provisioner as upstream;
 use crate::flags::goflags::{go_bool_value, parse_go_duration};
 use crate::modules::contract::Rule;
 
@@ -115,7 +115,7 @@ use crate::flags::gates::{self, KnownGates};
 /// (`VolumeAttributesClass` unless given: on where the apiserver serves the API).
 pub const FEATURE_GATES: KnownGates = &[
     ("Topology", true),
-    (up::GATE_CROSS_NAMESPACE, false),
+    (upstream::GATE_CROSS_NAMESPACE, false),
     (super::vac::GATE, true),
     ("ReleaseLeaderElectionOnExit", false),
 ];
@@ -136,7 +136,7 @@ pub fn parse_gates(s: &str) -> Result<Gates, String> {
     let g = gates::parse(s, FEATURE_GATES).map_err(|e| e.to_string())?;
     Ok(Gates {
         topology: g.enabled("Topology"),
-        cross_namespace: g.enabled(up::GATE_CROSS_NAMESPACE),
+        cross_namespace: g.enabled(upstream::GATE_CROSS_NAMESPACE),
         volume_attributes_class: g.explicit(super::vac::GATE),
     })
 }
@@ -190,7 +190,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["get"]),
     // `secret`: provisioner and deletion secrets.
     Rule::new(&[""], &["secrets"], &["get"]),
-    // kube/events.rs `write`: a new Event, the count of a repeat.
+    // k8s/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 

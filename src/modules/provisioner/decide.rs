@@ -19,7 +19,7 @@ use super::{
     sources::{self, PlanSource, SourceKind, SourceRef},
 };
 use crate::{
-    compat::provisioner as up,
+    compat::provisioner as upstream,
     csi::{
         DriverInfo,
         proto::csi::v1::{
@@ -28,7 +28,7 @@ use crate::{
             volume_capability,
         },
     },
-    kube::quantity,
+    k8s::quantity,
     migration::{self, Plugin},
 };
 
@@ -50,13 +50,15 @@ pub struct Settings {
 /// The provisioner (driver) name a PVC (by its metadata) asks for.
 pub fn requested_provisioner(pvc: &ObjectMeta) -> Option<&str> {
     let ann = pvc.annotations.as_ref()?;
-    ann.get(up::ANN_STORAGE_PROVISIONER).or_else(|| ann.get(up::ANN_BETA_STORAGE_PROVISIONER)).map(String::as_str)
+    ann.get(upstream::ANN_STORAGE_PROVISIONER)
+        .or_else(|| ann.get(upstream::ANN_BETA_STORAGE_PROVISIONER))
+        .map(String::as_str)
 }
 
 /// Whether a PVC (by its metadata) is for `driver` (by provisioner
 /// annotation or CSI migration).
 pub fn is_for_driver(pvc: &ObjectMeta, driver: &str) -> bool {
-    let migrated = pvc.annotations.as_ref().and_then(|a| a.get(up::ANN_MIGRATED_TO)).map(String::as_str);
+    let migrated = pvc.annotations.as_ref().and_then(|a| a.get(upstream::ANN_MIGRATED_TO)).map(String::as_str);
     requested_provisioner(pvc) == Some(driver) || migrated == Some(driver)
 }
 
@@ -109,8 +111,12 @@ pub fn decide_claim(
         return ClaimDecision::Ignore("volume already provisioned");
     }
     let wffc = sc.and_then(|s| s.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
-    let selected =
-        pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).is_some_and(|n| !n.is_empty());
+    let selected = pvc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(upstream::ANN_SELECTED_NODE))
+        .is_some_and(|n| !n.is_empty());
     if wffc && !selected {
         return ClaimDecision::WaitForScheduler;
     }
@@ -408,7 +414,7 @@ pub fn build_pv(
         return Err(ResponseError::NoContentSource);
     }
     let mut attributes: BTreeMap<String, String> =
-        BTreeMap::from([(up::IDENTITY_KEY.to_string(), identity.to_string())]);
+        BTreeMap::from([(upstream::IDENTITY_KEY.to_string(), identity.to_string())]);
     attributes.extend(vol.volume_context.iter().map(|(k, v)| (k.clone(), v.clone())));
     let only_rox = plan.request.volume_capabilities.len() == 1
         && plan.request.volume_capabilities[0].access_mode.as_ref().map(|m| m.mode)
@@ -431,19 +437,19 @@ pub fn build_pv(
         node_expand_secret_ref: secret("nodeExpandSecretRef"),
     };
     let mut annotations = BTreeMap::from([
-        (up::ANN_PROVISIONED_BY.to_string(), sc.provisioner.clone()),
+        (upstream::ANN_PROVISIONED_BY.to_string(), sc.provisioner.clone()),
         (
-            up::ANN_DELETION_SECRET_NAME.to_string(),
+            upstream::ANN_DELETION_SECRET_NAME.to_string(),
             plan.provisioner_secret.as_ref().map(|r| r.name.clone()).unwrap_or_default(),
         ),
         (
-            up::ANN_DELETION_SECRET_NAMESPACE.to_string(),
+            upstream::ANN_DELETION_SECRET_NAMESPACE.to_string(),
             plan.provisioner_secret.as_ref().map(|r| r.namespace.clone()).unwrap_or_default(),
         ),
     ]);
     if let Some(m) = &plan.modify_secret {
-        annotations.insert(up::ANN_MODIFY_SECRET_NAME.into(), m.name.clone());
-        annotations.insert(up::ANN_MODIFY_SECRET_NAMESPACE.into(), m.namespace.clone());
+        annotations.insert(upstream::ANN_MODIFY_SECRET_NAME.into(), m.name.clone());
+        annotations.insert(upstream::ANN_MODIFY_SECRET_NAMESPACE.into(), m.namespace.clone());
     }
     let reclaim = sc.reclaim_policy.clone().unwrap_or_else(|| "Delete".to_string());
     let spec = pvc.spec.clone().unwrap_or_default();
@@ -452,7 +458,7 @@ pub fn build_pv(
         metadata: ObjectMeta {
             name: Some(plan.pv_name.clone()),
             annotations: Some(annotations),
-            finalizers: (reclaim == "Delete").then(|| vec![up::PV_FINALIZER.to_string()]),
+            finalizers: (reclaim == "Delete").then(|| vec![upstream::PV_FINALIZER.to_string()]),
             ..Default::default()
         },
         spec: Some(PersistentVolumeSpec {
@@ -556,7 +562,9 @@ pub fn volume_handle(pv: &PersistentVolume) -> Result<(String, bool), String> {
 /// refuses the deletion (the `VolumeFailedDelete` text).
 pub fn deletion_secret_ref(pv: &PersistentVolume, class: Option<&StorageClass>) -> Result<Option<SecretRef>, String> {
     let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k));
-    if let (Some(name), Some(namespace)) = (ann(up::ANN_DELETION_SECRET_NAME), ann(up::ANN_DELETION_SECRET_NAMESPACE)) {
+    if let (Some(name), Some(namespace)) =
+        (ann(upstream::ANN_DELETION_SECRET_NAME), ann(upstream::ANN_DELETION_SECRET_NAMESPACE))
+    {
         let both = !name.is_empty() && !namespace.is_empty();
         return Ok(both.then(|| SecretRef { name: name.clone(), namespace: namespace.clone() }));
     }
@@ -580,18 +588,18 @@ pub fn deletion_secret_ref(pv: &PersistentVolume, class: Option<&StorageClass>) 
 pub fn decide_volume(pv: &PersistentVolume, driver: &str) -> VolumeDecision {
     let Some(spec) = pv.spec.as_ref() else { return VolumeDecision::Ignore };
     let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k)).map(String::as_str);
-    let provisioned_by = ann(up::ANN_PROVISIONED_BY);
+    let provisioned_by = ann(upstream::ANN_PROVISIONED_BY);
     // Only dynamically provisioned volumes: a static PV naming the driver
     // is never deleted by the provisioner. A migrated in-tree volume was
     // provisioned by the plugin's name (or is annotated as migrated to the driver).
     let in_tree = Plugin::for_driver(driver).map(Plugin::in_tree_name);
     let ours = provisioned_by == Some(driver)
         || (provisioned_by.is_some() && provisioned_by == in_tree && migration::is_migrated_to(pv, driver))
-        || (provisioned_by.is_some() && ann(up::ANN_MIGRATED_TO) == Some(driver));
+        || (provisioned_by.is_some() && ann(upstream::ANN_MIGRATED_TO) == Some(driver));
     if !ours {
         return VolumeDecision::Ignore;
     }
-    let has_finalizer = pv.metadata.finalizers.iter().flatten().any(|f| f == up::PV_FINALIZER);
+    let has_finalizer = pv.metadata.finalizers.iter().flatten().any(|f| f == upstream::PV_FINALIZER);
     let reclaim = spec.persistent_volume_reclaim_policy.as_deref().unwrap_or("Delete");
     let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
     let deleting = pv.metadata.deletion_timestamp.is_some();

@@ -33,22 +33,22 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use ::kube::core::PartialObjectMeta;
-use ::kube::{
-    Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
-    runtime::reflector::ObjectRef,
-};
 use futures::future::BoxFuture;
 use k8s_openapi::api::{
     core::v1::{Node, PersistentVolume, PersistentVolumeClaim},
     storage::v1::{CSINode, StorageClass, VolumeAttributesClass},
 };
+use kube::core::PartialObjectMeta;
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::reflector::ObjectRef,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    compat::{self, provisioner as up},
+    compat::{self, provisioner as upstream},
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{
@@ -56,7 +56,7 @@ use crate::{
         },
     },
     debug::WaitingFor,
-    kube::{
+    k8s::{
         KubeContext,
         cache::Cache,
         cached::{CachedPv, CachedPvc, CachedVa},
@@ -146,7 +146,7 @@ struct Provisioner {
     capacity: Option<capacity::Handle>,
 }
 
-use crate::kube::error_text as api_error_text;
+use crate::k8s::error_text as api_error_text;
 
 /// `<unix millis>-<0..9999>-<driver>`, upstream's provisioner identity.
 fn identity(driver: &str) -> String {
@@ -177,7 +177,7 @@ impl Provisioner {
     }
 
     async fn secret(&self, r: &SecretRef) -> Result<HashMap<String, String>, String> {
-        crate::kube::secrets::secret_data(&self.client, &r.name, &r.namespace).await
+        crate::k8s::secrets::secret_data(&self.client, &r.name, &r.namespace).await
     }
 
     /// Accessibility requirements for a topology-aware driver.
@@ -196,7 +196,8 @@ impl Provisioner {
         }
         let Some(cluster) = &self.topology else { return Ok(None) };
         let allowed = topology::flatten_allowed(&allowed_terms(sc));
-        let selected = pvc.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE)).map(String::as_str);
+        let selected =
+            pvc.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_SELECTED_NODE)).map(String::as_str);
         let req = topology::Request {
             late_binding: sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"),
             selected_node: selected,
@@ -265,7 +266,7 @@ impl Views {
             Some(nd) => {
                 let (claims_nd, pvs_nd) = (nd.clone(), nd.clone());
                 let selected = move |c: &CachedPvc| {
-                    let node = c.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_SELECTED_NODE));
+                    let node = c.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_SELECTED_NODE));
                     claims_nd.claim_in_view(node.map(String::as_str))
                 };
                 let accessible = move |pv: &CachedPv| {
@@ -351,7 +352,9 @@ fn add_handlers(
         csinodes.on_change(shutdown, move |n| c.update(&name(&n.object().metadata)));
     }
     let claims = queues.claims.clone();
-    views.claims.on_change_with_resync(up::RESYNC, shutdown, move |c| claims.add(ClaimKey::of(&c.object().metadata)));
+    views
+        .claims
+        .on_change_with_resync(upstream::RESYNC, shutdown, move |c| claims.add(ClaimKey::of(&c.object().metadata)));
     // A changed class: its claims with an infeasible create may try again.
     let (claims, infeasible) = (queues.claims.clone(), infeasible.clone());
     views.classes.on_change(shutdown, move |c| {
@@ -371,19 +374,19 @@ fn add_handlers(
     }
     if let (Some(inf), Some(clones)) = (&views.clone_sources, &queues.clone_sources) {
         let clones = clones.clone();
-        inf.on_change_with_resync(up::RESYNC, shutdown, move |c| {
+        inf.on_change_with_resync(upstream::RESYNC, shutdown, move |c| {
             if !c.is_deleted() && c.object().metadata.deletion_timestamp.is_some() {
                 clones.add(ClaimKey::of(&c.object().metadata));
             }
         });
     }
     let (volumes, name) = (queues.volumes.clone(), driver.to_string());
-    views.volumes.on_change_with_resync(up::RESYNC, shutdown, move |c| {
+    views.volumes.on_change_with_resync(upstream::RESYNC, shutdown, move |c| {
         let pv = c.object();
         // Ours, or a migrated in-tree volume (decide_volume checks which).
         let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
-            || pv.annotation(up::ANN_MIGRATED_TO) == Some(&*name);
-        let provisioned_by = pv.annotation(up::ANN_PROVISIONED_BY);
+            || pv.annotation(upstream::ANN_MIGRATED_TO) == Some(&*name);
+        let provisioned_by = pv.annotation(upstream::ANN_PROVISIONED_BY);
         if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated)) {
             volumes.add(PvKey::of(&pv.metadata));
         }
@@ -413,7 +416,7 @@ async fn sweep_enabled(cfg: &ProvisionerFlags, client: &Client, driver: &DriverI
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) || cfg.snapshot_orphan_sweep_interval.is_zero() {
         return false;
     }
-    crate::kube::snapshot_api::installed(client, "volumesnapshots").await.unwrap_or_else(|e| {
+    crate::k8s::snapshot_api::installed(client, "volumesnapshots").await.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
         false
     })
@@ -423,7 +426,7 @@ async fn sweep_enabled(cfg: &ProvisionerFlags, client: &Client, driver: &DriverI
 async fn vac_gate_in_effect(explicit: Option<bool>, client: &Client) -> bool {
     let served = match explicit {
         Some(_) => true,
-        None => crate::kube::discovery::vac_served(client).await,
+        None => crate::k8s::discovery::vac_served(client).await,
     };
     let on = vac::gate(explicit, served);
     if !on && explicit.is_none() {
@@ -443,7 +446,7 @@ fn library_event_component(driver: &str) -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_default();
-    up::library_event_component(driver, &host, &crate::kube::names::random_uuid())
+    upstream::library_event_component(driver, &host, &crate::k8s::names::random_uuid())
 }
 
 /// The work the Lease guards: the caches synced, then every queue's workers,
@@ -498,8 +501,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let config = |message: String| kit.config_error(message);
     let (ctx, kube) = (&kit.ctx, &kit.kube);
     let gates = cfg.validate().map_err(config)?;
-    let node_name = node_deployment::node_name(cfg.node_deployment, std::env::var(up::NODE_NAME_ENV).ok().as_deref())
-        .map_err(config)?;
+    let node_name =
+        node_deployment::node_name(cfg.node_deployment, std::env::var(upstream::NODE_NAME_ENV).ok().as_deref())
+            .map_err(config)?;
     if node_name.is_some() && kube.leader.enabled {
         tracing::warn!(
             "--node-deployment with --leader-election: every node's instance competes for one Lease, so one node provisions at a time"
@@ -524,9 +528,9 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
     let topology_aware = gates.topology && driver.has_plugin_service(Svc::VolumeAccessibilityConstraints);
     let views = Arc::new(Views::register(informers, &driver, node.as_ref(), sweep, topology_aware));
     let queues = Queues {
-        claims: kit.queue(up::QUEUE_CLAIMS),
-        volumes: kit.queue(up::QUEUE_VOLUMES),
-        clone_sources: views.clone_sources.as_ref().map(|_| kit.queue(up::QUEUE_CLONING_PROTECTION)),
+        claims: kit.queue(upstream::QUEUE_CLAIMS),
+        volumes: kit.queue(upstream::QUEUE_VOLUMES),
+        clone_sources: views.clone_sources.as_ref().map(|_| kit.queue(upstream::QUEUE_CLONING_PROTECTION)),
     };
     let infeasible: Arc<Mutex<infeasible::Infeasible<ClaimKey>>> = Arc::default();
     add_handlers(&views, &queues, &infeasible, &driver.name, &ctx.shutdown);
@@ -545,7 +549,7 @@ pub async fn run(cfg: ProvisionerFlags, ctx: ModuleContext) -> Result<(), Module
         identity: node_deployment::identity(identity(&driver.name), node.as_ref().map(|n| n.node.as_str())),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        own_events: events.for_component(up::EVENT_COMPONENT),
+        own_events: events.for_component(upstream::EVENT_COMPONENT),
         events,
         pvcs: views.claims.store(),
         pvs: views.volumes.store(),

@@ -26,7 +26,7 @@ use super::{
     topology_index::TopologyIndex,
 };
 use crate::{
-    compat::provisioner as up,
+    compat::provisioner as upstream,
     csi::proto::csi::v1::{self as csi, NodeGetInfoResponse},
     debug::WaitingFor,
     modules::kit::{Done, Reconciled, Wait},
@@ -52,7 +52,7 @@ pub fn node_name(enabled: bool, env: Option<&str>) -> Result<Option<String>, Str
     match (enabled, env) {
         (false, _) => Ok(None),
         (true, Some(n)) if !n.is_empty() => Ok(Some(n.to_string())),
-        (true, _) => Err(up::TEXT_NODE_NAME_MISSING.to_string()),
+        (true, _) => Err(upstream::TEXT_NODE_NAME_MISSING.to_string()),
     }
 }
 
@@ -281,20 +281,20 @@ impl super::Provisioner {
         };
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
-        let api: ::kube::Api<PersistentVolumeClaim> = ::kube::Api::namespaced(self.client.clone(), ns);
+        let api: kube::Api<PersistentVolumeClaim> = kube::Api::namespaced(self.client.clone(), ns);
         // The resourceVersion makes the merge patch conditional: a claim
         // another instance changed meanwhile answers 409.
         let patch = serde_json::json!({"metadata": {
             "resourceVersion": version,
-            "annotations": {up::ANN_SELECTED_NODE: nd.node},
+            "annotations": {upstream::ANN_SELECTED_NODE: nd.node},
         }});
-        match api.patch(name, &::kube::api::PatchParams::default(), &::kube::api::Patch::Merge(&patch)).await {
+        match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
             Ok(_) => {
                 tracing::info!(claim = %key, node = %nd.node, "Became the owner of the claim");
                 self.races.forget(key);
                 Ok(Done::Finished)
             }
-            Err(::kube::Error::Api(e)) if e.code == 409 => {
+            Err(kube::Error::Api(e)) if e.code == 409 => {
                 let wait = self.races.lost(key, nd, Instant::now());
                 tracing::debug!(claim = %key, ?wait, "Conflict while trying to own the claim; trying again");
                 Err(Wait::on(WaitingFor::Retry).after(wait))
@@ -302,7 +302,7 @@ impl super::Provisioner {
             Err(e) => {
                 let wait = self.races.lost(key, nd, Instant::now());
                 let msg = owner_write_failed_text(key, &nd.node, &super::api_error_text(&e));
-                self.event_pvc(pvc, crate::kube::events::EventType::Warning, up::REASON_PROVISIONING_FAILED, &msg);
+                self.event_pvc(pvc, crate::k8s::events::EventType::Warning, upstream::REASON_PROVISIONING_FAILED, &msg);
                 Err(Wait::on(WaitingFor::ApiServer).after(wait))
             }
         }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-pub use crate::kube::names::{expand, is_dns1123_label, is_dns1123_subdomain};
+pub use crate::k8s::names::{expand, is_dns1123_label, is_dns1123_subdomain};
 
 /// Keys `--extra-create-metadata` adds to `CreateVolume` parameters, and
 /// the reserved prefix.

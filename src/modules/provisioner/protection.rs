@@ -22,7 +22,7 @@ impl Provisioner {
     ) -> Result<(csi::VolumeContentSource, ReadSource), (WaitingFor, String)> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &src.namespace);
         let source = claims.get(&src.name).await.map_err(|e| {
-            let not_found = matches!(&e, ::kube::Error::Api(s) if s.code == 404);
+            let not_found = matches!(&e, kube::Error::Api(s) if s.code == 404);
             let claim_ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
             (WaitingFor::DataSource, sources::source_claim_error(&src.name, claim_ns, not_found, &api_error_text(&e)))
         })?;
@@ -81,12 +81,12 @@ impl Provisioner {
             ReadSource::Claim(c) => {
                 let ns = c.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-                crate::kube::finalizers::add(&api, &*c, up::CLONE_FINALIZER).await
+                crate::k8s::finalizers::add(&api, &*c, upstream::CLONE_FINALIZER).await
             }
             ReadSource::Snapshot(snap) => {
                 let ns = snap.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &ns);
-                crate::kube::finalizers::add(&api, &*snap, up::SNAPSHOT_SOURCE_FINALIZER).await
+                crate::k8s::finalizers::add(&api, &*snap, upstream::SNAPSHOT_SOURCE_FINALIZER).await
             }
         };
         result.map_err(|e| api_error_text(&e))
@@ -111,8 +111,8 @@ impl Provisioner {
         }
         let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &src.namespace);
         let result = match api.get(&src.name).await {
-            Ok(snap) => crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await,
-            Err(::kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Ok(snap) => crate::k8s::finalizers::remove(&api, &snap, upstream::SNAPSHOT_SOURCE_FINALIZER).await,
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
             Err(e) => Err(e),
         };
         if let Err(e) = result {
@@ -136,7 +136,7 @@ impl Provisioner {
             }
             CloneProtection::Release => {
                 let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
-                match crate::kube::finalizers::remove(&api, &source.to_full(), up::CLONE_FINALIZER).await {
+                match crate::k8s::finalizers::remove(&api, &source.to_full(), upstream::CLONE_FINALIZER).await {
                     Ok(()) => {
                         tracing::info!(source = %key, "Removed the cloning-protection finalizer");
                         Ok(Done::Finished)
@@ -162,7 +162,7 @@ impl Provisioner {
             let Some((ns, name)) = key.split_once('/') else { continue };
             let Some(snap) = snapshots.get(&ObjectRef::new(name).within(ns)) else { continue };
             let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), ns);
-            match crate::kube::finalizers::remove(&api, &snap, up::SNAPSHOT_SOURCE_FINALIZER).await {
+            match crate::k8s::finalizers::remove(&api, &snap, upstream::SNAPSHOT_SOURCE_FINALIZER).await {
                 Ok(()) => tracing::info!(snapshot = %key, "Removed an orphaned snapshot source finalizer"),
                 Err(e) => {
                     tracing::warn!(snapshot = %key, error = %e, "Failed to remove an orphaned snapshot finalizer")
@@ -179,7 +179,7 @@ impl Provisioner {
 /// provisioner.
 pub(super) async fn run_snapshot_sweep(
     p: Arc<Provisioner>,
-    snapshots: Option<crate::kube::informers::Informer<VolumeSnapshot>>,
+    snapshots: Option<crate::k8s::informers::Informer<VolumeSnapshot>>,
     token: CancellationToken,
 ) {
     let Some(snapshots) = snapshots else { return };

@@ -6,9 +6,9 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use crate::{
-    compat::provisioner as up,
+    compat::provisioner as upstream,
     csi::proto::csi::v1::{VolumeContentSource, volume_content_source},
-    kube::{
+    k8s::{
         cached::CachedPvc,
         quantity,
         reference_grant::ReferenceGrant,
@@ -138,7 +138,7 @@ pub fn check_granted(
     let claim_ns = meta_ns(pvc);
     let allowed = grants.iter().filter(|g| g.metadata.namespace.as_deref() == Some(src.namespace.as_str())).any(|g| {
         let from_ok =
-            g.spec.from.iter().any(|f| f.group.is_empty() && f.kind == up::KIND_PVC && f.namespace == claim_ns);
+            g.spec.from.iter().any(|f| f.group.is_empty() && f.kind == upstream::KIND_PVC && f.namespace == claim_ns);
         from_ok
             && g.spec.to.iter().any(|t| {
                 t.group == src.api_group
@@ -164,11 +164,11 @@ pub fn classify(pvc: &PersistentVolumeClaim, src: &SourceRef) -> Result<SourceKi
         return Err(SourceError::NoName(meta_name(pvc).to_string()));
     }
     match src.kind.as_str() {
-        up::KIND_SNAPSHOT if src.api_group != snapshot_api::GROUP => {
+        upstream::KIND_SNAPSHOT if src.api_group != snapshot_api::GROUP => {
             Err(SourceError::WrongGroup { expected: snapshot_api::GROUP, got: src.api_group.clone() })
         }
-        up::KIND_SNAPSHOT => Ok(SourceKind::Snapshot),
-        up::KIND_PVC => Ok(SourceKind::Clone),
+        upstream::KIND_SNAPSHOT => Ok(SourceKind::Snapshot),
+        upstream::KIND_PVC => Ok(SourceKind::Clone),
         other => Err(SourceError::Populator(other.to_string())),
     }
 }
@@ -262,7 +262,7 @@ pub fn clone_source(
 /// Whether a snapshot may be restored from at all: one being deleted only
 /// if a restore already started (it carries the provisioner's finalizer).
 pub fn snapshot_usable(snapshot: &VolumeSnapshot) -> Result<(), String> {
-    let protected = snapshot.metadata.finalizers.iter().flatten().any(|f| f == up::SNAPSHOT_SOURCE_FINALIZER);
+    let protected = snapshot.metadata.finalizers.iter().flatten().any(|f| f == upstream::SNAPSHOT_SOURCE_FINALIZER);
     if snapshot.metadata.deletion_timestamp.is_some() && !protected {
         return Err(format!("snapshot {} is being deleted", snapshot.metadata.name.as_deref().unwrap_or_default()));
     }
@@ -327,7 +327,7 @@ pub fn snapshot_source(
             meta_ns(claim),
             meta_name(claim)
         );
-        let ann = up::ANN_ALLOW_VOLUME_MODE_CHANGE;
+        let ann = upstream::ANN_ALLOW_VOLUME_MODE_CHANGE;
         match content.metadata.annotations.as_ref().and_then(|a| a.get(ann)) {
             None => return Err(format!("{prefix} {ann} annotation is not present on snapshotcontent {content_name}")),
             Some(v) => match crate::flags::goflags::parse_go_bool(v) {
@@ -355,8 +355,8 @@ pub fn referenced_source(c: &CachedPvc) -> Option<(SourceKind, String, String)> 
     let ns = c.metadata.namespace.clone().unwrap_or_default();
     let spec = c.spec.as_ref()?;
     let kind_of = |kind: &str, group: Option<&str>| match kind {
-        up::KIND_PVC if group.is_none_or(str::is_empty) => Some(SourceKind::Clone),
-        up::KIND_SNAPSHOT if group.is_none_or(|g| g == snapshot_api::GROUP) => Some(SourceKind::Snapshot),
+        upstream::KIND_PVC if group.is_none_or(str::is_empty) => Some(SourceKind::Clone),
+        upstream::KIND_SNAPSHOT if group.is_none_or(|g| g == snapshot_api::GROUP) => Some(SourceKind::Snapshot),
         _ => None,
     };
     if let Some(ds) = &spec.data_source {
@@ -400,7 +400,7 @@ pub fn clone_protection<'a>(
     pending: impl IntoIterator<Item = &'a CachedPvc>,
     in_flight: &[String],
 ) -> CloneProtection {
-    let has = source.metadata.finalizers.iter().flatten().any(|f| f == up::CLONE_FINALIZER);
+    let has = source.metadata.finalizers.iter().flatten().any(|f| f == upstream::CLONE_FINALIZER);
     if !has || source.metadata.deletion_timestamp.is_none() {
         return CloneProtection::Nothing;
     }
@@ -470,7 +470,7 @@ pub fn orphaned_snapshots<'a>(
         .collect();
     snapshots
         .into_iter()
-        .filter(|s| s.metadata.finalizers.iter().flatten().any(|f| f == up::SNAPSHOT_SOURCE_FINALIZER))
+        .filter(|s| s.metadata.finalizers.iter().flatten().any(|f| f == upstream::SNAPSHOT_SOURCE_FINALIZER))
         .map(|s| {
             format!(
                 "{}/{}",

@@ -12,11 +12,11 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
 };
 
-use ::kube::{core::PartialObjectMeta, runtime::reflector::ObjectRef};
 use k8s_openapi::api::{core::v1::Node, storage::v1::CSINode};
+use kube::{core::PartialObjectMeta, runtime::reflector::ObjectRef};
 
 use super::topology::{self, ClusterView, DriverNodes, Request, Segment, TopologyError};
-use crate::{csi::proto::csi::v1::TopologyRequirement, kube::cache::Cache};
+use crate::{csi::proto::csi::v1::TopologyRequirement, k8s::cache::Cache};
 
 /// A set of topology keys: sorted, without duplicates.
 type KeySet = Vec<String>;

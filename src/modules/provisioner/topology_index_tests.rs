@@ -150,14 +150,14 @@ fn an_unrelated_change_leaves_the_index_alone() {
 }
 
 mod caches {
-    use ::kube::{core::PartialObjectMetaExt, runtime::watcher::Event as Watch};
     use k8s_openapi::{
         api::storage::v1::{CSINodeDriver, CSINodeSpec},
         apimachinery::pkg::apis::meta::v1::ObjectMeta,
     };
+    use kube::{core::PartialObjectMetaExt, runtime::watcher::Event as Watch};
 
     use super::*;
-    use crate::kube::cache::Writer;
+    use crate::k8s::cache::Writer;
 
     const DRIVER: &str = "topology.csi.example.com";
 

@@ -18,8 +18,9 @@ impl Provisioner {
 
     pub(super) async fn delete(&self, api: &Api<PersistentVolume>, pv: &PersistentVolume) -> Reconciled {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let failed =
-            |msg: &str| self.events.publish(reference(pv), EventType::Warning, up::REASON_VOLUME_FAILED_DELETE, msg);
+        let failed = |msg: &str| {
+            self.events.publish(reference(pv), EventType::Warning, upstream::REASON_VOLUME_FAILED_DELETE, msg)
+        };
         if let Some(vas) = &self.attachments
             && let Some(va) = vas.by_index(crate::modules::views::VA_BY_PV, &name).first()
         {
@@ -68,7 +69,7 @@ impl Provisioner {
                 // Still there because of finalizers: drop ours from this version.
                 Ok(either::Either::Left(deleting)) => current = deleting,
                 Ok(either::Either::Right(_)) => return Ok(Done::Finished),
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
                     failed(&format!("error deleting PersistentVolume {name}: {}", api_error_text(&e)));
                     return Err(Wait::on(WaitingFor::ApiServer));
@@ -111,9 +112,9 @@ impl Provisioner {
 
 pub(super) async fn patch_finalizers(api: &Api<PersistentVolume>, pv: &PersistentVolume, add: bool) -> Reconciled {
     let result = if add {
-        crate::kube::finalizers::add(api, pv, up::PV_FINALIZER).await
+        crate::k8s::finalizers::add(api, pv, upstream::PV_FINALIZER).await
     } else {
-        crate::kube::finalizers::remove(api, pv, up::PV_FINALIZER).await
+        crate::k8s::finalizers::remove(api, pv, upstream::PV_FINALIZER).await
     };
     match result {
         Ok(()) => Ok(Done::Finished),

@@ -6,7 +6,7 @@ use super::{
     decide::{ClaimDecision, CreateFailure, PlanError},
     sources,
 };
-use crate::{debug::WaitingFor, kube::snapshot_api::VolumeSnapshot};
+use crate::{debug::WaitingFor, k8s::snapshot_api::VolumeSnapshot};
 
 impl ClaimDecision {
     /// What a claim so decided waits for (`None`: nothing of this
@@ -58,7 +58,7 @@ pub fn snapshot_source_waiting(snapshot: &VolumeSnapshot) -> WaitingFor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube::snapshot_api::VolumeSnapshotStatus;
+    use crate::k8s::snapshot_api::VolumeSnapshotStatus;
 
     #[test]
     fn what_a_claim_waits_for() {

@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use crate::{compat::registrar as up, csi::proto::pluginregistration::PluginInfo, healthz::HealthReport};
+use crate::{compat::registrar as upstream, csi::proto::pluginregistration::PluginInfo, healthz::HealthReport};
 
 /// `GetInfo` answer for the kubelet.
 pub fn plugin_info(driver: &str, kubelet_registration_path: &str) -> PluginInfo {
     PluginInfo {
-        r#type: up::PLUGIN_TYPE_CSI.to_string(),
+        r#type: upstream::PLUGIN_TYPE_CSI.to_string(),
         name: driver.to_string(),
         endpoint: kubelet_registration_path.to_string(),
-        supported_versions: up::SUPPORTED_VERSIONS.iter().map(|v| v.to_string()).collect(),
+        supported_versions: upstream::SUPPORTED_VERSIONS.iter().map(|v| v.to_string()).collect(),
     }
 }
 
@@ -44,7 +44,7 @@ pub enum SocketState {
 /// The `/healthz` answer before dialling the socket; `None` means: dial it.
 pub fn socket_health(state: &SocketState, path: &str) -> Option<HealthReport> {
     match state {
-        SocketState::Missing => Some(HealthReport::failed(404, up::BODY_SOCKET_MISSING)),
+        SocketState::Missing => Some(HealthReport::failed(404, upstream::BODY_SOCKET_MISSING)),
         SocketState::NotASocket => Some(HealthReport::failed(500, format!("{path} is not a unix domain socket"))),
         SocketState::StatError(e) => Some(HealthReport::failed(500, e.clone())),
         SocketState::Present => None,
@@ -56,7 +56,7 @@ pub fn self_check_health(answered_name: &str, driver: &str) -> HealthReport {
     if answered_name == driver {
         HealthReport::ok()
     } else {
-        HealthReport::failed(500, up::body_wrong_name(answered_name))
+        HealthReport::failed(500, upstream::body_wrong_name(answered_name))
     }
 }
 

@@ -27,7 +27,7 @@ use tonic::{
 };
 
 use crate::{
-    compat::{self, registrar as up},
+    compat::{self, registrar as upstream},
     csi::proto::pluginregistration::{
         InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
         registration_client::RegistrationClient,
@@ -56,7 +56,7 @@ pub fn validate(cfg: &RegistrarFlags) -> Result<(), ModuleError> {
 
 /// `--mode=kubelet-registration-probe` exits 0 at once (upstream made it a no-op).
 pub fn early_exit(cfg: &RegistrarFlags) -> Option<u8> {
-    (cfg.mode.as_deref() == Some(up::MODE_REGISTRATION_PROBE)).then_some(0)
+    (cfg.mode.as_deref() == Some(upstream::MODE_REGISTRATION_PROBE)).then_some(0)
 }
 
 struct RegistrationService {
@@ -122,7 +122,7 @@ impl HealthCheck for RegistrarHealth {
                 };
             match answer {
                 Ok(info) => decide::self_check_health(&info.into_inner().name, &driver),
-                Err(s) => HealthReport::failed(500, up::body_get_info_failed(&compat::grpc_error_text(&s))),
+                Err(s) => HealthReport::failed(500, upstream::body_get_info_failed(&compat::grpc_error_text(&s))),
             }
         }
         .boxed()
@@ -202,7 +202,7 @@ pub async fn run(cfg: RegistrarFlags, ctx: ModuleContext) -> Result<(), ModuleEr
     let endpoint = cfg.kubelet_registration_path.clone().unwrap_or_default();
     tracing::info!(address = %ctx.csi.address(), "Waiting for the CSI driver to tell its name");
     let Some(driver) = ctx.csi.wait_for_driver(&ctx.shutdown).await else { return Ok(()) };
-    let socket_path = Path::new(&cfg.plugin_registration_path).join(up::socket_file_name(&driver.name));
+    let socket_path = Path::new(&cfg.plugin_registration_path).join(upstream::socket_file_name(&driver.name));
     ctx.health.register(NAME, Arc::new(RegistrarHealth::new(socket_path.clone(), driver.name.clone(), cfg.timeout)));
     let info = decide::plugin_info(&driver.name, &endpoint);
     let mut consecutive_failures = 0u32;

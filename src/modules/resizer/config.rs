@@ -120,7 +120,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule::new(&["storage.k8s.io"], &["volumeattributesclasses"], &["list", "watch"]),
     // `expand`, `sync_modify`: the controllerExpandSecretRef.
     Rule::new(&[""], &["secrets"], &["get"]),
-    // kube/events.rs `write`: a new Event, the count of a repeat.
+    // k8s/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 

@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 
 use super::conditions::with_conditions;
 use crate::{
-    compat::{modifier as mo, provisioner as prov, resizer as up},
+    compat::{modifier, provisioner, resizer as upstream},
     csi::proto::csi::v1::{self as csi, volume_capability::access_mode::Mode},
-    kube::{
+    k8s::{
         cached::CachedPvc,
         quantity::{from_bytes, to_bytes},
     },
@@ -47,10 +47,10 @@ pub enum InputError {
 /// driver (claims bound to pre-created PVs carry no annotation and are kept).
 pub fn claim_may_be_for_driver(meta: &ObjectMeta, driver: &str) -> bool {
     let ann = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).map(String::as_str);
-    if ann(up::ANN_STORAGE_RESIZER) == Some(driver) || ann(prov::ANN_MIGRATED_TO) == Some(driver) {
+    if ann(upstream::ANN_STORAGE_RESIZER) == Some(driver) || ann(provisioner::ANN_MIGRATED_TO) == Some(driver) {
         return true;
     }
-    match ann(prov::ANN_STORAGE_PROVISIONER).or_else(|| ann(prov::ANN_BETA_STORAGE_PROVISIONER)) {
+    match ann(provisioner::ANN_STORAGE_PROVISIONER).or_else(|| ann(provisioner::ANN_BETA_STORAGE_PROVISIONER)) {
         Some(p) => p == driver,
         None => true,
     }
@@ -66,7 +66,8 @@ pub fn update_needs_sync(old: &CachedPvc, new: &CachedPvc, recover: bool) -> boo
     let cap =
         |c: &CachedPvc| c.status.as_ref().and_then(|s| s.capacity_storage.as_ref()).and_then(|q| to_bytes(&q.0).ok());
     let st = |c: &CachedPvc| c.status.as_ref().and_then(|s| s.allocated_status_storage.clone());
-    let resizer = |c: &CachedPvc| c.metadata.annotations.as_ref().and_then(|a| a.get(up::ANN_STORAGE_RESIZER)).cloned();
+    let resizer =
+        |c: &CachedPvc| c.metadata.annotations.as_ref().and_then(|a| a.get(upstream::ANN_STORAGE_RESIZER)).cloned();
     let (ro, rn) = (req(old), req(new));
     let request_changed = if recover { ro != rn } else { rn > ro };
     request_changed || resizer(old) != resizer(new) || cap(new) > cap(old) || st(old) != st(new)
@@ -181,7 +182,7 @@ pub fn pv_is_ours(pv: &PersistentVolume, pvc: &PersistentVolumeClaim, driver: &s
 
 /// The claim's `volume.kubernetes.io/storage-resizer` annotation.
 fn resizer_of(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    pvc.metadata.annotations.as_ref()?.get(up::ANN_STORAGE_RESIZER).map(String::as_str)
+    pvc.metadata.annotations.as_ref()?.get(upstream::ANN_STORAGE_RESIZER).map(String::as_str)
 }
 
 /// The PV as the driver is asked to expand it: a CSI PV as it is, a
@@ -193,7 +194,7 @@ pub fn csi_form(pv: &PersistentVolume, driver: &str) -> Result<(PersistentVolume
 /// Whether the PV's pre-resize annotation can go: the claim's capacity
 /// caught up with the PV.
 pub fn pre_resize_annotation_stale(pv: &PersistentVolume, sizes: &Sizes) -> bool {
-    pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(up::ANN_PRE_RESIZE_CAPACITY))
+    pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(upstream::ANN_PRE_RESIZE_CAPACITY))
         && sizes.capacity >= sizes.pv
 }
 
@@ -234,24 +235,24 @@ pub fn plan(pvc: &PersistentVolumeClaim, s: &Sizes, m: Memory) -> Step {
     let allocated = s.allocated.unwrap_or(s.spec);
     let target = if s.pv < s.spec {
         match st {
-            up::NODE_RESIZE_INFEASIBLE => allocated,
-            up::NODE_RESIZE_PENDING | up::NODE_RESIZE_IN_PROGRESS => {
+            upstream::NODE_RESIZE_INFEASIBLE => allocated,
+            upstream::NODE_RESIZE_PENDING | upstream::NODE_RESIZE_IN_PROGRESS => {
                 if s.pv >= allocated {
                     return Step::Skip;
                 }
                 allocated
             }
-            up::CONTROLLER_RESIZE_IN_PROGRESS if !m.final_error => allocated,
+            upstream::CONTROLLER_RESIZE_IN_PROGRESS if !m.final_error => allocated,
             _ => s.spec,
         }
     } else {
         match st {
-            up::NODE_RESIZE_PENDING | up::NODE_RESIZE_IN_PROGRESS => return Step::Skip,
-            up::NODE_RESIZE_INFEASIBLE if m.controller_expansion && s.allocated.is_some() => allocated,
-            up::NODE_RESIZE_INFEASIBLE => s.spec,
-            up::CONTROLLER_RESIZE_IN_PROGRESS | up::CONTROLLER_RESIZE_INFEASIBLE => allocated,
+            upstream::NODE_RESIZE_PENDING | upstream::NODE_RESIZE_IN_PROGRESS => return Step::Skip,
+            upstream::NODE_RESIZE_INFEASIBLE if m.controller_expansion && s.allocated.is_some() => allocated,
+            upstream::NODE_RESIZE_INFEASIBLE => s.spec,
+            upstream::CONTROLLER_RESIZE_IN_PROGRESS | upstream::CONTROLLER_RESIZE_INFEASIBLE => allocated,
             "" if s.allocated.is_some() => allocated,
-            _ if condition_true(pvc, up::COND_FS_RESIZE_PENDING) => return Step::Skip,
+            _ if condition_true(pvc, upstream::COND_FS_RESIZE_PENDING) => return Step::Skip,
             _ => s.spec,
         }
     };
@@ -287,8 +288,12 @@ pub fn classify(code: Option<tonic::Code>) -> Failure {
 }
 
 /// The resize condition types (upstream's `knownResizeConditions`).
-const RESIZE_CONDITIONS: &[&str] =
-    &[up::COND_RESIZING, up::COND_FS_RESIZE_PENDING, up::COND_CONTROLLER_RESIZE_ERROR, up::COND_NODE_RESIZE_ERROR];
+const RESIZE_CONDITIONS: &[&str] = &[
+    upstream::COND_RESIZING,
+    upstream::COND_FS_RESIZE_PENDING,
+    upstream::COND_CONTROLLER_RESIZE_ERROR,
+    upstream::COND_NODE_RESIZE_ERROR,
+];
 
 fn condition(type_: &str, message: &str, now: Timestamp) -> PersistentVolumeClaimCondition {
     PersistentVolumeClaimCondition {
@@ -346,17 +351,17 @@ pub fn in_progress_patch(
     recover: bool,
     now: Timestamp,
 ) -> Value {
-    let conds = merge_conditions(conditions_of(pvc), &[condition(up::COND_RESIZING, "", now)], !update_status);
+    let conds = merge_conditions(conditions_of(pvc), &[condition(upstream::COND_RESIZING, "", now)], !update_status);
     let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if recover {
         status["allocatedResources"] = json!({ "storage": from_bytes(target) });
         if update_status {
-            status["allocatedResourceStatuses"] = json!({ "storage": up::CONTROLLER_RESIZE_IN_PROGRESS });
+            status["allocatedResourceStatuses"] = json!({ "storage": upstream::CONTROLLER_RESIZE_IN_PROGRESS });
         }
     }
     let mut meta = json!({ "resourceVersion": pvc.metadata.resource_version });
-    if has_annotation(pvc, up::ANN_NODE_EXPANSION_NOT_REQUIRED) {
-        meta["annotations"] = json!({ up::ANN_NODE_EXPANSION_NOT_REQUIRED: null });
+    if has_annotation(pvc, upstream::ANN_NODE_EXPANSION_NOT_REQUIRED) {
+        meta["annotations"] = json!({ upstream::ANN_NODE_EXPANSION_NOT_REQUIRED: null });
     }
     json!({ "metadata": meta, "status": status })
 }
@@ -365,11 +370,11 @@ pub fn in_progress_patch(
 /// (other resize conditions kept) and, if infeasible,
 /// `ControllerResizeInfeasible`.
 pub fn failure_patch(pvc: &PersistentVolumeClaim, error: &str, infeasible: bool, now: Timestamp) -> Value {
-    let c = condition(up::COND_CONTROLLER_RESIZE_ERROR, &up::text_controller_resize_error(error), now);
+    let c = condition(upstream::COND_CONTROLLER_RESIZE_ERROR, &upstream::text_controller_resize_error(error), now);
     let conds = merge_conditions(conditions_of(pvc), &[c], true);
     let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
     if infeasible {
-        status["allocatedResourceStatuses"] = json!({ "storage": up::CONTROLLER_RESIZE_INFEASIBLE });
+        status["allocatedResourceStatuses"] = json!({ "storage": upstream::CONTROLLER_RESIZE_INFEASIBLE });
     }
     json!({ "status": status })
 }
@@ -386,15 +391,15 @@ pub fn success_patch(
     now: Timestamp,
 ) -> Value {
     if node_required {
-        let c = condition(up::COND_FS_RESIZE_PENDING, up::TEXT_FS_RESIZE_PENDING, now);
+        let c = condition(upstream::COND_FS_RESIZE_PENDING, upstream::TEXT_FS_RESIZE_PENDING, now);
         let conds = merge_conditions(conditions_of(pvc), &[c], true);
         let mut status = with_conditions(json!({}), conditions_of(pvc), &conds);
         if recover {
-            status["allocatedResourceStatuses"] = json!({ "storage": up::NODE_RESIZE_PENDING });
+            status["allocatedResourceStatuses"] = json!({ "storage": upstream::NODE_RESIZE_PENDING });
         }
         let mut patch = json!({ "status": status });
-        if has_annotation(pvc, up::ANN_NODE_EXPANSION_NOT_REQUIRED) {
-            patch["metadata"] = json!({ "annotations": { up::ANN_NODE_EXPANSION_NOT_REQUIRED: null } });
+        if has_annotation(pvc, upstream::ANN_NODE_EXPANSION_NOT_REQUIRED) {
+            patch["metadata"] = json!({ "annotations": { upstream::ANN_NODE_EXPANSION_NOT_REQUIRED: null } });
         }
         return patch;
     }
@@ -405,7 +410,7 @@ pub fn success_patch(
         status["allocatedResourceStatuses"] = json!({ "storage": null });
     }
     json!({
-        "metadata": { "annotations": { up::ANN_NODE_EXPANSION_NOT_REQUIRED: "true" } },
+        "metadata": { "annotations": { upstream::ANN_NODE_EXPANSION_NOT_REQUIRED: "true" } },
         "status": status,
     })
 }
@@ -421,21 +426,21 @@ pub fn pv_patch(
     annotate: bool,
 ) -> Value {
     let mut patch = json!({ "spec": { "capacity": { "storage": from_bytes(new_size) } } });
-    let annotated = pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(up::ANN_PRE_RESIZE_CAPACITY));
+    let annotated = pv.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(upstream::ANN_PRE_RESIZE_CAPACITY));
     let old = pvc.status.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage"));
     if node_required
         && annotate
         && !annotated
         && let Some(old) = old
     {
-        patch["metadata"] = json!({ "annotations": { up::ANN_PRE_RESIZE_CAPACITY: old.0 } });
+        patch["metadata"] = json!({ "annotations": { upstream::ANN_PRE_RESIZE_CAPACITY: old.0 } });
     }
     patch
 }
 
 /// The PV patch that removes the pre-resize annotation.
 pub fn pv_annotation_removal() -> Value {
-    json!({ "metadata": { "annotations": { up::ANN_PRE_RESIZE_CAPACITY: null } } })
+    json!({ "metadata": { "annotations": { upstream::ANN_PRE_RESIZE_CAPACITY: null } } })
 }
 
 /// The driver's answer, checked: a capacity below the request is an error

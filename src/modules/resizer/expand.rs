@@ -3,11 +3,11 @@
 //! marks, the PV's capacity and annotations) and its events; what to do is
 //! decided in [`super::decide`].
 
-use ::kube::runtime::reflector::ObjectRef;
 use k8s_openapi::{
     api::core::v1::{PersistentVolume, PersistentVolumeClaim},
     jiff::Timestamp,
 };
+use kube::runtime::reflector::ObjectRef;
 
 use super::{
     ClaimKey, Expander, Resizer,
@@ -16,10 +16,10 @@ use super::{
     waiting::ExpandStop,
 };
 use crate::{
-    compat::{self, resizer as up},
+    compat::{self, resizer as upstream},
     csi::proto::csi::v1::controller_service_capability::rpc::Type as Rpc,
     debug::WaitingFor,
-    kube::events::EventType,
+    k8s::events::EventType,
     modules::kit::{Done, Reconciled, Wait},
 };
 
@@ -57,7 +57,7 @@ impl Resizer {
             Err(e) => {
                 // Bad input: said once per change (a fix re-queues the claim).
                 tracing::warn!(error = %e, "Cannot read the claim's sizes");
-                self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &e.to_string());
+                self.event(&pvc, EventType::Warning, upstream::REASON_RESIZE_FAILED, &e.to_string());
                 return Ok(Done::Parked(e.waiting_for()));
             }
         };
@@ -68,7 +68,7 @@ impl Resizer {
             if decide::resize_asked_without_volume(&pvc, &sizes) && annotated_for(&pvc, &self.driver.name) {
                 let msg = format!("PersistentVolume {pv_name} of claim {key} not found; cannot resize");
                 tracing::warn!(pv = %pv_name, "{msg}");
-                self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
+                self.event(&pvc, EventType::Warning, upstream::REASON_RESIZE_FAILED, &msg);
                 return Err(Wait::on(WaitingFor::Dependent));
             }
             tracing::debug!(pv = %pv_name, "PV not among the driver's; ignoring the claim");
@@ -91,7 +91,7 @@ impl Resizer {
         }
         let (target, update_status) = if self.gates.recover {
             let slow = self.slow.remaining(&key, self.cfg.retry_interval_max);
-            if decide::allocation_state(&pvc) == Some(up::CONTROLLER_RESIZE_INFEASIBLE) {
+            if decide::allocation_state(&pvc) == Some(upstream::CONTROLLER_RESIZE_INFEASIBLE) {
                 self.slow.add(&key);
             }
             let memory = Memory {
@@ -103,7 +103,7 @@ impl Resizer {
                 Step::Skip => return Ok(Done::Finished),
                 step @ Step::HeldBack => {
                     let left = slow.unwrap_or(self.cfg.retry_interval_max);
-                    tracing::info!(retry_in = ?left, "{}", up::text_infeasible_skipped(&key));
+                    tracing::info!(retry_in = ?left, "{}", upstream::text_infeasible_skipped(&key));
                     return Err(Wait::on(step.waiting_for().unwrap_or(WaitingFor::Infeasible)).after(left));
                 }
                 Step::Expand { target, update_status } => (target, update_status),
@@ -128,12 +128,12 @@ impl Resizer {
         };
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         if set_of(&self.in_use_errors).contains(&uid) && self.in_use(&pvc) {
-            let msg = up::text_in_use(&key, &self.driver.name);
+            let msg = upstream::text_in_use(&key, &self.driver.name);
             tracing::info!("{msg}");
-            self.event(&pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &msg);
+            self.event(&pvc, EventType::Warning, upstream::REASON_RESIZE_FAILED, &msg);
             return Err(Wait::on(WaitingFor::VolumeInUse));
         }
-        self.event(&pvc, EventType::Normal, up::REASON_RESIZING, &up::text_resizing(&pv_name));
+        self.event(&pvc, EventType::Normal, upstream::REASON_RESIZING, &upstream::text_resizing(&pv_name));
         set_of(&self.in_use_errors).remove(&uid);
         match self.expand(&pv, target).await {
             Ok((new_size, node_required)) => self.expanded(&key, &pvc, &pv, new_size, node_required).await,
@@ -155,7 +155,7 @@ impl Resizer {
             pv.spec.as_ref().and_then(|s| s.csi.as_ref()).and_then(|c| c.controller_expand_secret_ref.as_ref())
         {
             let (name, ns) = (r.name.clone().unwrap_or_default(), r.namespace.clone().unwrap_or_default());
-            req.secrets = crate::kube::secrets::secret_data(&self.client, &name, &ns)
+            req.secrets = crate::k8s::secrets::secret_data(&self.client, &name, &ns)
                 .await
                 .map_err(|e| (ExpandStop::Secret, e))?;
         }
@@ -189,10 +189,10 @@ impl Resizer {
         }
         if node_required {
             tracing::info!(pv = %pv_name, size = new_size, "Volume expanded; the node must finish");
-            self.event(pvc, EventType::Normal, up::REASON_FS_RESIZE_REQUIRED, up::TEXT_FS_RESIZE_REQUIRED);
+            self.event(pvc, EventType::Normal, upstream::REASON_FS_RESIZE_REQUIRED, upstream::TEXT_FS_RESIZE_REQUIRED);
         } else {
             tracing::info!(pv = %pv_name, size = new_size, "Volume expanded");
-            self.event(pvc, EventType::Normal, up::REASON_RESIZE_SUCCESSFUL, up::TEXT_RESIZE_SUCCESSFUL);
+            self.event(pvc, EventType::Normal, upstream::REASON_RESIZE_SUCCESSFUL, upstream::TEXT_RESIZE_SUCCESSFUL);
         }
         Ok(Done::Finished)
     }
@@ -230,8 +230,8 @@ impl Resizer {
                 }
             }
         }
-        let text = up::text_resize_failed(pv_name, &self.driver.name, err);
-        self.event(pvc, EventType::Warning, up::REASON_RESIZE_FAILED, &text);
+        let text = upstream::text_resize_failed(pv_name, &self.driver.name, err);
+        self.event(pvc, EventType::Warning, upstream::REASON_RESIZE_FAILED, &text);
         Err(Wait::on(stop.waiting_for(self.pods.is_some())))
     }
 }
@@ -242,7 +242,7 @@ pub(super) fn annotated_for(pvc: &PersistentVolumeClaim, driver: &str) -> bool {
     [
         compat::provisioner::ANN_STORAGE_PROVISIONER,
         compat::provisioner::ANN_BETA_STORAGE_PROVISIONER,
-        up::ANN_STORAGE_RESIZER,
+        upstream::ANN_STORAGE_RESIZER,
     ]
     .iter()
     .any(|k| a.and_then(|a| a.get(*k)).map(String::as_str) == Some(driver))

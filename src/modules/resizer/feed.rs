@@ -6,7 +6,7 @@ use std::{collections::HashSet, sync::Arc};
 
 use super::ClaimKey;
 use super::decide;
-use crate::kube::{cached::CachedPvc, informers::Change, queue::WorkQueue};
+use crate::k8s::{cached::CachedPvc, informers::Change, queue::WorkQueue};
 
 /// Claims (by UID) whose expansion failed with FailedPrecondition while a
 /// pod used them; shared by the workers and the claim handler.
@@ -41,7 +41,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::kube::queue::Backoff;
+    use crate::k8s::queue::Backoff;
 
     fn claim(uid: &str) -> CachedPvc {
         let mut c = CachedPvc::default();

@@ -27,25 +27,25 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ::kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-};
 use futures::future::BoxFuture;
 use k8s_openapi::api::{
     core::v1::{PersistentVolume, PersistentVolumeClaim},
     storage::v1::VolumeAttributesClass,
 };
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    compat::resizer as up,
+    compat::resizer as upstream,
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{controller_service_capability::rpc::Type as Rpc, node_service_capability, plugin_capability},
     },
     debug::WaitingFor,
-    kube::{
+    k8s::{
         cache::Cache,
         cached::{CachedPod, CachedPv, CachedPvc},
         events::{EventType, Recorder, reference},
@@ -136,8 +136,8 @@ struct ModifyState {
     slow: SlowSet,
 }
 
-fn is_status(e: &::kube::Error, code: u16) -> bool {
-    matches!(e, ::kube::Error::Api(s) if s.code == code)
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 impl Resizer {
@@ -160,7 +160,7 @@ impl Resizer {
         &self,
         pvc: &PersistentVolumeClaim,
         patch: serde_json::Value,
-    ) -> Result<PersistentVolumeClaim, ::kube::Error> {
+    ) -> Result<PersistentVolumeClaim, kube::Error> {
         let ns = pvc.metadata.namespace.as_deref().unwrap_or_default();
         let name = pvc.metadata.name.as_deref().unwrap_or_default();
         let written = self.pvc_api(ns).patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await?;
@@ -186,7 +186,7 @@ impl Resizer {
         Some(Err(Wait::on(WaitingFor::Retry).after(self.cfg.retry_interval_start)))
     }
 
-    async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), ::kube::Error> {
+    async fn patch_pv(&self, name: &str, patch: serde_json::Value) -> Result<(), kube::Error> {
         self.pv_api().patch(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.map(|_| ())
     }
 }
@@ -252,7 +252,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
     let (ctx, kube) = (&kit.ctx, &kit.kube);
     let expander = expander(ctx, &driver, cfg.timeout).await.map_err(fatal)?;
     let mut gates = gates;
-    if !gates.volume_attributes_class_explicit && !crate::kube::discovery::vac_served(&kube.client).await {
+    if !gates.volume_attributes_class_explicit && !crate::k8s::discovery::vac_served(&kube.client).await {
         tracing::info!(
             "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass API is not served by the apiserver"
         );
@@ -274,7 +274,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         expander: expander.unwrap_or(Expander::Trivial),
         csi: ctx.csi.clone(),
         client: kube.client.clone(),
-        events: kit.recorder(&up::event_component(&driver.name)),
+        events: kit.recorder(&upstream::event_component(&driver.name)),
         claims: wiring.claims.store(),
         pvs: wiring.pvs.store(),
         pods: wiring.pods.as_ref().map(|p| p.store()),
@@ -291,7 +291,7 @@ pub async fn run(cfg: ResizerFlags, ctx: ModuleContext) -> Result<(), ModuleErro
         cfg,
     });
     let expands = expander.is_some();
-    kit.lead(&up::lease_lock_name(&driver.name), move |crew| wiring.lead(r, expands, crew)).await
+    kit.lead(&upstream::lease_lock_name(&driver.name), move |crew| wiring.lead(r, expands, crew)).await
 }
 
 /// What the resizer watches and queues: its views of the shared cache and
@@ -318,11 +318,11 @@ impl Wiring {
         let vacs = modifies.then(|| informers.get::<VolumeAttributesClass>());
         let pods = watch_pods.then(|| crate::modules::views::pods_using_claims(informers));
         // One queue per process and driver: the name lives as long as the process.
-        let queue_name: &'static str = Box::leak(up::queue_resize(driver).into_boxed_str());
+        let queue_name: &'static str = Box::leak(upstream::queue_resize(driver).into_boxed_str());
         let resize = kit.queue::<PersistentVolumeClaim>(queue_name);
         // The modify queue has its own workers and metrics name, and never runs
         // a claim while the resize queue does (sibling queues).
-        let modify_name: &'static str = Box::leak(up::queue_modify(driver).into_boxed_str());
+        let modify_name: &'static str = Box::leak(upstream::queue_modify(driver).into_boxed_str());
         let modify = kit.sibling(&resize, modify_name);
         Wiring { claims, pvs, pods, vacs, resize, modify }
     }

@@ -3,8 +3,8 @@
 //! and conditions, the PV's class) and its events; what to do is decided in
 //! [`super::decide`] (`decide/modify.rs`).
 
-use ::kube::runtime::reflector::ObjectRef;
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{
     ClaimKey, Resizer,
@@ -12,9 +12,9 @@ use super::{
     is_status, set_of,
 };
 use crate::{
-    compat::{self, modifier as mo},
+    compat::{self, modifier},
     debug::WaitingFor,
-    kube::events::EventType,
+    k8s::events::EventType,
     modules::kit::{Done, Reconciled, Wait},
 };
 
@@ -26,7 +26,7 @@ impl Resizer {
         let mut uncertain = set_of(&m.uncertain);
         for c in self.claims.state() {
             let st = c.status.as_ref().and_then(|s| s.modify_volume_status.as_ref());
-            if st.is_some_and(|s| s.status == mo::IN_PROGRESS) {
+            if st.is_some_and(|s| s.status == modifier::IN_PROGRESS) {
                 uncertain.insert(decide::claim_key(&c.metadata));
             }
         }
@@ -77,7 +77,7 @@ impl Resizer {
         let (pvc, target) = match decide::plan_modify(&pvc, uncertain, slow) {
             ModifyStep::Nothing => return Ok(Done::Finished),
             step @ ModifyStep::HeldBack => {
-                tracing::info!("{}", mo::text_infeasible_skipped(&key));
+                tracing::info!("{}", modifier::text_infeasible_skipped(&key));
                 return Err(Wait::on(step.waiting_for().unwrap_or(WaitingFor::Infeasible)));
             }
             ModifyStep::Rollback { had_condition } => {
@@ -88,14 +88,14 @@ impl Resizer {
                     tracing::warn!(error = %e, "Removing the ModifyingVolume condition failed");
                     return Err(Wait::on(WaitingFor::ApiServer));
                 }
-                self.event(&pvc, EventType::Normal, mo::REASON_MODIFY_CANCELED, mo::TEXT_CANCELED);
+                self.event(&pvc, EventType::Normal, modifier::REASON_MODIFY_CANCELED, modifier::TEXT_CANCELED);
                 return Ok(Done::Finished);
             }
             ModifyStep::Resume { target } => (pvc, target),
             ModifyStep::Start { target } => {
                 let vac = m.vacs.get(&ObjectRef::new(&target));
                 let problem = match &vac {
-                    None => Some(mo::text_vac_missing(&target)),
+                    None => Some(modifier::text_vac_missing(&target)),
                     Some(v) if v.driver_name != *self.driver.name => Some(format!(
                         "VAC \"{target}\" is for driver {}, not {}; not modifying",
                         v.driver_name, self.driver.name
@@ -107,7 +107,7 @@ impl Resizer {
                     // does not retry either: the write ends the sync), so
                     // done, but waiting for the class.
                     tracing::warn!(vac = %target, "{msg}");
-                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &msg);
+                    self.event(&pvc, EventType::Warning, modifier::REASON_MODIFY_FAILED, &msg);
                     return match self.patch_status(&pvc, decide::modify_pending_patch(&pvc)).await {
                         Ok(_) => Ok(Done::Parked(WaitingFor::Class)),
                         Err(e) => {
@@ -130,26 +130,31 @@ impl Resizer {
                         return Err(Wait::on(WaitingFor::ApiServer));
                     }
                 };
-                self.event(&written, EventType::Normal, mo::REASON_MODIFY, &mo::text_modifying(&pvc_name, &target));
+                self.event(
+                    &written,
+                    EventType::Normal,
+                    modifier::REASON_MODIFY,
+                    &modifier::text_modifying(&pvc_name, &target),
+                );
                 (written, target)
             }
         };
         let Some(vac) = m.vacs.get(&ObjectRef::new(&target)) else {
-            self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &mo::text_vac_missing(&target));
+            self.event(&pvc, EventType::Warning, modifier::REASON_MODIFY_FAILED, &modifier::text_vac_missing(&target));
             return Err(Wait::on(WaitingFor::Class));
         };
         let mut req = match decide::modify_request(&pv, &pvc, vac.parameters.as_ref(), self.cfg.extra_modify_metadata) {
             Ok(r) => r,
             Err(e) => {
-                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e.to_string());
+                self.event(&pvc, EventType::Warning, modifier::REASON_MODIFY_FAILED, &e.to_string());
                 return Err(Wait::on(e.waiting_for()));
             }
         };
         if let Some((name, ns)) = decide::modify_secret_ref(&pv) {
-            match crate::kube::secrets::secret_data(&self.client, &name, &ns).await {
+            match crate::k8s::secrets::secret_data(&self.client, &name, &ns).await {
                 Ok(s) => req.secrets = s,
                 Err(e) => {
-                    self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &e);
+                    self.event(&pvc, EventType::Warning, modifier::REASON_MODIFY_FAILED, &e);
                     return Err(Wait::on(WaitingFor::Secret));
                 }
             }
@@ -171,8 +176,8 @@ impl Resizer {
                 self.event(
                     &pvc,
                     EventType::Normal,
-                    mo::REASON_MODIFY_SUCCESSFUL,
-                    &mo::text_modified(&pvc_name, &target),
+                    modifier::REASON_MODIFY_SUCCESSFUL,
+                    &modifier::text_modified(&pvc_name, &target),
                 );
                 Ok(Done::Finished)
             }
@@ -181,7 +186,7 @@ impl Resizer {
                 let failed = decide::modify_failed(status.code());
                 if failed.uncertain {
                     set_of(&m.uncertain).insert(key.clone());
-                    text.push_str(&mo::text_still_modifying(&target));
+                    text.push_str(&modifier::text_still_modifying(&target));
                 } else {
                     set_of(&m.uncertain).remove(&key);
                 }
@@ -193,7 +198,7 @@ impl Resizer {
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "Recording the modification error failed"),
                 }
-                self.event(&pvc, EventType::Warning, mo::REASON_MODIFY_FAILED, &text);
+                self.event(&pvc, EventType::Warning, modifier::REASON_MODIFY_FAILED, &text);
                 Err(Wait::on(failed.waiting_for()))
             }
         }

@@ -5,7 +5,7 @@ use super::*;
 const KIND: &str = "PersistentVolumeClaim";
 use crate::{
     debug::{Registry, WaitingFor},
-    kube::queue::Outcome,
+    k8s::queue::Outcome,
     modules::testing::{answering_client, cache_of, failing_client, reconciled},
 };
 

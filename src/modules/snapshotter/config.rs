@@ -6,7 +6,7 @@ use std::time::Duration;
 use argh::{ArgsInfo, FromArgs};
 
 use crate::modules::contract::Rule;
-use crate::{compat::snapshotter as up, flags::goflags::parse_go_duration};
+use crate::{compat::snapshotter as upstream, flags::goflags::parse_go_duration};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -93,7 +93,7 @@ impl SnapshotterFlags {
     /// at start).
     pub fn validate(&self) -> Result<Gates, String> {
         if self.snapshot_name_prefix.is_empty() {
-            return Err(up::TEXT_EMPTY_PREFIX.into());
+            return Err(upstream::TEXT_EMPTY_PREFIX.into());
         }
         for (flag, n) in [
             ("--snapshot-name-uuid-length", self.snapshot_name_uuid_length),
@@ -117,7 +117,7 @@ impl SnapshotterFlags {
 pub const CLUSTER_RULES: &[Rule] = &[
     // list, watch: views::driver_snapshot_contents. get: the fresh read
     // before a status write or a delete. patch: the being-created annotation
-    // and (kube/finalizers.rs) the finalizer. No `update`: every write is a
+    // and (k8s/finalizers.rs) the finalizer. No `update`: every write is a
     // patch.
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get", "list", "watch", "patch"]),
     // `patch_status`: handle, readyToUse, creationTime, restoreSize, error.
@@ -131,7 +131,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule::new(&["groupsnapshot.storage.k8s.io"], &["volumegroupsnapshotclasses"], &["list", "watch"]),
     // `secrets`: the deletion-secret annotations, the list secret.
     Rule::new(&[""], &["secrets"], &["get"]),
-    // kube/events.rs `write`: a new Event, the count of a repeat.
+    // k8s/events.rs `write`: a new Event, the count of a repeat.
     Rule::new(&[""], &["events"], &["create", "patch"]),
 ];
 

@@ -7,14 +7,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use ::kube::Resource;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::Resource;
 use serde::Serialize;
 
 use crate::{
-    compat::snapshotter as up,
+    compat::snapshotter as upstream,
     csi::proto::csi::v1 as csi,
-    kube::{
+    k8s::{
         names::{expand, is_dns1123_label, is_dns1123_subdomain},
         snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
     },
@@ -65,7 +65,7 @@ pub enum SnapError {
     },
     /// A class parameter in the reserved namespace that is not one of the
     /// eight known secret keys.
-    #[error("failed to remove CSI Parameters of prefixed keys: found unknown parameter key \"{0}\" with reserved namespace {prefix}", prefix = up::PARAM_PREFIX)]
+    #[error("failed to remove CSI Parameters of prefixed keys: found unknown parameter key \"{0}\" with reserved namespace {prefix}", prefix = upstream::PARAM_PREFIX)]
     UnknownReserved(String),
     /// `spec.volumeSnapshotRef.uid` is empty.
     #[error("cannot create snapshot. Snapshot content {0} not bound to a snapshot")]
@@ -179,7 +179,7 @@ pub fn is_ours(c: &VolumeSnapshotContent, driver: &str, class: Option<&VolumeSna
 /// With `--node-deployment`: whether the content is this node's
 /// (label `snapshot.storage.kubernetes.io/managed-by=<node>`).
 pub fn managed_by(c: &VolumeSnapshotContent, node: &str) -> bool {
-    c.metadata.labels.as_ref().and_then(|l| l.get(up::LABEL_MANAGED_BY)).map(String::as_str) == Some(node)
+    c.metadata.labels.as_ref().and_then(|l| l.get(upstream::LABEL_MANAGED_BY)).map(String::as_str) == Some(node)
 }
 
 /// Whether the status says ready.
@@ -231,26 +231,26 @@ pub fn should_delete(c: &VolumeSnapshotContent) -> bool {
     if c.spec.source.snapshot_handle.is_some() && c.spec.volume_snapshot_ref.uid.as_deref().is_none_or(str::is_empty) {
         return true;
     }
-    !has_annotation(c, up::ANN_BEING_CREATED) && has_annotation(c, up::ANN_BEING_DELETED)
+    !has_annotation(c, upstream::ANN_BEING_CREATED) && has_annotation(c, upstream::ANN_BEING_DELETED)
 }
 
 /// What `c` needs now.
 pub fn step(c: &VolumeSnapshotContent) -> Step {
     let status = c.status.as_ref();
     if should_delete(c) {
-        let snapshot_id = (c.spec.deletion_policy == up::POLICY_DELETE)
+        let snapshot_id = (c.spec.deletion_policy == upstream::POLICY_DELETE)
             .then(|| {
                 status.filter(|s| s.volume_group_snapshot_handle.is_none()).and_then(|s| s.snapshot_handle.clone())
             })
             .flatten();
         return Step::Delete { snapshot_id };
     }
-    let member = has_annotation(c, up::ANN_GROUP_SNAPSHOT_HANDLE);
+    let member = has_annotation(c, upstream::ANN_GROUP_SNAPSHOT_HANDLE);
     if c.spec.source.volume_handle.is_some() && status.is_none() && !member {
         return Step::Create { first: true };
     }
     if is_ready(c) {
-        return Step::Ready { remove_annotation: has_annotation(c, up::ANN_BEING_CREATED) };
+        return Step::Ready { remove_annotation: has_annotation(c, upstream::ANN_BEING_CREATED) };
     }
     let member_handles =
         status.is_some_and(|s| s.volume_group_snapshot_handle.is_some() && s.snapshot_handle.is_some());
@@ -270,7 +270,7 @@ pub fn step(c: &VolumeSnapshotContent) -> Step {
 /// deletion-secret annotations (written by snapshot-controller): `None`
 /// unless both are present; both present with one empty is an error.
 pub fn deletion_secret_ref(c: &VolumeSnapshotContent) -> Result<Option<(String, String)>, SnapError> {
-    match (annotation(c, up::ANN_DELETION_SECRET_NAME), annotation(c, up::ANN_DELETION_SECRET_NAMESPACE)) {
+    match (annotation(c, upstream::ANN_DELETION_SECRET_NAME), annotation(c, upstream::ANN_DELETION_SECRET_NAMESPACE)) {
         (Some(name), Some(ns)) if name.is_empty() || ns.is_empty() => Err(SnapError::SecretIncomplete(content_name(c))),
         (Some(name), Some(ns)) => Ok(Some((name.to_string(), ns.to_string()))),
         _ => Ok(None),
@@ -291,9 +291,9 @@ pub fn list_secret_ref(
 ) -> Result<Option<(String, String)>, String> {
     let keys = SecretKeys {
         label: "SnapshotterList",
-        name: up::PARAM_LIST_SECRET_NAME,
-        namespace: up::PARAM_LIST_SECRET_NAMESPACE,
-        token: up::TOKEN_CONTENT_NAME,
+        name: upstream::PARAM_LIST_SECRET_NAME,
+        namespace: upstream::PARAM_LIST_SECRET_NAMESPACE,
+        token: upstream::TOKEN_CONTENT_NAME,
     };
     class_secret_ref(params, &keys, content)
 }
@@ -365,8 +365,8 @@ pub fn class_secret_ref(
 pub fn strip_reserved(class_params: Option<&BTreeMap<String, String>>) -> Result<HashMap<String, String>, SnapError> {
     let mut out = HashMap::new();
     for (k, v) in class_params.into_iter().flatten() {
-        if k.starts_with(up::PARAM_PREFIX) {
-            if !up::RESERVED_SECRET_PARAMS.contains(&k.as_str()) {
+        if k.starts_with(upstream::PARAM_PREFIX) {
+            if !upstream::RESERVED_SECRET_PARAMS.contains(&k.as_str()) {
                 return Err(SnapError::UnknownReserved(k.clone()));
             }
         } else {
@@ -388,9 +388,9 @@ pub fn create_parameters(
     let mut out = strip_reserved(class_params)?;
     if extra_metadata {
         let r = &c.spec.volume_snapshot_ref;
-        out.insert(up::PARAM_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());
-        out.insert(up::PARAM_SNAPSHOT_NAMESPACE.into(), r.namespace.clone().unwrap_or_default());
-        out.insert(up::PARAM_CONTENT_NAME.into(), content_name(c));
+        out.insert(upstream::PARAM_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());
+        out.insert(upstream::PARAM_SNAPSHOT_NAMESPACE.into(), r.namespace.clone().unwrap_or_default());
+        out.insert(upstream::PARAM_CONTENT_NAME.into(), content_name(c));
     }
     Ok(out)
 }
@@ -636,7 +636,7 @@ pub trait Content: Resource + Clone + PartialEq {
 
 impl Content for VolumeSnapshotContent {
     type Status = VolumeSnapshotContentStatus;
-    const BEING_CREATED: &'static str = up::ANN_BEING_CREATED;
+    const BEING_CREATED: &'static str = upstream::ANN_BEING_CREATED;
     fn status(&self) -> Option<&VolumeSnapshotContentStatus> {
         self.status.as_ref()
     }
@@ -658,7 +658,7 @@ pub fn being_created_patch<K: Content>(c: &K) -> serde_json::Value {
 
 /// The JSON patch removing the being-created annotation.
 pub fn remove_being_created_patch() -> serde_json::Value {
-    remove_annotation_patch(up::ANN_BEING_CREATED)
+    remove_annotation_patch(upstream::ANN_BEING_CREATED)
 }
 
 /// The JSON patch removing annotation `key`.

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use ::kube::Client;
+use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    compat::{self, snapshotter as up},
+    compat::{self, snapshotter as upstream},
     csi::{Connection, proto::csi::v1 as csi},
-    kube::snapshot_api,
+    k8s::snapshot_api,
 };
 
 /// How often a missing snapshot API is looked for again at start.
@@ -44,7 +44,7 @@ pub(super) async fn wait_for_api(client: &Client, shutdown: &CancellationToken) 
 /// asked for, and its absence is only a warning (upstream's behaviour:
 /// group contents then fail at the driver and get its error).
 pub(super) async fn group_api(client: &Client, csi: &Connection, driver: &str, timeout: Duration) -> bool {
-    match crate::kube::group_snapshot_api::installed(client).await {
+    match crate::k8s::group_snapshot_api::installed(client).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(
@@ -64,7 +64,7 @@ pub(super) async fn group_api(client: &Client, csi: &Connection, driver: &str, t
                 matches!(&c.r#type, Some(Type::Rpc(rpc)) if rpc.r#type == GroupRpc::CreateDeleteGetVolumeGroupSnapshot as i32)
             });
             if !can {
-                tracing::warn!("{}", up::text_no_group_capability(driver));
+                tracing::warn!("{}", upstream::text_no_group_capability(driver));
             }
         }
         Err(s) => tracing::error!(

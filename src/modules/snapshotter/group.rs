@@ -8,8 +8,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use k8s_openapi::jiff::Timestamp;
+use kube::{Api, Client, runtime::reflector::ObjectRef};
 
 use super::{
     config::SnapshotterFlags,
@@ -17,10 +17,10 @@ use super::{
     group_decide::{self as gd, GroupError, GroupObserved, GroupStep},
 };
 use crate::{
-    compat::{self, snapshotter as up},
+    compat::{self, snapshotter as upstream},
     csi::{Connection, proto::csi::v1 as csi},
     debug::WaitingFor,
-    kube::{
+    k8s::{
         cache::Cache,
         events::{EventType, Recorder, reference},
         group_snapshot_api::{VolumeGroupSnapshotClass, VolumeGroupSnapshotContent},
@@ -56,7 +56,7 @@ impl GroupSnapshotter {
         super::written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
-    async fn patch(&self, name: &str, p: serde_json::Value) -> Result<Arc<VolumeGroupSnapshotContent>, ::kube::Error> {
+    async fn patch(&self, name: &str, p: serde_json::Value) -> Result<Arc<VolumeGroupSnapshotContent>, kube::Error> {
         super::written::patch(&self.api(), &self.written, name, p, false).await
     }
 
@@ -64,7 +64,7 @@ impl GroupSnapshotter {
         &self,
         name: &str,
         p: serde_json::Value,
-    ) -> Result<Arc<VolumeGroupSnapshotContent>, ::kube::Error> {
+    ) -> Result<Arc<VolumeGroupSnapshotContent>, kube::Error> {
         super::written::patch(&self.api(), &self.written, name, p, true).await
     }
 
@@ -77,7 +77,7 @@ impl GroupSnapshotter {
     }
 
     async fn secrets(&self, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {
-        crate::kube::secrets::secret_data(&self.client, name, namespace).await
+        crate::k8s::secrets::secret_data(&self.client, name, namespace).await
     }
 
     /// One sync of group content `name`.
@@ -98,9 +98,9 @@ impl GroupSnapshotter {
             GroupStep::Delete { group_id } => self.delete(content, group_id).await,
             GroupStep::Create { first } => {
                 let (reason, text): (&str, fn(&str) -> String) = if first {
-                    (up::REASON_GROUP_CREATION_FAILED, up::text_group_creation_failed)
+                    (upstream::REASON_GROUP_CREATION_FAILED, upstream::text_group_creation_failed)
                 } else {
-                    (up::REASON_GROUP_CHECK_FAILED, up::text_group_check_failed)
+                    (upstream::REASON_GROUP_CHECK_FAILED, upstream::text_group_check_failed)
                 };
                 match self.create(content, class.as_deref()).await {
                     Ok(c) => self.ready_or_poll(&c),
@@ -130,8 +130,8 @@ impl GroupSnapshotter {
                     let latest = self.current(name).unwrap_or(content);
                     self.record_error(
                         &latest,
-                        up::REASON_GROUP_CHECK_FAILED,
-                        &up::text_group_check_failed(&e.to_string()),
+                        upstream::REASON_GROUP_CHECK_FAILED,
+                        &upstream::text_group_check_failed(&e.to_string()),
                     )
                     .await;
                     Err(Wait::on(e.waiting_for()))
@@ -179,7 +179,7 @@ impl GroupSnapshotter {
         };
         let mut content = content;
         let mut fresh = false;
-        if !gd::has_annotation(&content, up::ANN_GROUP_BEING_CREATED) {
+        if !gd::has_annotation(&content, upstream::ANN_GROUP_BEING_CREATED) {
             content = match self.patch(&name, gd::being_created_patch(content.as_ref())).await {
                 Ok(c) => c,
                 Err(e) => return Err((content, GroupError::AddAnnotation { content: name, error: e.to_string() })),
@@ -228,7 +228,7 @@ impl GroupSnapshotter {
         observed: &GroupObserved,
         fresh: bool,
     ) -> Result<Arc<VolumeGroupSnapshotContent>, Failed> {
-        let err = |e: ::kube::Error| GroupError::Status { content: name.to_string(), error: e.to_string() };
+        let err = |e: kube::Error| GroupError::Status { content: name.to_string(), error: e.to_string() };
         let fresh = if fresh {
             content
         } else {
@@ -289,7 +289,7 @@ impl GroupSnapshotter {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "No group snapshotter secret for the deletion");
-                    self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
+                    self.event(&content, upstream::REASON_GROUP_DELETE_ERROR, upstream::TEXT_DELETE_CREDENTIALS);
                     return Err(Wait::on(e.waiting_for()));
                 }
             };
@@ -297,7 +297,7 @@ impl GroupSnapshotter {
                 Ok(ids) => ids,
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot delete the group snapshot");
-                    self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
+                    self.event(&content, upstream::REASON_GROUP_DELETE_ERROR, upstream::TEXT_GROUP_DELETE_FAILED);
                     return Err(Wait::on(e.waiting_for()));
                 }
             };
@@ -305,7 +305,7 @@ impl GroupSnapshotter {
             let req = csi::DeleteVolumeGroupSnapshotRequest { group_snapshot_id: id.clone(), snapshot_ids, secrets };
             if let Err(s) = self.csi.delete_volume_group_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(group_snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteVolumeGroupSnapshot failed");
-                self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_GROUP_DELETE_FAILED);
+                self.event(&content, upstream::REASON_GROUP_DELETE_ERROR, upstream::TEXT_GROUP_DELETE_FAILED);
                 return Err(Wait::on(WaitingFor::Driver));
             }
             let cleared = async {
@@ -315,15 +315,15 @@ impl GroupSnapshotter {
             };
             match cleared.await {
                 Ok(c) => content = c,
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the group content status failed");
-                    self.event(&content, up::REASON_GROUP_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
+                    self.event(&content, upstream::REASON_GROUP_DELETE_ERROR, upstream::TEXT_DELETE_CLEAR_STATUS);
                     return Err(Wait::on(WaitingFor::ApiServer));
                 }
             }
         }
-        match crate::kube::finalizers::remove(&self.api(), &*content, up::GROUP_CONTENT_FINALIZER).await {
+        match crate::k8s::finalizers::remove(&self.api(), &*content, upstream::GROUP_CONTENT_FINALIZER).await {
             Ok(()) => {
                 tracing::debug!("Removed the group content's protection finalizer");
                 Ok(Done::Finished)

@@ -13,9 +13,9 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use super::decide::{self, Naming, SecretKeys, SnapError, go_quote};
 pub use super::decide::{being_created_patch, error_patch, should_enqueue, status_patch};
 use crate::{
-    compat::snapshotter as up,
+    compat::snapshotter as upstream,
     csi::proto::csi::v1 as csi,
-    kube::{
+    k8s::{
         group_snapshot_api::{
             VolumeGroupSnapshotClass, VolumeGroupSnapshotContent, VolumeGroupSnapshotContentStatus, VolumeSnapshotInfo,
         },
@@ -171,7 +171,7 @@ pub fn should_delete(c: &VolumeGroupSnapshotContent) -> bool {
     {
         return true;
     }
-    !has_annotation(c, up::ANN_GROUP_BEING_CREATED) && has_annotation(c, up::ANN_GROUP_BEING_DELETED)
+    !has_annotation(c, upstream::ANN_GROUP_BEING_CREATED) && has_annotation(c, upstream::ANN_GROUP_BEING_DELETED)
 }
 
 /// What a group content needs now (upstream's `syncGroupSnapshotContent`
@@ -204,7 +204,7 @@ pub enum GroupStep {
 pub fn step(c: &VolumeGroupSnapshotContent) -> GroupStep {
     let status = c.status.as_ref();
     if should_delete(c) {
-        let group_id = (c.spec.deletion_policy == up::POLICY_DELETE)
+        let group_id = (c.spec.deletion_policy == upstream::POLICY_DELETE)
             .then(|| status.and_then(|s| s.volume_group_snapshot_handle.clone()))
             .flatten();
         return GroupStep::Delete { group_id };
@@ -213,7 +213,7 @@ pub fn step(c: &VolumeGroupSnapshotContent) -> GroupStep {
         return GroupStep::Create { first: true };
     }
     if is_ready(c) {
-        return GroupStep::Ready { remove_annotation: has_annotation(c, up::ANN_GROUP_BEING_CREATED) };
+        return GroupStep::Ready { remove_annotation: has_annotation(c, upstream::ANN_GROUP_BEING_CREATED) };
     }
     if c.spec.source.group_snapshot_handles.is_some() {
         return GroupStep::Check;
@@ -262,7 +262,10 @@ pub fn get_request_ids(c: &VolumeGroupSnapshotContent) -> Result<(String, Vec<St
 /// snapshot-controller from the class's `group-snapshotter-secret-*`):
 /// `None` unless both are present; one empty is an error.
 pub fn deletion_secret_ref(c: &VolumeGroupSnapshotContent) -> Result<Option<(String, String)>, GroupError> {
-    match (annotation(c, up::ANN_GROUP_DELETION_SECRET_NAME), annotation(c, up::ANN_GROUP_DELETION_SECRET_NAMESPACE)) {
+    match (
+        annotation(c, upstream::ANN_GROUP_DELETION_SECRET_NAME),
+        annotation(c, upstream::ANN_GROUP_DELETION_SECRET_NAMESPACE),
+    ) {
         (Some(n), Some(ns)) if n.is_empty() || ns.is_empty() => Err(GroupError::SecretIncomplete(name(c))),
         (Some(n), Some(ns)) => Ok(Some((n.to_string(), ns.to_string()))),
         _ => Ok(None),
@@ -277,9 +280,9 @@ pub fn get_secret_ref(
 ) -> Result<Option<(String, String)>, String> {
     let keys = SecretKeys {
         label: "GroupSnapshotterGet",
-        name: up::PARAM_GROUP_GET_SECRET_NAME,
-        namespace: up::PARAM_GROUP_GET_SECRET_NAMESPACE,
-        token: up::TOKEN_GROUP_CONTENT_NAME,
+        name: upstream::PARAM_GROUP_GET_SECRET_NAME,
+        namespace: upstream::PARAM_GROUP_GET_SECRET_NAMESPACE,
+        token: upstream::TOKEN_GROUP_CONTENT_NAME,
     };
     decide::class_secret_ref(params, &keys, content)
 }
@@ -308,9 +311,9 @@ pub fn create_request(
     let mut parameters = decide::strip_reserved(class.parameters.as_ref()).map_err(GroupError::Parameters)?;
     if naming.extra_metadata {
         let r = &c.spec.volume_group_snapshot_ref;
-        parameters.insert(up::PARAM_GROUP_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());
-        parameters.insert(up::PARAM_GROUP_SNAPSHOT_NAMESPACE.into(), r.namespace.clone().unwrap_or_default());
-        parameters.insert(up::PARAM_GROUP_CONTENT_NAME.into(), content.clone());
+        parameters.insert(upstream::PARAM_GROUP_SNAPSHOT_NAME.into(), r.name.clone().unwrap_or_default());
+        parameters.insert(upstream::PARAM_GROUP_SNAPSHOT_NAMESPACE.into(), r.namespace.clone().unwrap_or_default());
+        parameters.insert(upstream::PARAM_GROUP_CONTENT_NAME.into(), content.clone());
     }
     let volumes = go_list(&c.spec.source.volume_handles);
     let take = |e: GroupError| GroupError::Take { volumes: volumes.clone(), error: e.to_string() };
@@ -441,7 +444,7 @@ pub fn cleared_status(current: Option<&VolumeGroupSnapshotContentStatus>) -> Vol
 
 impl decide::Content for VolumeGroupSnapshotContent {
     type Status = VolumeGroupSnapshotContentStatus;
-    const BEING_CREATED: &'static str = up::ANN_GROUP_BEING_CREATED;
+    const BEING_CREATED: &'static str = upstream::ANN_GROUP_BEING_CREATED;
     fn status(&self) -> Option<&VolumeGroupSnapshotContentStatus> {
         self.status.as_ref()
     }
@@ -455,7 +458,7 @@ impl decide::Content for VolumeGroupSnapshotContent {
 
 /// The JSON patch removing the group being-created annotation.
 pub fn remove_being_created_patch() -> serde_json::Value {
-    decide::remove_annotation_patch(up::ANN_GROUP_BEING_CREATED)
+    decide::remove_annotation_patch(upstream::ANN_GROUP_BEING_CREATED)
 }
 
 /// Whether a CreateVolumeGroupSnapshot error is final (the same codes as

@@ -26,19 +26,19 @@ mod written;
 use parking_lot::Mutex;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use ::kube::{Api, Client, runtime::reflector::ObjectRef};
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
+use kube::{Api, Client, runtime::reflector::ObjectRef};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    compat::{self, snapshotter as up},
+    compat::{self, snapshotter as upstream},
     csi::{
         Connection, DriverInfo,
         proto::csi::v1::{self as csi, controller_service_capability::rpc::Type as Rpc},
     },
     debug::WaitingFor,
-    kube::{
+    k8s::{
         cache::Cache,
         events::{EventType, Recorder, reference},
         informers::{Change, Informer},
@@ -86,7 +86,7 @@ impl Snapshotter {
         written::current(&self.written, name, self.contents.get(&ObjectRef::new(name)))
     }
 
-    async fn patch(&self, name: &str, patch: serde_json::Value) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
+    async fn patch(&self, name: &str, patch: serde_json::Value) -> Result<Arc<VolumeSnapshotContent>, kube::Error> {
         written::patch(&self.api(), &self.written, name, patch, false).await
     }
 
@@ -94,7 +94,7 @@ impl Snapshotter {
         &self,
         name: &str,
         patch: serde_json::Value,
-    ) -> Result<Arc<VolumeSnapshotContent>, ::kube::Error> {
+    ) -> Result<Arc<VolumeSnapshotContent>, kube::Error> {
         written::patch(&self.api(), &self.written, name, patch, true).await
     }
 
@@ -123,9 +123,9 @@ impl Snapshotter {
             Step::Delete { snapshot_id } => self.delete(content, snapshot_id).await,
             Step::Create { first } => {
                 let (reason, text): (&str, fn(&str) -> String) = if first {
-                    (up::REASON_CREATION_FAILED, up::text_creation_failed)
+                    (upstream::REASON_CREATION_FAILED, upstream::text_creation_failed)
                 } else {
-                    (up::REASON_CHECK_FAILED, up::text_check_failed)
+                    (upstream::REASON_CHECK_FAILED, upstream::text_check_failed)
                 };
                 match self.create(content, class.as_deref()).await {
                     Ok(c) => self.ready_or_poll(&c),
@@ -154,8 +154,12 @@ impl Snapshotter {
                     Err(e) => {
                         tracing::warn!(snapshot = %snapshot_id, error = %e, "Checking the snapshot failed");
                         let latest = self.current(name).unwrap_or(content);
-                        self.record_error(&latest, up::REASON_CHECK_FAILED, &up::text_check_failed(&e.to_string()))
-                            .await;
+                        self.record_error(
+                            &latest,
+                            upstream::REASON_CHECK_FAILED,
+                            &upstream::text_check_failed(&e.to_string()),
+                        )
+                        .await;
                         Err(Wait::on(e.waiting_for()))
                     }
                 }
@@ -173,7 +177,7 @@ impl Snapshotter {
     }
 
     async fn secrets(&self, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {
-        crate::kube::secrets::secret_data(&self.client, name, namespace).await
+        crate::k8s::secrets::secret_data(&self.client, name, namespace).await
     }
 
     /// CreateSnapshot and the status. Err: the newest content read and the
@@ -201,11 +205,11 @@ impl Snapshotter {
         let mut content = content;
         // Whether `content` is the apiserver's latest (our own write's answer).
         let mut fresh = false;
-        if !decide::has_annotation(&content, up::ANN_BEING_CREATED) {
+        if !decide::has_annotation(&content, upstream::ANN_BEING_CREATED) {
             content = match self.patch(&name, decide::being_created_patch(content.as_ref())).await {
                 Ok(c) => c,
                 Err(e) => {
-                    let error = crate::kube::error_text(&e);
+                    let error = crate::k8s::error_text(&e);
                     return Err((content, SnapError::AddAnnotation { content: name, error }));
                 }
             };
@@ -223,7 +227,7 @@ impl Snapshotter {
                         Err(e) => {
                             let error = format!(
                                 "failed to remove VolumeSnapshotBeingCreated annotation from the content {name}: {}",
-                                crate::kube::error_text(&e)
+                                crate::k8s::error_text(&e)
                             );
                             return Err((content, SnapError::Take { volume, error }));
                         }
@@ -242,7 +246,7 @@ impl Snapshotter {
         let content = self.write_status(&name, content, &observed, fresh).await?;
         match self.patch(&name, decide::remove_being_created_patch()).await {
             Ok(c) => Ok(c),
-            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: crate::kube::error_text(&e) })),
+            Err(e) => Err((content, SnapError::RemoveAnnotation { content: name, error: crate::k8s::error_text(&e) })),
         }
     }
 
@@ -257,8 +261,7 @@ impl Snapshotter {
         observed: &Observed,
         fresh: bool,
     ) -> Result<Arc<VolumeSnapshotContent>, (Arc<VolumeSnapshotContent>, SnapError)> {
-        let err =
-            |e: ::kube::Error| SnapError::Status { content: name.to_string(), error: crate::kube::error_text(&e) };
+        let err = |e: kube::Error| SnapError::Status { content: name.to_string(), error: crate::k8s::error_text(&e) };
         let fresh = if fresh {
             content
         } else {
@@ -348,13 +351,23 @@ impl Snapshotter {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(error = %e, "Reading the snapshotter secret failed");
-                        self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
+                        self.event(
+                            &content,
+                            EventType::Warning,
+                            upstream::REASON_DELETE_ERROR,
+                            upstream::TEXT_DELETE_CREDENTIALS,
+                        );
                         return Err(Wait::on(WaitingFor::Secret));
                     }
                 },
                 Err(e) => {
                     tracing::warn!(error = %e, "No snapshotter secret for the deletion");
-                    self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CREDENTIALS);
+                    self.event(
+                        &content,
+                        EventType::Warning,
+                        upstream::REASON_DELETE_ERROR,
+                        upstream::TEXT_DELETE_CREDENTIALS,
+                    );
                     return Err(Wait::on(e.waiting_for()));
                 }
             };
@@ -362,7 +375,7 @@ impl Snapshotter {
             let req = csi::DeleteSnapshotRequest { snapshot_id: id.clone(), secrets };
             if let Err(s) = self.csi.delete_snapshot(self.cfg.timeout, req).await {
                 tracing::warn!(snapshot = %id, error = %compat::grpc_error_text(&s), "DeleteSnapshot failed");
-                self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_FAILED);
+                self.event(&content, EventType::Warning, upstream::REASON_DELETE_ERROR, upstream::TEXT_DELETE_FAILED);
                 return Err(Wait::on(WaitingFor::Driver));
             }
             let cleared = async {
@@ -372,15 +385,20 @@ impl Snapshotter {
             };
             match cleared.await {
                 Ok(c) => content = c,
-                Err(::kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Done::Finished),
                 Err(e) => {
                     tracing::warn!(error = %e, "Clearing the content status failed");
-                    self.event(&content, EventType::Warning, up::REASON_DELETE_ERROR, up::TEXT_DELETE_CLEAR_STATUS);
+                    self.event(
+                        &content,
+                        EventType::Warning,
+                        upstream::REASON_DELETE_ERROR,
+                        upstream::TEXT_DELETE_CLEAR_STATUS,
+                    );
                     return Err(Wait::on(WaitingFor::ApiServer));
                 }
             }
         }
-        match crate::kube::finalizers::remove(&self.api(), &*content, up::CONTENT_FINALIZER).await {
+        match crate::k8s::finalizers::remove(&self.api(), &*content, upstream::CONTENT_FINALIZER).await {
             Ok(()) => {
                 tracing::debug!("Removed the content's protection finalizer");
                 Ok(Done::Finished)
@@ -476,13 +494,13 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     let (kube, ctx) = (&kit.kube, &kit.ctx);
     let gates = cfg.validate().map_err(|e| config(&e))?;
     if cfg.node_deployment && kube.leader.enabled {
-        return Err(config(up::TEXT_NODE_DEPLOYMENT_LEADER));
+        return Err(config(upstream::TEXT_NODE_DEPLOYMENT_LEADER));
     }
     let node = if cfg.node_deployment {
-        match std::env::var(up::NODE_NAME_ENV) {
+        match std::env::var(upstream::NODE_NAME_ENV) {
             Ok(n) if !n.is_empty() => Some(n),
             _ => {
-                return Err(config(up::TEXT_NODE_NAME_MISSING));
+                return Err(config(upstream::TEXT_NODE_NAME_MISSING));
             }
         }
     } else {
@@ -490,7 +508,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     };
     let Some(driver) = kit.driver().await else { return Ok(()) };
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) {
-        return Err(kit.config_error(up::text_no_create_capability(&driver.name)));
+        return Err(kit.config_error(upstream::text_no_create_capability(&driver.name)));
     }
     if !discovery::wait_for_api(&kube.client, &ctx.shutdown).await {
         return Ok(());
@@ -498,7 +516,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     let groups =
         gates.volume_group_snapshot && discovery::group_api(&kube.client, &ctx.csi, &driver.name, cfg.timeout).await;
     if groups && cfg.groupsnapshot_name_prefix.is_empty() {
-        return Err(config(up::TEXT_EMPTY_GROUP_PREFIX));
+        return Err(config(upstream::TEXT_EMPTY_GROUP_PREFIX));
     }
     let informers = &kube.informers;
     let content_inf = match &node {
@@ -519,19 +537,19 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
     });
     tracing::info!(driver = %driver.name, node = ?node, ?gates, group_snapshots = groups, "Snapshotter starting");
 
-    let queue = kit.queue::<VolumeSnapshotContent>(up::QUEUE_CONTENT);
+    let queue = kit.queue::<VolumeSnapshotContent>(upstream::QUEUE_CONTENT);
     let written: Written = Arc::default();
     feed(&content_inf, cfg.resync_period, &ctx.shutdown, queue.clone(), written.clone());
     // Created only with group snapshots: its metrics exist only then, as upstream's.
-    let group_queue = group_infs
-        .as_ref()
-        .map(|_| kit.queue::<crate::kube::group_snapshot_api::VolumeGroupSnapshotContent>(up::QUEUE_GROUP_CONTENT));
+    let group_queue = group_infs.as_ref().map(|_| {
+        kit.queue::<crate::k8s::group_snapshot_api::VolumeGroupSnapshotContent>(upstream::QUEUE_GROUP_CONTENT)
+    });
     let group_written: group::Written = Arc::default();
     if let (Some((inf, _)), Some(group_queue)) = (&group_infs, &group_queue) {
         feed(inf, cfg.resync_period, &ctx.shutdown, group_queue.clone(), group_written.clone());
     }
     informers.start(&ctx.process);
-    let events = kit.recorder(&up::event_component(&driver.name));
+    let events = kit.recorder(&upstream::event_component(&driver.name));
     let group = group_infs.as_ref().map(|(contents, classes)| {
         Arc::new(group::GroupSnapshotter {
             cfg: cfg.clone(),
@@ -564,7 +582,7 @@ pub async fn run(cfg: SnapshotterFlags, ctx: ModuleContext) -> Result<(), Module
         driver: driver.clone(),
         cfg,
     });
-    kit.lead(&up::lease_lock_name(&driver.name), move |mut crew| async move {
+    kit.lead(&upstream::lease_lock_name(&driver.name), move |mut crew| async move {
         let synced = async {
             tokio::join!(content_inf.synced(), class_inf.synced());
             if let Some((contents, classes)) = &group_infs {

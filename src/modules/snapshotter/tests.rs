@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     debug::{Registry, WaitingFor},
-    kube::queue::Outcome,
+    k8s::queue::Outcome,
     modules::testing::{cache_of, failing_client, reconciled},
 };
 

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::{
     debug::WaitingFor,
-    kube::{group_snapshot_api::VolumeGroupSnapshotContent, snapshot_api::VolumeSnapshotContent},
+    k8s::{group_snapshot_api::VolumeGroupSnapshotContent, snapshot_api::VolumeSnapshotContent},
 };
 
 impl SnapError {

@@ -7,7 +7,7 @@
 use parking_lot::Mutex;
 use std::{collections::HashMap, sync::Arc};
 
-use ::kube::{
+use kube::{
     Api, Resource,
     api::{Patch, PatchParams},
 };
@@ -55,7 +55,7 @@ pub(super) async fn patch<K>(
     name: &str,
     patch: serde_json::Value,
     status: bool,
-) -> Result<Arc<K>, ::kube::Error>
+) -> Result<Arc<K>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -65,6 +65,6 @@ where
     Ok(wrote(written, c))
 }
 
-fn json_patch(v: serde_json::Value) -> Result<Patch<()>, ::kube::Error> {
-    Ok(Patch::Json(serde_json::from_value(v).map_err(::kube::Error::SerdeError)?))
+fn json_patch(v: serde_json::Value) -> Result<Patch<()>, kube::Error> {
+    Ok(Patch::Json(serde_json::from_value(v).map_err(kube::Error::SerdeError)?))
 }

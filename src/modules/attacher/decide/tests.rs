@@ -24,7 +24,7 @@ fn va(attacher: &str, attached: bool, deleting: bool, finalizer: bool) -> Volume
         metadata: ObjectMeta {
             name: Some("csi-123".into()),
             deletion_timestamp: deleting.then(|| Time(Timestamp::now())),
-            finalizers: finalizer.then(|| vec![up::finalizer(attacher)]),
+            finalizers: finalizer.then(|| vec![upstream::finalizer(attacher)]),
             ..Default::default()
         },
         spec: VolumeAttachmentSpec {
@@ -38,9 +38,9 @@ fn va(attacher: &str, attached: bool, deleting: bool, finalizer: bool) -> Volume
 
 #[test]
 fn names() {
-    assert_eq!(up::finalizer(D), "external-attacher/hostpath-csi-k8s-io");
+    assert_eq!(upstream::finalizer(D), "external-attacher/hostpath-csi-k8s-io");
     assert_eq!(
-        crate::kube::leader::sanitize_lease_name(&up::lease_lock_name(D)),
+        crate::k8s::leader::sanitize_lease_name(&upstream::lease_lock_name(D)),
         "external-attacher-leader-hostpath-csi-k8s-io"
     );
 }
@@ -135,7 +135,7 @@ fn node_ids() {
     assert!(node_id(Some(&csinode(&[("other", "x")])), "node-1", D).unwrap_err().contains("does not contain driver"));
     assert!(node_id(None, "node-1", D).unwrap_err().contains("not found"));
     let mut v = va(D, true, true, true);
-    v.metadata.annotations = Some([(up::ANN_NODE_ID.to_string(), "saved".to_string())].into());
+    v.metadata.annotations = Some([(upstream::ANN_NODE_ID.to_string(), "saved".to_string())].into());
     assert_eq!(detach_node_id(&v, None, D), Ok("saved".into()), "annotation fallback on detach");
     assert_eq!(detach_node_id(&v, Some(&csinode(&[(D, "live")])), D), Ok("live".into()));
 }
@@ -213,7 +213,7 @@ fn own_writes_do_not_resync_an_attachment() {
         ("our finalizer added", |v| v.metadata.finalizers = Some(vec!["external-attacher/driver".into()]), false),
         (
             "our node-id annotation added",
-            |v| v.metadata.annotations = Some([(up::ANN_NODE_ID.to_string(), "n1".to_string())].into()),
+            |v| v.metadata.annotations = Some([(upstream::ANN_NODE_ID.to_string(), "n1".to_string())].into()),
             false,
         ),
         ("another finalizer added", |v| v.metadata.finalizers = Some(vec!["example.com/x".into()]), true),
@@ -278,7 +278,7 @@ fn in_tree_pvs_are_translated_for_their_target() {
 #[test]
 fn the_pv_finalizer_goes_when_deleted_or_handed_back_and_unreferenced() {
     const CINDER: &str = "cinder.csi.openstack.org";
-    let fin = up::finalizer(CINDER);
+    let fin = upstream::finalizer(CINDER);
     let pv = |csi: bool, deleting: bool, migrated_to: Option<&str>| -> PersistentVolume {
         let source = if csi {
             serde_json::json!({"csi": {"driver": CINDER, "volumeHandle": "v"}})
@@ -289,7 +289,8 @@ fn the_pv_finalizer_goes_when_deleted_or_handed_back_and_unreferenced() {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}, "spec": source})).unwrap();
         pv.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into(), fin.clone()]);
         pv.metadata.deletion_timestamp = deleting.then_some(Time(Timestamp::UNIX_EPOCH));
-        pv.metadata.annotations = migrated_to.map(|d| [(prov::ANN_MIGRATED_TO.to_string(), d.to_string())].into());
+        pv.metadata.annotations =
+            migrated_to.map(|d| [(provisioner::ANN_MIGRATED_TO.to_string(), d.to_string())].into());
         pv
     };
     // (case, pv, referenced by a VolumeAttachment, removable)

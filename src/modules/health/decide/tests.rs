@@ -84,7 +84,7 @@ fn answers_become_observations() {
     assert_eq!(message, "Degraded: slow; Inaccessible (NoPath): no path");
     let many = (0..40).map(|i| cond("Degraded", &format!("r{i:02}"), "m"));
     let Observed::Abnormal { conditions, .. } = from_health(many) else { panic!() };
-    assert_eq!(conditions.len(), up::MAX_HEALTH_CONDITIONS, "the API keeps at most 16");
+    assert_eq!(conditions.len(), upstream::MAX_HEALTH_CONDITIONS, "the API keeps at most 16");
     let dup = from_health(vec![cond("Degraded", "a", "one"), cond("Degraded", "a", "two")]);
     assert!(matches!(dup, Observed::Abnormal { conditions, .. } if conditions.len() == 1), "keyed by status+reason");
 }
@@ -102,18 +102,18 @@ fn events_only_on_change() {
     let cases: &[EventCase] = &[
         (None, Observed::Healthy, None, Reported::Healthy),
         (Some(&Reported::Healthy), Observed::Healthy, None, Reported::Healthy),
-        (None, abnormal("gone"), Some((up::REASON_ABNORMAL, true)), gone.clone()),
-        (Some(&Reported::Healthy), abnormal("gone"), Some((up::REASON_ABNORMAL, true)), gone.clone()),
+        (None, abnormal("gone"), Some((upstream::REASON_ABNORMAL, true)), gone.clone()),
+        (Some(&Reported::Healthy), abnormal("gone"), Some((upstream::REASON_ABNORMAL, true)), gone.clone()),
         (Some(&gone), abnormal("gone"), None, gone.clone()),
-        (Some(&gone), abnormal("worse"), Some((up::REASON_ABNORMAL, true)), Reported::Abnormal("worse".into())),
-        (Some(&gone), Observed::Healthy, Some((up::REASON_NORMAL, false)), Reported::Healthy),
+        (Some(&gone), abnormal("worse"), Some((upstream::REASON_ABNORMAL, true)), Reported::Abnormal("worse".into())),
+        (Some(&gone), Observed::Healthy, Some((upstream::REASON_NORMAL, false)), Reported::Healthy),
     ];
     for (prev, observed, want, next) in cases {
         let (event, after) = event_for(*prev, observed);
         assert_eq!(event.as_ref().map(|e| (e.reason, e.warning)), *want, "{prev:?} {observed:?}");
         assert_eq!(&after, next, "{prev:?} {observed:?}");
         if let Some(e) = event {
-            let text = if e.warning { "gone worse" } else { up::MESSAGE_NORMAL };
+            let text = if e.warning { "gone worse" } else { upstream::MESSAGE_NORMAL };
             assert!(text.contains(&e.message), "{e:?}");
         }
     }
@@ -128,10 +128,10 @@ fn the_latest_own_event_per_claim_is_what_was_reported() {
         last_seen: at.into(),
     };
     let events = vec![
-        ev("a", up::REASON_ABNORMAL, "gone", "2026-12-01T10:00:00Z"),
-        ev("a", up::REASON_NORMAL, up::MESSAGE_NORMAL, "2026-12-01T10:05:00Z"),
-        ev("b", up::REASON_NORMAL, up::MESSAGE_NORMAL, "2026-12-01T09:00:00Z"),
-        ev("b", up::REASON_ABNORMAL, "slow", "2026-12-01T11:00:00Z"),
+        ev("a", upstream::REASON_ABNORMAL, "gone", "2026-12-01T10:00:00Z"),
+        ev("a", upstream::REASON_NORMAL, upstream::MESSAGE_NORMAL, "2026-12-01T10:05:00Z"),
+        ev("b", upstream::REASON_NORMAL, upstream::MESSAGE_NORMAL, "2026-12-01T09:00:00Z"),
+        ev("b", upstream::REASON_ABNORMAL, "slow", "2026-12-01T11:00:00Z"),
         ev("c", "NodeFailed", "other", "2026-12-01T12:00:00Z"),
     ];
     let r = recall(&events);

@@ -3,13 +3,13 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use ::kube::runtime::watcher::{self, Event};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::{kube::informers::Informers, modules::testing::failing_client};
+use crate::{k8s::informers::Informers, modules::testing::failing_client};
 
 const NODES: usize = 5_000;
 const PODS_PER_NODE: usize = 10;
@@ -27,7 +27,7 @@ type Sender<K> = mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>;
 /// `K` watched from a channel instead of the apiserver.
 fn scripted<K>(informers: &Informers) -> Sender<K>
 where
-    K: ::kube::Resource<DynamicType = ()> + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
     let rx = Arc::new(parking_lot::Mutex::new(Some(rx)));
@@ -161,7 +161,7 @@ async fn a_node_update_reads_only_the_pods_on_that_node() {
 /// `--node-list-add-interval`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_not_ready_node_is_reported_when_its_grace_ends() {
-    let almost = Timestamp::now() - up::NODE_NOT_READY_GRACE + Duration::from_secs(3);
+    let almost = Timestamp::now() - upstream::NODE_NOT_READY_GRACE + Duration::from_secs(3);
     let r = Running::start(10, vec![node(0, "False", almost, 1)]).await;
     assert!(!r.failed("node-0"), "within the grace");
     r.until("reported failed at the end of the grace", || r.failed("node-0")).await;

@@ -16,7 +16,7 @@ use k8s_openapi::{
     },
 };
 
-use crate::{compat::capacity as up, kube::quantity};
+use crate::{compat::capacity as upstream, k8s::quantity};
 
 /// A topology segment: key → value, sorted. Empty: every node (a driver
 /// without topology keys).
@@ -200,8 +200,8 @@ pub fn check_answer(item: &Item, available: i64, maximum: Option<i64>) -> Result
 /// The labels of the managed objects.
 pub fn labels(driver: &str, managed_by: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (up::LABEL_DRIVER_NAME.to_string(), driver.to_string()),
-        (up::LABEL_MANAGED_BY.to_string(), managed_by.to_string()),
+        (upstream::LABEL_DRIVER_NAME.to_string(), driver.to_string()),
+        (upstream::LABEL_MANAGED_BY.to_string(), managed_by.to_string()),
     ])
 }
 
@@ -215,7 +215,7 @@ pub fn new_object(
 ) -> CSIStorageCapacity {
     CSIStorageCapacity {
         metadata: ObjectMeta {
-            generate_name: Some(up::GENERATE_NAME.to_string()),
+            generate_name: Some(upstream::GENERATE_NAME.to_string()),
             labels: Some(labels(driver, managed_by)),
             owner_references: owner.map(|o| vec![o.clone()]),
             ..Default::default()

@@ -24,11 +24,6 @@ use std::{
     time::Duration,
 };
 
-use ::kube::{
-    Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, Preconditions},
-    core::PartialObjectMeta,
-};
 use k8s_openapi::{
     api::{
         core::v1::{Node, PersistentVolume, Pod},
@@ -36,16 +31,21 @@ use k8s_openapi::{
     },
     apimachinery::pkg::apis::meta::v1::OwnerReference,
 };
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, Preconditions},
+    core::PartialObjectMeta,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    compat::capacity as up,
+    compat::capacity as upstream,
     csi::{
         Connection,
         proto::csi::v1::{self as csi},
     },
-    kube::{
+    k8s::{
         informers::{Change, Informer, Informers},
         queue::{Backoff, Outcome, WorkQueue},
     },
@@ -94,10 +94,10 @@ pub enum SetupError {
 /// The namespace of the objects: `$NAMESPACE` (upstream's), else
 /// `$POD_NAMESPACE` (what csi-sidecar's manifests set).
 pub fn namespace_from_env() -> Result<String, SetupError> {
-    [up::ENV_NAMESPACE, "POD_NAMESPACE"]
+    [upstream::ENV_NAMESPACE, "POD_NAMESPACE"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
-        .ok_or(SetupError::MissingEnv(up::ENV_NAMESPACE))
+        .ok_or(SetupError::MissingEnv(upstream::ENV_NAMESPACE))
 }
 
 /// The owner of the objects: `level` steps up from `$POD_NAME` (upstream's
@@ -106,11 +106,11 @@ pub async fn lookup_owner(client: &Client, namespace: &str, level: i64) -> Resul
     if level < 0 {
         return Ok(None);
     }
-    let pod = std::env::var(up::ENV_POD_NAME)
+    let pod = std::env::var(upstream::ENV_POD_NAME)
         .ok()
         .filter(|s| !s.is_empty())
-        .ok_or(SetupError::MissingEnv(up::ENV_POD_NAME))?;
-    let get_err = |e: ::kube::Error| SetupError::Owner(format!("get object: {e}"));
+        .ok_or(SetupError::MissingEnv(upstream::ENV_POD_NAME))?;
+    let get_err = |e: kube::Error| SetupError::Owner(format!("get object: {e}"));
     let mut meta = Api::<Pod>::namespaced(client.clone(), namespace).get(&pod).await.map_err(get_err)?.metadata;
     let (mut api_version, mut kind, mut levels) = ("v1".to_string(), "Pod".to_string(), level);
     loop {
@@ -219,9 +219,9 @@ fn set_gauges(t: &mut Tracker, written: &HashMap<Item, Arc<CSIStorageCapacity>>)
     let (goal, current, obsolete) = t.counts();
     let lagging = written.keys().filter(|i| t.desired().contains(*i) && !t.has_object(i)).count();
     let current = current + lagging;
-    metrics::gauge!(up::METRIC_GOAL).set(goal as f64);
-    metrics::gauge!(up::METRIC_CURRENT).set(current as f64);
-    metrics::gauge!(up::METRIC_OBSOLETE).set(obsolete as f64);
+    metrics::gauge!(upstream::METRIC_GOAL).set(goal as f64);
+    metrics::gauge!(upstream::METRIC_CURRENT).set(current as f64);
+    metrics::gauge!(upstream::METRIC_OBSOLETE).set(obsolete as f64);
     (goal, current, obsolete)
 }
 
@@ -247,8 +247,8 @@ impl Controller {
     ) -> Controller {
         let shared = Arc::new(Shared {
             tracker: Mutex::default(),
-            items: WorkQueue::new(up::QUEUE, settings.backoff),
-            topology: WorkQueue::new(up::QUEUE_TOPOLOGY, settings.backoff),
+            items: WorkQueue::new(upstream::QUEUE, settings.backoff),
+            topology: WorkQueue::new(upstream::QUEUE_TOPOLOGY, settings.backoff),
         });
         let handle = Handle { shared };
         let classes = informers.get::<StorageClass>();
@@ -454,7 +454,7 @@ impl Controller {
                         self.remember(&item, updated);
                         Outcome::Done
                     }
-                    Err(::kube::Error::Api(e)) if e.code == 404 => {
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
                         // Deleted meanwhile: created again on the retry.
                         self.forget(&item);
                         Outcome::Retry
@@ -483,7 +483,7 @@ impl Controller {
                 tracing::debug!(name = %name, "Deleted an obsolete CSIStorageCapacity");
                 Outcome::Done
             }
-            Err(::kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Outcome::Done,
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Outcome::Done,
             Err(e) => {
                 tracing::warn!(name = %name, error = %e, "Deleting a CSIStorageCapacity failed");
                 Outcome::Retry
@@ -507,9 +507,9 @@ impl Controller {
             return;
         }
         tracing::info!(namespace = %self.settings.namespace, owner = ?self.settings.owner.as_ref().map(|o| format!("{}/{} {}", o.api_version, o.kind, o.name)), "Capacity tracking started");
-        metrics::describe_gauge!(up::METRIC_GOAL, up::METRIC_GOAL_HELP);
-        metrics::describe_gauge!(up::METRIC_CURRENT, up::METRIC_CURRENT_HELP);
-        metrics::describe_gauge!(up::METRIC_OBSOLETE, up::METRIC_OBSOLETE_HELP);
+        metrics::describe_gauge!(upstream::METRIC_GOAL, upstream::METRIC_GOAL_HELP);
+        metrics::describe_gauge!(upstream::METRIC_CURRENT, upstream::METRIC_CURRENT_HELP);
+        metrics::describe_gauge!(upstream::METRIC_OBSOLETE, upstream::METRIC_OBSOLETE_HELP);
         self.handle.shared.topology.add(());
         let (c1, c2, c3) = (self.clone(), self.clone(), self.clone());
         let poll = async move {

@@ -52,7 +52,7 @@ fn sc(params: &[(&str, &str)], binding: &str) -> StorageClass {
     }
 }
 
-const OURS: (&str, &str) = (up::ANN_STORAGE_PROVISIONER, DRIVER);
+const OURS: (&str, &str) = (upstream::ANN_STORAGE_PROVISIONER, DRIVER);
 
 #[test]
 fn volume_names() {
@@ -71,14 +71,14 @@ fn which_claims_are_provisioned() {
     let table: Vec<(PersistentVolumeClaim, &StorageClass, bool, ClaimDecision)> = vec![
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
         (
-            pvc(&[(up::ANN_BETA_STORAGE_PROVISIONER, DRIVER)], &["ReadWriteOnce"], "1Gi"),
+            pvc(&[(upstream::ANN_BETA_STORAGE_PROVISIONER, DRIVER)], &["ReadWriteOnce"], "1Gi"),
             &imm,
             false,
             ClaimDecision::Provision,
         ),
-        (pvc(&[(up::ANN_MIGRATED_TO, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
+        (pvc(&[(upstream::ANN_MIGRATED_TO, DRIVER)], &["ReadWriteOnce"], "1Gi"), &imm, false, ClaimDecision::Provision),
         (
-            pvc(&[(up::ANN_STORAGE_PROVISIONER, "other")], &["ReadWriteOnce"], "1Gi"),
+            pvc(&[(upstream::ANN_STORAGE_PROVISIONER, "other")], &["ReadWriteOnce"], "1Gi"),
             &imm,
             false,
             ClaimDecision::Ignore("not for this driver"),
@@ -87,7 +87,7 @@ fn which_claims_are_provisioned() {
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &imm, true, ClaimDecision::Ignore("volume already provisioned")),
         (pvc(&[OURS], &["ReadWriteOnce"], "1Gi"), &wffc, false, ClaimDecision::WaitForScheduler),
         (
-            pvc(&[OURS, (up::ANN_SELECTED_NODE, "node-1")], &["ReadWriteOnce"], "1Gi"),
+            pvc(&[OURS, (upstream::ANN_SELECTED_NODE, "node-1")], &["ReadWriteOnce"], "1Gi"),
             &wffc,
             false,
             ClaimDecision::Provision,
@@ -213,7 +213,7 @@ fn pv_from_the_answer() {
     assert_eq!(pv.metadata.name.as_deref(), Some(p.pv_name.as_str()));
     assert_eq!(csi.volume_handle, "vol-1");
     assert_eq!(csi.read_only, Some(true), "ROX only + --controller-publish-readonly");
-    assert_eq!(csi.volume_attributes.as_ref().unwrap()[up::IDENTITY_KEY], "123-4-mock");
+    assert_eq!(csi.volume_attributes.as_ref().unwrap()[upstream::IDENTITY_KEY], "123-4-mock");
     assert_eq!(csi.volume_attributes.as_ref().unwrap()["ctx"], "v");
     assert_eq!(spec.capacity.as_ref().unwrap()["storage"].0, "1Gi", "capacity 0 means the requested size");
     assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
@@ -221,12 +221,12 @@ fn pv_from_the_answer() {
     assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
     assert_eq!(spec.claim_ref.as_ref().unwrap().uid, claim.metadata.uid);
     let ann = pv.metadata.annotations.as_ref().unwrap();
-    assert_eq!(ann[up::ANN_PROVISIONED_BY], DRIVER);
+    assert_eq!(ann[upstream::ANN_PROVISIONED_BY], DRIVER);
     assert_eq!(
-        (ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()),
+        (ann[upstream::ANN_DELETION_SECRET_NAME].as_str(), ann[upstream::ANN_DELETION_SECRET_NAMESPACE].as_str()),
         ("s", "ns")
     );
-    assert_eq!(pv.metadata.finalizers, Some(vec![up::PV_FINALIZER.to_string()]));
+    assert_eq!(pv.metadata.finalizers, Some(vec![upstream::PV_FINALIZER.to_string()]));
     let terms = &spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms;
     assert_eq!(terms[0].match_expressions.as_ref().unwrap()[0].key, "zone");
 
@@ -241,7 +241,10 @@ fn pv_from_the_answer() {
     let plain = plan(&claim, &sc(&[], "Immediate"), &driver(&[Rpc::CreateDeleteVolume]), &settings(), None).unwrap();
     let pv = build_pv(&plain, &response("v", 0), &claim, &sc(&[], "Immediate"), DRIVER, "id", &settings()).unwrap();
     let ann = pv.metadata.annotations.unwrap();
-    assert_eq!((ann[up::ANN_DELETION_SECRET_NAME].as_str(), ann[up::ANN_DELETION_SECRET_NAMESPACE].as_str()), ("", ""));
+    assert_eq!(
+        (ann[upstream::ANN_DELETION_SECRET_NAME].as_str(), ann[upstream::ANN_DELETION_SECRET_NAMESPACE].as_str()),
+        ("", "")
+    );
 }
 
 #[test]
@@ -266,8 +269,8 @@ fn pv(reclaim: &str, phase: &str, finalizer: bool, deleting: bool, by: &str) -> 
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some("pv".into()),
-            annotations: Some(BTreeMap::from([(up::ANN_PROVISIONED_BY.to_string(), by.to_string())])),
-            finalizers: finalizer.then(|| vec![up::PV_FINALIZER.to_string()]),
+            annotations: Some(BTreeMap::from([(upstream::ANN_PROVISIONED_BY.to_string(), by.to_string())])),
+            finalizers: finalizer.then(|| vec![upstream::PV_FINALIZER.to_string()]),
             deletion_timestamp: deleting
                 .then(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
@@ -361,12 +364,12 @@ fn plan_with_data_sources() {
 }
 
 fn in_tree_pv(provisioned_by: &str, migrated_to: Option<&str>) -> PersistentVolume {
-    let mut ann = serde_json::json!({ up::ANN_PROVISIONED_BY: provisioned_by });
+    let mut ann = serde_json::json!({ upstream::ANN_PROVISIONED_BY: provisioned_by });
     if let Some(m) = migrated_to {
-        ann[up::ANN_MIGRATED_TO] = serde_json::json!(m);
+        ann[upstream::ANN_MIGRATED_TO] = serde_json::json!(m);
     }
     serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "pvc-1", "annotations": ann, "finalizers": [up::PV_FINALIZER]},
+        "metadata": {"name": "pvc-1", "annotations": ann, "finalizers": [upstream::PV_FINALIZER]},
         "spec": {"awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-1"}, "persistentVolumeReclaimPolicy": "Delete"},
         "status": {"phase": "Released"}}))
     .unwrap()
@@ -628,8 +631,8 @@ fn deletion_secrets() {
         "Immediate",
     );
     let half = sc(&[("csi.storage.k8s.io/provisioner-secret-name", "s")], "Immediate");
-    let annotated = [(up::ANN_DELETION_SECRET_NAME, "a"), (up::ANN_DELETION_SECRET_NAMESPACE, "ns")];
-    let blank = [(up::ANN_DELETION_SECRET_NAME, ""), (up::ANN_DELETION_SECRET_NAMESPACE, "")];
+    let annotated = [(upstream::ANN_DELETION_SECRET_NAME, "a"), (upstream::ANN_DELETION_SECRET_NAMESPACE, "ns")];
+    let blank = [(upstream::ANN_DELETION_SECRET_NAME, ""), (upstream::ANN_DELETION_SECRET_NAMESPACE, "")];
     type Want = Result<Option<SecretRef>, String>;
     let rows: Vec<(&str, PersistentVolume, Option<&StorageClass>, Want)> = vec![
         ("annotations", with(&annotated, true), Some(&half), Ok(secret("a", "ns"))),

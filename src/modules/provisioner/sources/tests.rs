@@ -13,7 +13,7 @@ use k8s_openapi::{
 };
 
 use super::*;
-use crate::kube::{
+use crate::k8s::{
     reference_grant::{GrantFrom, GrantTo, ReferenceGrantSpec},
     snapshot_api::{
         SnapshotRef, VolumeSnapshotContentSpec, VolumeSnapshotContentStatus, VolumeSnapshotSpec, VolumeSnapshotStatus,
@@ -295,7 +295,8 @@ fn content(mode: Option<&str>, allow: Option<&str>) -> VolumeSnapshotContent {
     VolumeSnapshotContent {
         metadata: ObjectMeta {
             name: Some("content".into()),
-            annotations: allow.map(|v| BTreeMap::from([(up::ANN_ALLOW_VOLUME_MODE_CHANGE.to_string(), v.to_string())])),
+            annotations: allow
+                .map(|v| BTreeMap::from([(upstream::ANN_ALLOW_VOLUME_MODE_CHANGE.to_string(), v.to_string())])),
             ..Default::default()
         },
         spec: VolumeSnapshotContentSpec {
@@ -344,7 +345,7 @@ fn snapshot_checks() {
     let block = content(Some("Block"), None);
     let conversion =
         "requested volume team-a/clone modifies the mode of the source volume but does not have permission to do so.";
-    let ann = up::ANN_ALLOW_VOLUME_MODE_CHANGE;
+    let ann = upstream::ANN_ALLOW_VOLUME_MODE_CHANGE;
     type Case<'a> =
         (&'a str, PersistentVolumeClaim, VolumeSnapshot, Option<VolumeSnapshotContent>, bool, Result<String, String>);
     let cases: Vec<Case> = vec![
@@ -449,7 +450,7 @@ fn deleting_snapshots() {
     s.metadata.deletion_timestamp = Some(Time(Default::default()));
     assert_eq!(snapshot_usable(&s), Err("snapshot snap is being deleted".into()));
     // A restore that started before the deletion goes on.
-    s.metadata.finalizers = Some(vec![up::SNAPSHOT_SOURCE_FINALIZER.into()]);
+    s.metadata.finalizers = Some(vec![upstream::SNAPSHOT_SOURCE_FINALIZER.into()]);
     assert_eq!(snapshot_usable(&s), Ok(()));
 }
 
@@ -481,7 +482,7 @@ fn referenced_sources() {
 #[test]
 fn cloning_protection() {
     let mut src = source_claim("1Gi");
-    src.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into(), up::CLONE_FINALIZER.into()]);
+    src.metadata.finalizers = Some(vec!["kubernetes.io/pvc-protection".into(), upstream::CLONE_FINALIZER.into()]);
     let live = cached(&src, Some("Bound"));
     let mut deleting_full = src.clone();
     deleting_full.metadata.deletion_timestamp = Some(Time(Default::default()));
@@ -515,7 +516,10 @@ fn cloning_protection() {
 #[test]
 fn snapshot_sweep() {
     let protected = |ns: &str, name: &str| VolumeSnapshot {
-        metadata: ObjectMeta { finalizers: Some(vec![up::SNAPSHOT_SOURCE_FINALIZER.into()]), ..meta(ns, name, name) },
+        metadata: ObjectMeta {
+            finalizers: Some(vec![upstream::SNAPSHOT_SOURCE_FINALIZER.into()]),
+            ..meta(ns, name, name)
+        },
         ..Default::default()
     };
     let (a, b, c, d) =

@@ -46,7 +46,7 @@ pub fn modify_infeasible_same_target(pvc: &PersistentVolumeClaim) -> Option<bool
     if st.target_volume_attributes_class_name.as_deref().unwrap_or_default() != spec {
         return Some(false);
     }
-    (st.status == mo::INFEASIBLE).then_some(true)
+    (st.status == modifier::INFEASIBLE).then_some(true)
 }
 
 /// Upstream's `modify` decision. `uncertain`: a non-final error (or an
@@ -60,9 +60,9 @@ pub fn plan_modify(pvc: &PersistentVolumeClaim, uncertain: bool, slow: bool) -> 
     if st.is_none() && spec == cur {
         return ModifyStep::Nothing;
     }
-    let in_progress = st.is_some_and(|s| s.status == mo::IN_PROGRESS);
+    let in_progress = st.is_some_and(|s| s.status == modifier::IN_PROGRESS);
     if spec.is_empty() && !in_progress {
-        return ModifyStep::Rollback { had_condition: find_condition(pvc, up::COND_MODIFYING_VOLUME).is_some() };
+        return ModifyStep::Rollback { had_condition: find_condition(pvc, upstream::COND_MODIFYING_VOLUME).is_some() };
     }
     if (in_progress && uncertain) || spec.is_empty() {
         return match st.and_then(|s| s.target_volume_attributes_class_name.clone()).filter(|t| !t.is_empty()) {
@@ -107,7 +107,7 @@ fn modify_status(status: &str, target: &str) -> Value {
 pub fn modify_pending_patch(pvc: &PersistentVolumeClaim) -> Value {
     json!({
         "metadata": { "resourceVersion": pvc.metadata.resource_version },
-        "status": { "modifyVolumeStatus": { "status": mo::PENDING } },
+        "status": { "modifyVolumeStatus": { "status": modifier::PENDING } },
     })
 }
 
@@ -131,11 +131,11 @@ pub struct ModifyFailed {
 /// `InProgress` and are retried with backoff.
 pub fn modify_failed(code: tonic::Code) -> ModifyFailed {
     if classify(Some(code)) == Failure::Uncertain {
-        return ModifyFailed { state: mo::IN_PROGRESS, uncertain: true, hold_back: false };
+        return ModifyFailed { state: modifier::IN_PROGRESS, uncertain: true, hold_back: false };
     }
     let infeasible = code == tonic::Code::InvalidArgument;
     ModifyFailed {
-        state: if infeasible { mo::INFEASIBLE } else { mo::IN_PROGRESS },
+        state: if infeasible { modifier::INFEASIBLE } else { modifier::IN_PROGRESS },
         uncertain: false,
         hold_back: infeasible,
     }
@@ -146,11 +146,11 @@ pub fn modify_failed(code: tonic::Code) -> ModifyFailed {
 /// (and a requeue) before `ControllerModifyVolume` is called.
 pub fn modify_in_progress_patch(pvc: &PersistentVolumeClaim, target: &str, now: Timestamp) -> Value {
     let mut conds = conditions_of(pvc).to_vec();
-    set_condition(&mut conds, condition(up::COND_MODIFYING_VOLUME, &mo::text_in_progress(target), now));
+    set_condition(&mut conds, condition(upstream::COND_MODIFYING_VOLUME, &modifier::text_in_progress(target), now));
     json!({
         "metadata": { "resourceVersion": pvc.metadata.resource_version },
         "status": with_conditions(
-            json!({ "modifyVolumeStatus": modify_status(mo::IN_PROGRESS, target) }),
+            json!({ "modifyVolumeStatus": modify_status(modifier::IN_PROGRESS, target) }),
             conditions_of(pvc),
             &conds,
         ),
@@ -168,10 +168,11 @@ pub fn modify_failure_patch(
 ) -> Value {
     let failed = modify_failed(status.code());
     let state = failed.state;
-    let text = if failed.uncertain { mo::text_still_in_progress(target) } else { mo::text_failed_waiting(target) };
+    let text =
+        if failed.uncertain { modifier::text_still_in_progress(target) } else { modifier::text_failed_waiting(target) };
     let mut conds = conditions_of(pvc).to_vec();
-    set_condition(&mut conds, condition(up::COND_MODIFYING_VOLUME, &text, now));
-    let mut err = condition(up::COND_MODIFY_VOLUME_ERROR, status.message(), now);
+    set_condition(&mut conds, condition(upstream::COND_MODIFYING_VOLUME, &text, now));
+    let mut err = condition(upstream::COND_MODIFY_VOLUME_ERROR, status.message(), now);
     err.reason = Some(crate::compat::grpc_code_name(status.code()).to_string());
     set_condition(&mut conds, err);
     let status = json!({ "modifyVolumeStatus": modify_status(state, target) });
@@ -181,13 +182,13 @@ pub fn modify_failure_patch(
 /// After success: the class applied, no modify status, no modify conditions.
 pub fn modify_success_patch(pvc: &PersistentVolumeClaim, target: &str) -> Value {
     let status = json!({ "currentVolumeAttributesClassName": target, "modifyVolumeStatus": null });
-    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME, up::COND_MODIFY_VOLUME_ERROR]);
+    let conds = without(pvc, &[upstream::COND_MODIFYING_VOLUME, upstream::COND_MODIFY_VOLUME_ERROR]);
     json!({ "status": with_conditions(status, conditions_of(pvc), &conds) })
 }
 
 /// A rollback: the `ModifyingVolume` condition goes.
 pub fn modify_rollback_patch(pvc: &PersistentVolumeClaim) -> Value {
-    let conds = without(pvc, &[up::COND_MODIFYING_VOLUME]);
+    let conds = without(pvc, &[upstream::COND_MODIFYING_VOLUME]);
     json!({ "status": with_conditions(json!({}), conditions_of(pvc), &conds) })
 }
 
@@ -200,7 +201,9 @@ pub fn pv_vac_patch(target: &str) -> Value {
 /// annotations when both are set, else its controller-expand secret.
 pub fn modify_secret_ref(pv: &PersistentVolume) -> Option<(String, String)> {
     let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k)).filter(|v| !v.is_empty()).cloned();
-    if let (Some(name), Some(ns)) = (ann(prov::ANN_MODIFY_SECRET_NAME), ann(prov::ANN_MODIFY_SECRET_NAMESPACE)) {
+    if let (Some(name), Some(ns)) =
+        (ann(provisioner::ANN_MODIFY_SECRET_NAME), ann(provisioner::ANN_MODIFY_SECRET_NAMESPACE))
+    {
         return Some((name, ns));
     }
     let r = pv.spec.as_ref()?.csi.as_ref()?.controller_expand_secret_ref.as_ref()?;
@@ -226,9 +229,10 @@ pub fn modify_request(
     let mut mutable_parameters: std::collections::HashMap<String, String> =
         parameters.map(|p| p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
     if extra {
-        mutable_parameters.insert(mo::PARAM_PVC_NAME.into(), pvc.metadata.name.clone().unwrap_or_default());
-        mutable_parameters.insert(mo::PARAM_PVC_NAMESPACE.into(), pvc.metadata.namespace.clone().unwrap_or_default());
-        mutable_parameters.insert(mo::PARAM_PV_NAME.into(), pv.metadata.name.clone().unwrap_or_default());
+        mutable_parameters.insert(modifier::PARAM_PVC_NAME.into(), pvc.metadata.name.clone().unwrap_or_default());
+        mutable_parameters
+            .insert(modifier::PARAM_PVC_NAMESPACE.into(), pvc.metadata.namespace.clone().unwrap_or_default());
+        mutable_parameters.insert(modifier::PARAM_PV_NAME.into(), pv.metadata.name.clone().unwrap_or_default());
     }
     Ok(csi::ControllerModifyVolumeRequest { volume_id, secrets: Default::default(), mutable_parameters })
 }

@@ -90,23 +90,23 @@ fn target_sizes_follow_upstreams_recovery_rules() {
     #[rustfmt::skip]
     let cases: &[Case] = &[
         ("first resize", ("2Gi", "1Gi", None, None), "1Gi", csi, Expand { target: 2 * GI, update_status: true }),
-        ("in flight, user asks more: old target kept", ("3Gi", "1Gi", Some("2Gi"), Some(up::CONTROLLER_RESIZE_IN_PROGRESS)), "1Gi", csi,
+        ("in flight, user asks more: old target kept", ("3Gi", "1Gi", Some("2Gi"), Some(upstream::CONTROLLER_RESIZE_IN_PROGRESS)), "1Gi", csi,
             Expand { target: 2 * GI, update_status: false }),
-        ("in flight after a final error: the new request", ("3Gi", "1Gi", Some("2Gi"), Some(up::CONTROLLER_RESIZE_IN_PROGRESS)), "1Gi", final_seen,
+        ("in flight after a final error: the new request", ("3Gi", "1Gi", Some("2Gi"), Some(upstream::CONTROLLER_RESIZE_IN_PROGRESS)), "1Gi", final_seen,
             Expand { target: 3 * GI, update_status: true }),
-        ("infeasible, user shrank back: retried at once", ("2Gi", "1Gi", Some("5Gi"), Some(up::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", slow,
+        ("infeasible, user shrank back: retried at once", ("2Gi", "1Gi", Some("5Gi"), Some(upstream::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", slow,
             Expand { target: 2 * GI, update_status: true }),
-        ("infeasible, unchanged, slow: held back", ("5Gi", "1Gi", Some("5Gi"), Some(up::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", slow, HeldBack),
-        ("infeasible, unchanged, slow window over: retried", ("5Gi", "1Gi", Some("5Gi"), Some(up::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", csi,
+        ("infeasible, unchanged, slow: held back", ("5Gi", "1Gi", Some("5Gi"), Some(upstream::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", slow, HeldBack),
+        ("infeasible, unchanged, slow window over: retried", ("5Gi", "1Gi", Some("5Gi"), Some(upstream::CONTROLLER_RESIZE_INFEASIBLE)), "1Gi", csi,
             Expand { target: 5 * GI, update_status: false }),
-        ("node pending, PV already big enough: kubelet's turn", ("2Gi", "1Gi", Some("2Gi"), Some(up::NODE_RESIZE_PENDING)), "2Gi", csi, Skip),
-        ("node pending, PV smaller than allocated", ("3Gi", "1Gi", Some("2Gi"), Some(up::NODE_RESIZE_PENDING)), "1Gi", csi,
+        ("node pending, PV already big enough: kubelet's turn", ("2Gi", "1Gi", Some("2Gi"), Some(upstream::NODE_RESIZE_PENDING)), "2Gi", csi, Skip),
+        ("node pending, PV smaller than allocated", ("3Gi", "1Gi", Some("2Gi"), Some(upstream::NODE_RESIZE_PENDING)), "1Gi", csi,
             Expand { target: 2 * GI, update_status: false }),
-        ("node infeasible, PV small: allocated", ("3Gi", "1Gi", Some("2Gi"), Some(up::NODE_RESIZE_INFEASIBLE)), "1Gi", csi,
+        ("node infeasible, PV small: allocated", ("3Gi", "1Gi", Some("2Gi"), Some(upstream::NODE_RESIZE_INFEASIBLE)), "1Gi", csi,
             Expand { target: 2 * GI, update_status: false }),
-        ("node infeasible, PV big, controller: allocated", ("2Gi", "1Gi", Some("3Gi"), Some(up::NODE_RESIZE_INFEASIBLE)), "2Gi", csi,
+        ("node infeasible, PV big, controller: allocated", ("2Gi", "1Gi", Some("3Gi"), Some(upstream::NODE_RESIZE_INFEASIBLE)), "2Gi", csi,
             Expand { target: 3 * GI, update_status: false }),
-        ("node infeasible, PV big, trivial: spec", ("2Gi", "1Gi", Some("3Gi"), Some(up::NODE_RESIZE_INFEASIBLE)), "2Gi", Memory::default(),
+        ("node infeasible, PV big, trivial: spec", ("2Gi", "1Gi", Some("3Gi"), Some(upstream::NODE_RESIZE_INFEASIBLE)), "2Gi", Memory::default(),
             Expand { target: 2 * GI, update_status: true }),
         ("PV big, no state, allocated: allocated", ("2Gi", "1Gi", Some("2Gi"), None), "2Gi", csi,
             Expand { target: 2 * GI, update_status: false }),
@@ -122,7 +122,7 @@ fn target_sizes_follow_upstreams_recovery_rules() {
 fn fs_resize_pending_on_an_old_apiserver_stops() {
     let mut pvc = claim("2Gi", "1Gi", None, None);
     pvc.status.as_mut().unwrap().conditions =
-        Some(vec![condition(up::COND_FS_RESIZE_PENDING, "", Timestamp::UNIX_EPOCH)]);
+        Some(vec![condition(upstream::COND_FS_RESIZE_PENDING, "", Timestamp::UNIX_EPOCH)]);
     assert_eq!(plan(&pvc, &sizes_of(&pvc, "2Gi"), Memory::default()), Step::Skip);
 }
 
@@ -181,13 +181,13 @@ fn a_migrated_in_tree_volume_is_the_drivers_once_named_the_claims_resizer() {
         (Some("d"), "d", false),
     ];
     for &(resizer, driver, want) in table {
-        pvc.metadata.annotations = resizer.map(|r| [(up::ANN_STORAGE_RESIZER.to_string(), r.to_string())].into());
+        pvc.metadata.annotations = resizer.map(|r| [(upstream::ANN_STORAGE_RESIZER.to_string(), r.to_string())].into());
         assert_eq!(pv_is_ours(&pv, &pvc, driver), want, "resizer {resizer:?}, driver {driver}");
     }
     // The claim reference still has to match.
     let mut other_uid = pv.clone();
     other_uid.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("u2".into());
-    pvc.metadata.annotations = Some([(up::ANN_STORAGE_RESIZER.to_string(), CINDER.to_string())].into());
+    pvc.metadata.annotations = Some([(upstream::ANN_STORAGE_RESIZER.to_string(), CINDER.to_string())].into());
     assert!(!pv_is_ours(&other_uid, &pvc, CINDER));
 }
 
@@ -225,10 +225,10 @@ fn claims_of_other_drivers_are_not_cached() {
         ..Default::default()
     };
     assert!(claim_may_be_for_driver(&ObjectMeta::default(), "d"), "static: the PV decides");
-    assert!(claim_may_be_for_driver(&meta(prov::ANN_STORAGE_PROVISIONER, "d"), "d"));
-    assert!(!claim_may_be_for_driver(&meta(prov::ANN_STORAGE_PROVISIONER, "e"), "d"));
-    assert!(!claim_may_be_for_driver(&meta(prov::ANN_BETA_STORAGE_PROVISIONER, "e"), "d"));
-    assert!(claim_may_be_for_driver(&meta(up::ANN_STORAGE_RESIZER, "d"), "d"));
+    assert!(claim_may_be_for_driver(&meta(provisioner::ANN_STORAGE_PROVISIONER, "d"), "d"));
+    assert!(!claim_may_be_for_driver(&meta(provisioner::ANN_STORAGE_PROVISIONER, "e"), "d"));
+    assert!(!claim_may_be_for_driver(&meta(provisioner::ANN_BETA_STORAGE_PROVISIONER, "e"), "d"));
+    assert!(claim_may_be_for_driver(&meta(upstream::ANN_STORAGE_RESIZER, "d"), "d"));
 }
 
 #[test]
@@ -251,12 +251,16 @@ fn conditions_merge_like_upstream() {
     let t0 = Timestamp::UNIX_EPOCH;
     let t1 = Timestamp::from_second(100).unwrap();
     let other = PersistentVolumeClaimCondition { type_: "Other".into(), status: "True".into(), ..Default::default() };
-    let old = vec![other.clone(), condition(up::COND_RESIZING, "", t0), condition(up::COND_NODE_RESIZE_ERROR, "x", t0)];
+    let old = vec![
+        other.clone(),
+        condition(upstream::COND_RESIZING, "", t0),
+        condition(upstream::COND_NODE_RESIZE_ERROR, "x", t0),
+    ];
     // Same status: the old condition (and its time) stays; others dropped without keep_old.
-    let merged = merge_conditions(&old, &[condition(up::COND_RESIZING, "", t1)], false);
+    let merged = merge_conditions(&old, &[condition(upstream::COND_RESIZING, "", t1)], false);
     assert_eq!(merged.len(), 2);
     assert_eq!(merged[1].last_transition_time, Some(Time(t0)));
-    let kept = merge_conditions(&old, &[condition(up::COND_CONTROLLER_RESIZE_ERROR, "e", t1)], true);
+    let kept = merge_conditions(&old, &[condition(upstream::COND_CONTROLLER_RESIZE_ERROR, "e", t1)], true);
     assert_eq!(
         kept.iter().map(|c| c.type_.as_str()).collect::<Vec<_>>(),
         ["Other", "Resizing", "NodeResizeError", "ControllerResizeError"]
@@ -268,12 +272,13 @@ fn conditions_merge_like_upstream() {
 fn status_patches() {
     let now = Timestamp::from_second(100).unwrap();
     let mut pvc = claim("2Gi", "1Gi", None, None);
-    pvc.metadata.annotations = Some([(up::ANN_NODE_EXPANSION_NOT_REQUIRED.to_string(), "true".to_string())].into());
+    pvc.metadata.annotations =
+        Some([(upstream::ANN_NODE_EXPANSION_NOT_REQUIRED.to_string(), "true".to_string())].into());
     let p = in_progress_patch(&pvc, 2 * GI, true, true, now);
     assert_eq!(p["metadata"]["resourceVersion"], "7");
-    assert_eq!(p["metadata"]["annotations"][up::ANN_NODE_EXPANSION_NOT_REQUIRED], Value::Null);
+    assert_eq!(p["metadata"]["annotations"][upstream::ANN_NODE_EXPANSION_NOT_REQUIRED], Value::Null);
     assert_eq!(p["status"]["allocatedResources"]["storage"], "2Gi");
-    assert_eq!(p["status"]["allocatedResourceStatuses"]["storage"], up::CONTROLLER_RESIZE_IN_PROGRESS);
+    assert_eq!(p["status"]["allocatedResourceStatuses"]["storage"], upstream::CONTROLLER_RESIZE_IN_PROGRESS);
     assert_eq!(p["status"]["conditions"][0]["type"], "Resizing");
     let p = in_progress_patch(&pvc, 2 * GI, false, true, now);
     assert!(p["status"].get("allocatedResourceStatuses").is_none());
@@ -281,7 +286,7 @@ fn status_patches() {
     assert!(legacy["status"].get("allocatedResources").is_none());
 
     let f = failure_patch(&pvc, "rpc error: code = OutOfRange desc = too big", true, now);
-    assert_eq!(f["status"]["allocatedResourceStatuses"]["storage"], up::CONTROLLER_RESIZE_INFEASIBLE);
+    assert_eq!(f["status"]["allocatedResourceStatuses"]["storage"], upstream::CONTROLLER_RESIZE_INFEASIBLE);
     assert_eq!(f["status"]["conditions"][0]["type"], "ControllerResizeError");
     assert_eq!(
         f["status"]["conditions"][0]["message"],
@@ -291,21 +296,21 @@ fn status_patches() {
     assert!(failure_patch(&pvc, "x", false, now)["status"].get("allocatedResourceStatuses").is_none());
 
     let fs = success_patch(&pvc, 2 * GI, true, true, now);
-    assert_eq!(fs["status"]["allocatedResourceStatuses"]["storage"], up::NODE_RESIZE_PENDING);
+    assert_eq!(fs["status"]["allocatedResourceStatuses"]["storage"], upstream::NODE_RESIZE_PENDING);
     assert_eq!(fs["status"]["conditions"][0]["type"], "FileSystemResizePending");
-    assert_eq!(fs["status"]["conditions"][0]["message"], up::TEXT_FS_RESIZE_PENDING);
+    assert_eq!(fs["status"]["conditions"][0]["message"], upstream::TEXT_FS_RESIZE_PENDING);
     assert!(fs["status"].get("capacity").is_none(), "the kubelet sets the capacity");
-    assert_eq!(fs["metadata"]["annotations"][up::ANN_NODE_EXPANSION_NOT_REQUIRED], Value::Null);
+    assert_eq!(fs["metadata"]["annotations"][upstream::ANN_NODE_EXPANSION_NOT_REQUIRED], Value::Null);
 
-    let mut inprog = claim("2Gi", "1Gi", Some("2Gi"), Some(up::CONTROLLER_RESIZE_IN_PROGRESS));
-    inprog.status.as_mut().unwrap().conditions = Some(vec![condition(up::COND_RESIZING, "", now)]);
+    let mut inprog = claim("2Gi", "1Gi", Some("2Gi"), Some(upstream::CONTROLLER_RESIZE_IN_PROGRESS));
+    inprog.status.as_mut().unwrap().conditions = Some(vec![condition(upstream::COND_RESIZING, "", now)]);
     let done = success_patch(&inprog, 2 * GI, false, true, now);
     assert_eq!(done["status"]["capacity"]["storage"], "2Gi");
     // By type: only the resize condition goes; whatever else the claim has
     // when the patch lands stays.
     assert_eq!(done["status"]["conditions"], json!([{"type": "Resizing", "$patch": "delete"}]));
     assert_eq!(done["status"]["allocatedResourceStatuses"]["storage"], Value::Null);
-    assert_eq!(done["metadata"]["annotations"][up::ANN_NODE_EXPANSION_NOT_REQUIRED], "true");
+    assert_eq!(done["metadata"]["annotations"][upstream::ANN_NODE_EXPANSION_NOT_REQUIRED], "true");
 }
 
 #[test]
@@ -314,11 +319,11 @@ fn pv_patches_and_the_pre_resize_annotation() {
     let pv = volume("1Gi");
     let p = pv_patch(&pv, &pvc, 2 * GI, true, true);
     assert_eq!(p["spec"]["capacity"]["storage"], "2Gi");
-    assert_eq!(p["metadata"]["annotations"][up::ANN_PRE_RESIZE_CAPACITY], "1Gi");
+    assert_eq!(p["metadata"]["annotations"][upstream::ANN_PRE_RESIZE_CAPACITY], "1Gi");
     assert!(pv_patch(&pv, &pvc, 2 * GI, false, true).get("metadata").is_none());
     assert!(pv_patch(&pv, &pvc, 2 * GI, true, false).get("metadata").is_none(), "gate off");
     let mut annotated = volume("2Gi");
-    annotated.metadata.annotations = Some([(up::ANN_PRE_RESIZE_CAPACITY.to_string(), "1Gi".to_string())].into());
+    annotated.metadata.annotations = Some([(upstream::ANN_PRE_RESIZE_CAPACITY.to_string(), "1Gi".to_string())].into());
     assert!(pv_patch(&annotated, &pvc, 2 * GI, true, true).get("metadata").is_none(), "kept as written first");
     let caught_up = claim("2Gi", "2Gi", None, None);
     assert!(pre_resize_annotation_stale(&annotated, &sizes_of(&caught_up, "2Gi")));
@@ -382,7 +387,10 @@ fn updates_worth_a_sync() {
     assert!(update_needs_sync(&cached("3Gi", "1Gi", None), &cached("2Gi", "1Gi", None), true), "shrank back");
     assert!(!update_needs_sync(&cached("3Gi", "1Gi", None), &cached("2Gi", "1Gi", None), false), "legacy: only growth");
     assert!(update_needs_sync(&base, &cached("1Gi", "2Gi", None), true), "capacity grew");
-    assert!(update_needs_sync(&base, &cached("1Gi", "1Gi", Some(up::NODE_RESIZE_PENDING)), true), "state changed");
+    assert!(
+        update_needs_sync(&base, &cached("1Gi", "1Gi", Some(upstream::NODE_RESIZE_PENDING)), true),
+        "state changed"
+    );
     assert!(!update_needs_sync(&base, &cached("1Gi", "1Gi", None), true), "nothing of interest");
 }
 
@@ -523,8 +531,8 @@ fn modify_patches_and_request() {
     let mut annotated = volume("1Gi");
     annotated.metadata.annotations = Some(
         [
-            (prov::ANN_MODIFY_SECRET_NAME.to_string(), "s".to_string()),
-            (prov::ANN_MODIFY_SECRET_NAMESPACE.to_string(), "n".to_string()),
+            (provisioner::ANN_MODIFY_SECRET_NAME.to_string(), "s".to_string()),
+            (provisioner::ANN_MODIFY_SECRET_NAMESPACE.to_string(), "n".to_string()),
         ]
         .into(),
     );
@@ -539,7 +547,7 @@ fn a_missing_volume_is_worth_an_event_only_when_a_resize_was_asked() {
     let mut just_bound = claim("1Gi", "1Gi", None, None);
     just_bound.status.as_mut().unwrap().capacity = None;
     assert!(!resize_asked_without_volume(&just_bound, &s(&just_bound)), "PV on its way");
-    let mut lost = claim("2Gi", "1Gi", Some("2Gi"), Some(up::CONTROLLER_RESIZE_IN_PROGRESS));
+    let mut lost = claim("2Gi", "1Gi", Some("2Gi"), Some(upstream::CONTROLLER_RESIZE_IN_PROGRESS));
     let st = lost.status.as_mut().unwrap();
     st.capacity = None;
     st.phase = Some("Lost".into());

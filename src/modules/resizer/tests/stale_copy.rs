@@ -17,7 +17,7 @@ use crate::{
         self as csi,
         controller_server::{Controller, ControllerServer},
     },
-    kube::{cache::Writer, queue::Backoff},
+    k8s::{cache::Writer, queue::Backoff},
     modules::testing::routing_client,
 };
 
@@ -129,7 +129,7 @@ async fn a_resize_behind_a_modification_goes_ahead_after_the_stale_copy() {
     let recover = r.gates.recover;
     let mut watch = Writer::new(r.claims.clone());
     let mut deliver = |v: &serde_json::Value| {
-        watch.apply(::kube::runtime::watcher::Event::Apply(cached(v)), &|_| true);
+        watch.apply(kube::runtime::watcher::Event::Apply(cached(v)), &|_| true);
     };
     let key = ClaimKey::namespaced("ns", "data");
     let resize = WorkQueue::new("test-pvc", Backoff { start: Duration::from_millis(10), max: Duration::from_secs(1) });

@@ -1,5 +1,5 @@
 use super::*;
-use crate::kube::snapshot_api::{SnapshotRef, VolumeSnapshotContentSource, VolumeSnapshotContentSpec};
+use crate::k8s::snapshot_api::{SnapshotRef, VolumeSnapshotContentSource, VolumeSnapshotContentSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 const DRIVER: &str = "d.example.com";
@@ -90,7 +90,7 @@ fn which_contents_are_the_drivers() {
     }
     let labelled = {
         let mut c = content();
-        c.metadata.labels = Some([(up::LABEL_MANAGED_BY.to_string(), "node-1".to_string())].into());
+        c.metadata.labels = Some([(upstream::LABEL_MANAGED_BY.to_string(), "node-1".to_string())].into());
         c
     };
     assert!(managed_by(&labelled, "node-1") && !managed_by(&labelled, "node-2") && !managed_by(&content(), "node-1"));
@@ -98,9 +98,9 @@ fn which_contents_are_the_drivers() {
 
 #[test]
 fn what_a_content_needs() {
-    let created = [(up::ANN_BEING_CREATED, "yes")];
-    let deleted = [(up::ANN_BEING_DELETED, "yes")];
-    let member = [(up::ANN_GROUP_SNAPSHOT_HANDLE, "g")];
+    let created = [(upstream::ANN_BEING_CREATED, "yes")];
+    let deleted = [(upstream::ANN_BEING_DELETED, "yes")];
+    let member = [(upstream::ANN_GROUP_SNAPSHOT_HANDLE, "g")];
     let mut unbound_static = pre_provisioned(content());
     unbound_static.spec.volume_snapshot_ref.uid = None;
     let mut retain = with_status(content(), status(Some("h"), Some(true)));
@@ -188,10 +188,10 @@ fn naming(extra: bool) -> Naming {
 #[test]
 fn create_requests() {
     let secrets = [
-        (up::PARAM_SECRET_NAME, "s"),
-        (up::PARAM_SECRET_NAMESPACE, "ns"),
-        (up::PARAM_LIST_SECRET_NAME, "l"),
-        (up::PARAM_LIST_SECRET_NAMESPACE, "ns"),
+        (upstream::PARAM_SECRET_NAME, "s"),
+        (upstream::PARAM_SECRET_NAMESPACE, "ns"),
+        (upstream::PARAM_LIST_SECRET_NAME, "l"),
+        (upstream::PARAM_LIST_SECRET_NAMESPACE, "ns"),
         ("csi.storage.k8s.io/group-snapshotter-secret-name", "g"),
         ("csi.storage.k8s.io/group-snapshotter-secret-namespace", "ns"),
         ("csi.storage.k8s.io/group-snapshotter-get-secret-name", "g"),
@@ -209,9 +209,9 @@ fn create_requests() {
     assert_eq!(req.parameters, want);
 
     let req = create_request(&content(), Some(&cl), &naming(true)).expect("request");
-    assert_eq!(req.parameters.get(up::PARAM_SNAPSHOT_NAME).map(String::as_str), Some("snap"));
-    assert_eq!(req.parameters.get(up::PARAM_SNAPSHOT_NAMESPACE).map(String::as_str), Some("ns"));
-    assert_eq!(req.parameters.get(up::PARAM_CONTENT_NAME).map(String::as_str), Some("snapcontent-1"));
+    assert_eq!(req.parameters.get(upstream::PARAM_SNAPSHOT_NAME).map(String::as_str), Some("snap"));
+    assert_eq!(req.parameters.get(upstream::PARAM_SNAPSHOT_NAMESPACE).map(String::as_str), Some("ns"));
+    assert_eq!(req.parameters.get(upstream::PARAM_CONTENT_NAME).map(String::as_str), Some("snapcontent-1"));
     assert_eq!(req.parameters.len(), 5);
 
     let bad = class(DRIVER, &[("csi.storage.k8s.io/fstype", "ext4")]);
@@ -237,7 +237,10 @@ fn create_requests() {
         create_request(&unbound, Some(&cl), &naming(false)).unwrap_err().to_string(),
         "failed to take snapshot of the volume vol-1: \"cannot create snapshot. Snapshot content snapcontent-1 not bound to a snapshot\""
     );
-    let half = with_ann(content(), &[(up::ANN_DELETION_SECRET_NAME, ""), (up::ANN_DELETION_SECRET_NAMESPACE, "ns")]);
+    let half = with_ann(
+        content(),
+        &[(upstream::ANN_DELETION_SECRET_NAME, ""), (upstream::ANN_DELETION_SECRET_NAMESPACE, "ns")],
+    );
     assert!(create_request(&half, Some(&cl), &naming(false)).unwrap_err().to_string().contains(
         "cannot retrieve secrets for snapshot content \\\"snapcontent-1\\\", err: secret name or namespace not specified"
     ));
@@ -245,12 +248,18 @@ fn create_requests() {
 
 #[test]
 fn deletion_secrets_come_from_the_annotations() {
-    let both = with_ann(content(), &[(up::ANN_DELETION_SECRET_NAME, "s"), (up::ANN_DELETION_SECRET_NAMESPACE, "ns")]);
+    let both = with_ann(
+        content(),
+        &[(upstream::ANN_DELETION_SECRET_NAME, "s"), (upstream::ANN_DELETION_SECRET_NAMESPACE, "ns")],
+    );
     assert_eq!(deletion_secret_ref(&both), Ok(Some(("s".into(), "ns".into()))));
     assert_eq!(deletion_secret_ref(&content()), Ok(None));
-    let one = with_ann(content(), &[(up::ANN_DELETION_SECRET_NAME, "s")]);
+    let one = with_ann(content(), &[(upstream::ANN_DELETION_SECRET_NAME, "s")]);
     assert_eq!(deletion_secret_ref(&one), Ok(None), "upstream needs both to read a secret");
-    let empty = with_ann(content(), &[(up::ANN_DELETION_SECRET_NAME, "s"), (up::ANN_DELETION_SECRET_NAMESPACE, "")]);
+    let empty = with_ann(
+        content(),
+        &[(upstream::ANN_DELETION_SECRET_NAME, "s"), (upstream::ANN_DELETION_SECRET_NAMESPACE, "")],
+    );
     assert_eq!(deletion_secret_ref(&empty), Err(SnapError::SecretIncomplete("snapcontent-1".into())));
 }
 
@@ -259,8 +268,8 @@ fn list_secrets_come_from_the_class() {
     let p = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     };
-    let n = up::PARAM_LIST_SECRET_NAME;
-    let ns = up::PARAM_LIST_SECRET_NAMESPACE;
+    let n = upstream::PARAM_LIST_SECRET_NAME;
+    let ns = upstream::PARAM_LIST_SECRET_NAMESPACE;
     assert_eq!(list_secret_ref(None, "c"), Ok(None));
     assert_eq!(list_secret_ref(Some(&p(&[("x", "y")])), "c"), Ok(None));
     assert_eq!(
@@ -427,7 +436,7 @@ fn update_filter() {
     let ready = bump(with_status(base.clone(), status(Some("h"), Some(true))));
     let not_ready = with_status(base.clone(), status(Some("h"), Some(false)));
     let mut finalized = bump(base.clone());
-    finalized.metadata.finalizers = Some(vec![up::CONTENT_FINALIZER.into()]);
+    finalized.metadata.finalizers = Some(vec![upstream::CONTENT_FINALIZER.into()]);
     let mut managed = bump(base.clone());
     managed.metadata.managed_fields = Some(vec![Default::default()]);
     let mut deleted = bump(base.clone());
@@ -436,16 +445,16 @@ fn update_filter() {
     relabelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
     let mut empty_ann = base.clone();
     empty_ann.metadata.annotations = Some(Default::default());
-    let creating = with_ann(base.clone(), &[(up::ANN_BEING_CREATED, "yes")]);
+    let creating = with_ann(base.clone(), &[(upstream::ANN_BEING_CREATED, "yes")]);
     let rows: Vec<(&str, &VolumeSnapshotContent, VolumeSnapshotContent, bool)> = vec![
         ("resync (same resourceVersion)", &base, base.clone(), true),
         ("status only", &base, bump(with_status(base.clone(), status(Some("h"), Some(false)))), false),
         ("became ready", &not_ready, ready.clone(), true),
         ("finalizer only", &base, finalized, false),
         ("managedFields only", &base, managed, false),
-        ("being-created only", &base, bump(with_ann(base.clone(), &[(up::ANN_BEING_CREATED, "yes")])), false),
+        ("being-created only", &base, bump(with_ann(base.clone(), &[(upstream::ANN_BEING_CREATED, "yes")])), false),
         ("being-created removed", &creating, bump(base.clone()), false),
-        ("being-deleted added", &base, bump(with_ann(base.clone(), &[(up::ANN_BEING_DELETED, "yes")])), true),
+        ("being-deleted added", &base, bump(with_ann(base.clone(), &[(upstream::ANN_BEING_DELETED, "yes")])), true),
         ("empty annotations equal none", &base, bump(empty_ann), false),
         ("deletion timestamp", &base, deleted, true),
         ("labels", &base, relabelled, true),
@@ -474,13 +483,15 @@ fn go_quoting() {
 fn event_texts() {
     let e = SnapError::Take { volume: "vol-1".into(), error: "rpc error: code = Internal desc = boom".into() };
     assert_eq!(
-        up::text_creation_failed(&e.to_string()),
+        upstream::text_creation_failed(&e.to_string()),
         "Failed to create snapshot: failed to take snapshot of the volume vol-1: \"rpc error: code = Internal desc = boom\""
     );
     assert_eq!(
-        up::text_check_failed(&SnapError::List { content: "c".into(), error: SnapError::not_found("s") }.to_string()),
+        upstream::text_check_failed(
+            &SnapError::List { content: "c".into(), error: SnapError::not_found("s") }.to_string()
+        ),
         "Failed to check and update snapshot content: failed to list snapshot for content c: \"can not find snapshot for snapshotID s\""
     );
-    assert_eq!(up::lease_lock_name("hostpath.csi.k8s.io"), "external-snapshotter-leader-hostpath-csi-k8s-io");
-    assert_eq!(up::lease_lock_name("a/b."), "external-snapshotter-leader-a-b-X");
+    assert_eq!(upstream::lease_lock_name("hostpath.csi.k8s.io"), "external-snapshotter-leader-hostpath-csi-k8s-io");
+    assert_eq!(upstream::lease_lock_name("a/b."), "external-snapshotter-leader-a-b-X");
 }

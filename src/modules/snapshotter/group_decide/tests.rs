@@ -2,7 +2,7 @@
 //! `groupsnapshot_helper.go` rules).
 
 use super::*;
-use crate::kube::group_snapshot_api::GroupSnapshotHandles;
+use crate::k8s::group_snapshot_api::GroupSnapshotHandles;
 
 fn content(v: serde_json::Value) -> VolumeGroupSnapshotContent {
     let mut base = serde_json::json!({
@@ -83,7 +83,7 @@ fn the_step_follows_upstreams_order() {
         ),
         (
             "ready with the annotation",
-            serde_json::json!({"metadata": {"annotations": {up::ANN_GROUP_BEING_CREATED: "yes"}}, "status": {"readyToUse": true}}),
+            serde_json::json!({"metadata": {"annotations": {upstream::ANN_GROUP_BEING_CREATED: "yes"}}, "status": {"readyToUse": true}}),
             Ready { remove_annotation: true },
         ),
         (
@@ -98,26 +98,26 @@ fn the_step_follows_upstreams_order() {
         ),
         (
             "deleting, policy Delete, handle",
-            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}},
+            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {upstream::ANN_GROUP_BEING_DELETED: "yes"}},
                 "status": {"volumeGroupSnapshotHandle": "h", "readyToUse": true}}),
             Delete { group_id: Some("h".into()) },
         ),
         (
             "deleting, policy Retain",
-            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}},
+            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {upstream::ANN_GROUP_BEING_DELETED: "yes"}},
                 "spec": {"deletionPolicy": "Retain"}, "status": {"volumeGroupSnapshotHandle": "h"}}),
             Delete { group_id: None },
         ),
         (
             "deleting, handle already cleared: the finalizer",
-            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}},
+            serde_json::json!({"metadata": {"deletionTimestamp": DELETING, "annotations": {upstream::ANN_GROUP_BEING_DELETED: "yes"}},
                 "status": {"readyToUse": null}}),
             Delete { group_id: None },
         ),
         (
             "deleting while being created: wait for the answer",
             serde_json::json!({"metadata": {"deletionTimestamp": DELETING,
-                             "annotations": {up::ANN_GROUP_BEING_DELETED: "yes", up::ANN_GROUP_BEING_CREATED: "yes"}},
+                             "annotations": {upstream::ANN_GROUP_BEING_DELETED: "yes", upstream::ANN_GROUP_BEING_CREATED: "yes"}},
                 "status": {"readyToUse": false}}),
             Create { first: false },
         ),
@@ -143,9 +143,9 @@ fn the_create_request() {
     assert_eq!(r.parameters, HashMap::from([("a".to_string(), "b".to_string())]));
     let r = create_request(&c, Some(&cl), &Naming { uuid_length: 3, ..naming(true) }).expect("request");
     assert_eq!(r.name, "groupsnapshot-123");
-    assert_eq!(r.parameters.get(up::PARAM_GROUP_SNAPSHOT_NAME).map(String::as_str), Some("g"));
-    assert_eq!(r.parameters.get(up::PARAM_GROUP_SNAPSHOT_NAMESPACE).map(String::as_str), Some("ns"));
-    assert_eq!(r.parameters.get(up::PARAM_GROUP_CONTENT_NAME).map(String::as_str), Some("gc"));
+    assert_eq!(r.parameters.get(upstream::PARAM_GROUP_SNAPSHOT_NAME).map(String::as_str), Some("g"));
+    assert_eq!(r.parameters.get(upstream::PARAM_GROUP_SNAPSHOT_NAMESPACE).map(String::as_str), Some("ns"));
+    assert_eq!(r.parameters.get(upstream::PARAM_GROUP_CONTENT_NAME).map(String::as_str), Some("gc"));
 
     let err = |c: &VolumeGroupSnapshotContent, cl: Option<&VolumeGroupSnapshotClass>| {
         create_request(c, cl, &naming(false)).unwrap_err().to_string()
@@ -170,23 +170,23 @@ fn the_create_request() {
         "failed to take group snapshot of the volumes [v1 v2]: \"cannot create group snapshot. Group snapshot content gc not bound to a group snapshot\""
     );
     let half = content(serde_json::json!({"metadata": {"annotations": {
-        up::ANN_GROUP_DELETION_SECRET_NAME: "s", up::ANN_GROUP_DELETION_SECRET_NAMESPACE: ""}}}));
+        upstream::ANN_GROUP_DELETION_SECRET_NAME: "s", upstream::ANN_GROUP_DELETION_SECRET_NAMESPACE: ""}}}));
     assert!(err(&half, Some(&cl)).contains("secret name or namespace not specified"), "{}", err(&half, Some(&cl)));
 }
 
 #[test]
 fn secrets_and_member_ids() {
     let c = content(serde_json::json!({"metadata": {"annotations": {
-        up::ANN_GROUP_DELETION_SECRET_NAME: "s", up::ANN_GROUP_DELETION_SECRET_NAMESPACE: "ns"}}}));
+        upstream::ANN_GROUP_DELETION_SECRET_NAME: "s", upstream::ANN_GROUP_DELETION_SECRET_NAMESPACE: "ns"}}}));
     assert_eq!(deletion_secret_ref(&c), Ok(Some(("s".into(), "ns".into()))));
     assert_eq!(deletion_secret_ref(&content(serde_json::json!({}))), Ok(None));
     let p: BTreeMap<String, String> = [
-        (up::PARAM_GROUP_GET_SECRET_NAME.to_string(), "${volumegroupsnapshotcontent.name}-get".to_string()),
-        (up::PARAM_GROUP_GET_SECRET_NAMESPACE.to_string(), "kube-system".to_string()),
+        (upstream::PARAM_GROUP_GET_SECRET_NAME.to_string(), "${volumegroupsnapshotcontent.name}-get".to_string()),
+        (upstream::PARAM_GROUP_GET_SECRET_NAMESPACE.to_string(), "kube-system".to_string()),
     ]
     .into();
     assert_eq!(get_secret_ref(Some(&p), "gc"), Ok(Some(("gc-get".into(), "kube-system".into()))));
-    let half: BTreeMap<String, String> = [(up::PARAM_GROUP_GET_SECRET_NAME.to_string(), "x".to_string())].into();
+    let half: BTreeMap<String, String> = [(upstream::PARAM_GROUP_GET_SECRET_NAME.to_string(), "x".to_string())].into();
     assert!(get_secret_ref(Some(&half), "gc").unwrap_err().contains("GroupSnapshotterGet secrets"));
 
     let with_list = content(serde_json::json!({"status": {"volumeGroupSnapshotHandle": "h",
@@ -270,7 +270,7 @@ fn the_error_patch_and_the_annotations() {
     let c = content(serde_json::json!({"metadata": {"annotations": {"a": "b"}}}));
     let p = being_created_patch(&c);
     assert_eq!(p[0]["value"]["a"], "b");
-    assert_eq!(p[0]["value"][up::ANN_GROUP_BEING_CREATED], "yes");
+    assert_eq!(p[0]["value"][upstream::ANN_GROUP_BEING_CREATED], "yes");
     assert_eq!(
         remove_being_created_patch()[0]["path"],
         "/metadata/annotations/groupsnapshot.storage.kubernetes.io~1volumegroupsnapshot-being-created"
@@ -294,17 +294,17 @@ fn which_updates_need_a_sync() {
         ),
         (
             "being-created only",
-            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_CREATED: "yes"}}}),
+            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {upstream::ANN_GROUP_BEING_CREATED: "yes"}}}),
             false,
         ),
         (
             "finalizers only",
-            serde_json::json!({"metadata": {"resourceVersion": "2", "finalizers": [up::GROUP_CONTENT_FINALIZER]}}),
+            serde_json::json!({"metadata": {"resourceVersion": "2", "finalizers": [upstream::GROUP_CONTENT_FINALIZER]}}),
             false,
         ),
         (
             "being-deleted",
-            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {up::ANN_GROUP_BEING_DELETED: "yes"}}}),
+            serde_json::json!({"metadata": {"resourceVersion": "2", "annotations": {upstream::ANN_GROUP_BEING_DELETED: "yes"}}}),
             true,
         ),
         (

@@ -1,7 +1,7 @@
 //! Tables of what a content or group content waits for.
 
 use super::*;
-use crate::kube::{
+use crate::k8s::{
     group_snapshot_api::VolumeGroupSnapshotClass,
     snapshot_api::{VolumeSnapshotClass, VolumeSnapshotContentStatus},
 };

@@ -9,7 +9,7 @@ use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::met
 use tokio::time::Instant;
 
 use super::config::LeaderElectionConfig;
-use crate::{compat::leader_election as up, healthz::HealthReport};
+use crate::{compat::leader_election as upstream, healthz::HealthReport};
 
 /// The last Lease record seen and when this process first saw it, on the
 /// local monotonic clock.
@@ -139,7 +139,7 @@ pub fn decide(
 pub fn released(old: &LeaseSpec, wall: Timestamp) -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(String::new()),
-        lease_duration_seconds: Some(up::RELEASED_LEASE_DURATION_SECONDS),
+        lease_duration_seconds: Some(upstream::RELEASED_LEASE_DURATION_SECONDS),
         acquire_time: Some(MicroTime(wall)),
         renew_time: Some(MicroTime(wall)),
         ..old.clone()
@@ -156,8 +156,8 @@ pub fn leader_health(
     lease_name: &str,
 ) -> HealthReport {
     match last_renewal {
-        Some(t) if leading && now.saturating_duration_since(t) > lease_duration + up::HEALTH_CHECK_TIMEOUT => {
-            HealthReport::failed(500, up::body_renew_failed(lease_name))
+        Some(t) if leading && now.saturating_duration_since(t) > lease_duration + upstream::HEALTH_CHECK_TIMEOUT => {
+            HealthReport::failed(500, upstream::body_renew_failed(lease_name))
         }
         _ => HealthReport::ok(),
     }
@@ -174,7 +174,7 @@ fn jittered_by(base: Duration, factor: f64) -> Duration {
 /// A wait of `base × (1 + 1.2 × r)`: client-go's jittered acquisition
 /// retry, so candidates that started together spread out.
 pub fn jittered(base: Duration) -> Duration {
-    jittered_by(base, up::JITTER_FACTOR)
+    jittered_by(base, upstream::JITTER_FACTOR)
 }
 
 /// The jitter of a standby's polls: `base × (1 + 0.2 × r)`, not client-go's

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use super::fake_api::{FakeApi, elector, wait_for};
-use crate::kube::shared_lease::SharedLease;
+use crate::k8s::shared_lease::SharedLease;
 
 /// The shared Lease lost: every module's token is cancelled at once, and
 /// the election campaigns again (the process does not end): once the other

@@ -21,7 +21,7 @@ use super::contract::{ModuleContext, ModuleError};
 /// [`ModuleError::LostLease`] and the host starts the module again, in
 /// standby. Upstream's sidecars exit instead, which costs every other
 /// module of a combined process its leadership.
-pub async fn run_led<F, Fut>(
+pub async fn run_while_leading<F, Fut>(
     ctx: &ModuleContext,
     module: &'static str,
     lock_name: &str,
@@ -72,7 +72,7 @@ where
                 Err(ModuleError::LostLease { module, message: "the process's shared Lease was lost".into() })
             }
             Ok(()) => Ok(()),
-            Err(lost @ crate::kube::leader::LeaderError::Lost { .. }) => {
+            Err(lost @ crate::k8s::leader::LeaderError::Lost { .. }) => {
                 Err(ModuleError::LostLease { module, message: lost.to_string() })
             }
             Err(e) => Err(fatal(e.to_string())),
@@ -87,7 +87,7 @@ where
             ctx.health.register("leader-election", Arc::new(kube.leader_health.clone()));
             match elector.run(ctx.shutdown.clone(), ctx.grace, work).await {
                 Ok(()) => Ok(()),
-                Err(lost @ crate::kube::leader::LeaderError::Lost { .. }) => {
+                Err(lost @ crate::k8s::leader::LeaderError::Lost { .. }) => {
                     Err(ModuleError::LostLease { module, message: lost.to_string() })
                 }
                 Err(e) => Err(fatal(e.to_string())),
@@ -102,7 +102,7 @@ where
 
 /// Serves the health of the module's own Lease at
 /// `/healthz/leader-election-<module>` and in `/healthz/leader-election`.
-fn watch_own_lease(ctx: &ModuleContext, module: &'static str, elector: &crate::kube::leader::LeaderElector) {
+fn watch_own_lease(ctx: &ModuleContext, module: &'static str, elector: &crate::k8s::leader::LeaderElector) {
     let check = elector.health_check();
     ctx.health.register(&format!("leader-election-{module}"), check.clone());
     if let Some(kube) = ctx.kube.as_ref() {

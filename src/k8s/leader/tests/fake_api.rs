@@ -12,15 +12,15 @@ use std::{
     time::Duration,
 };
 
-use ::kube::{Client, api::ObjectMeta};
 use axum::http::{Method, Request, Response};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
     serde_json::{self, json},
 };
+use kube::{Client, api::ObjectMeta};
 
-use crate::kube::leader::{LeaderElectionConfig, LeaderElector, elector::wall_now};
+use crate::k8s::leader::{LeaderElectionConfig, LeaderElector, elector::wall_now};
 
 const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
 
@@ -102,7 +102,7 @@ impl FakeApi {
 
 /// A client whose every request is answered by `api`.
 fn client(api: Arc<FakeApi>) -> Client {
-    let svc = tower::service_fn(move |req: Request<::kube::client::Body>| {
+    let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
         let api = api.clone();
         async move {
             let (parts, body) = req.into_parts();
@@ -111,7 +111,7 @@ fn client(api: Arc<FakeApi>) -> Client {
             let resp = Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
-                .body(::kube::client::Body::from(text.into_bytes()))
+                .body(kube::client::Body::from(text.into_bytes()))
                 .unwrap();
             Ok::<_, Infallible>(resp)
         }

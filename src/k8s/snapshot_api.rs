@@ -19,7 +19,7 @@ pub const VERSION: &str = "v1";
 /// `group_snapshot_api`'s).
 macro_rules! crd_resource {
     ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
-        impl ::kube::Resource for $ty {
+        impl kube::Resource for $ty {
             type DynamicType = ();
             type Scope = $scope;
 
@@ -60,7 +60,7 @@ macro_rules! crd_object {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub status: Option<$status>,
         }
-        $crate::kube::snapshot_api::crd_resource!($ty, $kind, $plural, $scope);
+        $crate::k8s::snapshot_api::crd_resource!($ty, $kind, $plural, $scope);
     };
 }
 pub(super) use crd_object;
@@ -83,7 +83,7 @@ macro_rules! crd_class {
             #[serde(default)]
             pub deletion_policy: String,
         }
-        $crate::kube::snapshot_api::crd_resource!($ty, $kind, $plural, ::k8s_openapi::ClusterResourceScope);
+        $crate::k8s::snapshot_api::crd_resource!($ty, $kind, $plural, ::k8s_openapi::ClusterResourceScope);
     };
 }
 pub(super) use crd_class;

@@ -31,10 +31,10 @@ use crate::flags::SharedFlags;
 /// The text of an API error as upstream writes it into objects and events
 /// (Go's `err.Error()`): the apiserver's message for its refusals, never
 /// kube's `Debug` form of the whole `Status`.
-pub fn error_text(e: &::kube::Error) -> String {
+pub fn error_text(e: &kube::Error) -> String {
     match e {
-        ::kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
-        ::kube::Error::Api(s) => {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        kube::Error::Api(s) => {
             format!("the server responded with the status code {} but did not return more information", s.code)
         }
         other => other.to_string(),
@@ -79,9 +79,9 @@ pub struct KubeContext {
     /// The client of this context's user: a module's own share of the
     /// process budget (see [`KubeContext::for_module`]); in the host's
     /// context, the shared services' (the informers').
-    pub client: ::kube::Client,
+    pub client: kube::Client,
     /// Client for leader election, with its own budget.
-    pub leader_client: ::kube::Client,
+    pub leader_client: kube::Client,
     /// The shared informer cache.
     pub informers: informers::Informers,
     /// Leader election settings.
@@ -92,9 +92,9 @@ pub struct KubeContext {
     /// started by the first module that asks.
     shared_lease: std::sync::Arc<tokio::sync::OnceCell<shared_lease::SharedLease>>,
     /// The client configuration, for a module's client with its own budget.
-    config: ::kube::Config,
+    config: kube::Config,
     /// The client without a budget, under the modules' budgeted clients.
-    unbudgeted: ::kube::Client,
+    unbudgeted: kube::Client,
     /// The pooled budget and each limited module's account in it.
     budget: Option<(std::sync::Arc<budget::Budget>, Vec<&'static str>)>,
 }
@@ -220,12 +220,7 @@ impl KubeContext {
     /// Another client with its own request budget (the provisioner's
     /// CSIStorageCapacity client: `--kube-api-capacity-qps/-burst`), writing
     /// as `program` (its field manager).
-    pub fn client_with_budget(
-        &self,
-        qps: f64,
-        burst: u32,
-        program: &str,
-    ) -> Result<::kube::Client, client::ClientError> {
+    pub fn client_with_budget(&self, qps: f64, burst: u32, program: &str) -> Result<kube::Client, client::ClientError> {
         let c = client::build(self.config.clone(), qps, burst)?;
         client::with_user_agent(&c, &client::user_agent(program))
     }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use ::kube::{Api, Client};
 use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
 
 /// The data of Secret `namespace/name` as strings (upstream's error text on failure).
 pub async fn secret_data(client: &Client, name: &str, namespace: &str) -> Result<HashMap<String, String>, String> {

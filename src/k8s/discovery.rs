@@ -1,7 +1,7 @@
 //! What the apiserver serves, asked through discovery (never assumed from
 //! a version number).
 
-use ::kube::Client;
+use kube::Client;
 
 /// Whether the apiserver serves `storage.k8s.io/v1` VolumeAttributesClass.
 pub async fn vac_served(client: &Client) -> bool {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::fake_api::{FakeApi, config, elector, elector_with, wait_for};
-use crate::kube::leader::{LeaderElectionConfig, LeaderElector, LeaderError, LostReason};
+use crate::k8s::leader::{LeaderElectionConfig, LeaderElector, LeaderError, LostReason};
 
 type Running = tokio::task::JoinHandle<(Result<(), LeaderError>, bool)>;
 

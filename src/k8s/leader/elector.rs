@@ -11,14 +11,14 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use ::kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
 use futures::{FutureExt, future::BoxFuture};
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
 };
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,7 @@ use super::{
     },
 };
 use crate::{
-    compat::leader_election as up,
+    compat::leader_election as upstream,
     healthz::{HealthCheck, HealthReport},
 };
 
@@ -83,8 +83,8 @@ impl LeaderElector {
     /// A candidate using `client` (give it a client of its own, with its own
     /// request budget, so busy modules cannot starve renewals).
     pub fn new(client: Client, config: LeaderElectionConfig) -> Self {
-        metrics::describe_gauge!(up::METRIC_MASTER_STATUS, up::METRIC_MASTER_STATUS_HELP);
-        metrics::describe_counter!(up::METRIC_SLOWPATH_TOTAL, up::METRIC_SLOWPATH_TOTAL_HELP);
+        metrics::describe_gauge!(upstream::METRIC_MASTER_STATUS, upstream::METRIC_MASTER_STATUS_HELP);
+        metrics::describe_counter!(upstream::METRIC_SLOWPATH_TOTAL, upstream::METRIC_SLOWPATH_TOTAL_HELP);
         let inner = Inner {
             api: Api::namespaced(client, &config.namespace),
             lease_ref: format!("{}/{}", config.namespace, config.lease_name),
@@ -108,7 +108,7 @@ impl LeaderElector {
     }
 
     /// The `/healthz/leader-election` check (register it under
-    /// [`up::HEALTH_CHECK_NAME`]): 200 `ok` when not leading or when the last
+    /// [`upstream::HEALTH_CHECK_NAME`]): 200 `ok` when not leading or when the last
     /// successful renewal is at most lease duration + 20 s old; else 500 with
     /// upstream's text.
     pub fn health_check(&self) -> Arc<dyn HealthCheck> {
@@ -199,7 +199,11 @@ impl LeaderElector {
     fn set_leading(&self, leading: bool) {
         self.inner.leading.store(leading, Ordering::SeqCst);
         let name = self.inner.config.lease_name.clone();
-        metrics::gauge!(up::METRIC_MASTER_STATUS, up::LABEL_NAME => name).set(if leading { 1.0 } else { 0.0 });
+        metrics::gauge!(upstream::METRIC_MASTER_STATUS, upstream::LABEL_NAME => name).set(if leading {
+            1.0
+        } else {
+            0.0
+        });
     }
 
     /// Retries (jittered) until we lead (true) or `shutdown` fires (false).
@@ -258,7 +262,7 @@ impl LeaderElector {
     }
 
     /// One round of client-go's `tryAcquireOrRenew`.
-    async fn try_acquire_or_renew(&self, renewing: bool) -> Result<Attempt, ::kube::Error> {
+    async fn try_acquire_or_renew(&self, renewing: bool) -> Result<Attempt, kube::Error> {
         let cfg = &self.inner.config;
         let inner = &self.inner;
         if renewing {
@@ -266,7 +270,7 @@ impl LeaderElector {
                 return Ok(attempt);
             }
             let name = cfg.lease_name.clone();
-            metrics::counter!(up::METRIC_SLOWPATH_TOTAL, up::LABEL_NAME => name).increment(1);
+            metrics::counter!(upstream::METRIC_SLOWPATH_TOTAL, upstream::LABEL_NAME => name).increment(1);
         }
         let current = inner.api.get_opt(&cfg.lease_name).await?;
         let (now, wall) = (Instant::now(), wall_now());
@@ -288,7 +292,7 @@ impl LeaderElector {
                     self.wrote(created);
                     Ok(Attempt::Leading)
                 }
-                Err(::kube::Error::Api(s)) if s.is_already_exists() => {
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {
                     Ok(Attempt::Standby { holder: None, expires_in: None })
                 }
                 Err(e) => Err(e),
@@ -351,7 +355,7 @@ impl LeaderElector {
 
     /// Replaces `lease`'s spec (and sets our labels); the body carries the
     /// `resourceVersion` of `lease`, so a concurrent writer makes this a 409.
-    async fn write(&self, lease: Lease, spec: LeaseSpec) -> Result<Attempt, ::kube::Error> {
+    async fn write(&self, lease: Lease, spec: LeaseSpec) -> Result<Attempt, kube::Error> {
         let cfg = &self.inner.config;
         let mut lease = lease;
         if !cfg.labels.is_empty() {
@@ -363,7 +367,7 @@ impl LeaderElector {
                 self.wrote(written);
                 Ok(Attempt::Leading)
             }
-            Err(::kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Standby { holder: None, expires_in: None }),
+            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Standby { holder: None, expires_in: None }),
             Err(e) => Err(e),
         }
     }
@@ -392,7 +396,7 @@ impl LeaderElector {
         let mut result = tokio::time::timeout(cfg.renew_deadline, call).await;
         // A renewal cut short by the shutdown may have been written after
         // `mine`: re-read once and release that version if it is still ours.
-        if let Ok(Err(::kube::Error::Api(e))) = &result
+        if let Ok(Err(kube::Error::Api(e))) = &result
             && e.code == 409
             && let Ok(Some(mut current)) = self.inner.api.get_opt(&cfg.lease_name).await
             && current.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(cfg.identity.as_str())

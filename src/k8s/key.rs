@@ -10,7 +10,7 @@ use std::{
     marker::PhantomData,
 };
 
-use ::kube::{Resource, runtime::reflector::ObjectRef};
+use kube::{Resource, runtime::reflector::ObjectRef};
 
 /// An object of kind `K` by namespace and name.
 pub struct ObjectKey<K> {

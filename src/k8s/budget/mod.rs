@@ -268,28 +268,28 @@ impl Drop for Waiter<'_> {
 
 /// A [`kube::Client`] whose requests take a token of `taker` from `budget`
 /// before they are sent (a watch counts once).
-pub fn client(inner: &::kube::Client, budget: Arc<Budget>, taker: Taker) -> ::kube::Client {
+pub fn client(inner: &kube::Client, budget: Arc<Budget>, taker: Taker) -> kube::Client {
     let ns = inner.default_namespace().to_string();
-    ::kube::Client::new(Budgeted { inner: inner.clone(), budget, taker }, ns)
+    kube::Client::new(Budgeted { inner: inner.clone(), budget, taker }, ns)
 }
 
 #[derive(Clone)]
 struct Budgeted {
-    inner: ::kube::Client,
+    inner: kube::Client,
     budget: Arc<Budget>,
     taker: Taker,
 }
 
-impl Service<http::Request<::kube::client::Body>> for Budgeted {
-    type Response = http::Response<::kube::client::Body>;
-    type Error = ::kube::Error;
+impl Service<http::Request<kube::client::Body>> for Budgeted {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<::kube::client::Body>) -> Self::Future {
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
         let wait = self.budget.clone().acquire(self.taker, urgency(req.method(), req.uri().path()));
         let inner = self.inner.clone();
         Box::pin(async move {

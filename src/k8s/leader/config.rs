@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
-use crate::compat::{leader_election as up, sanitize_lease_name};
+use crate::compat::{leader_election as upstream, sanitize_lease_name};
 
 /// What a candidate needs to campaign.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,9 +33,9 @@ impl LeaderElectionConfig {
             lease_name: sanitize_lease_name(lock_name),
             namespace: namespace.into(),
             identity: sanitize_lease_name(identity),
-            lease_duration: up::DEFAULT_LEASE_DURATION,
-            renew_deadline: up::DEFAULT_RENEW_DEADLINE,
-            retry_period: up::DEFAULT_RETRY_PERIOD,
+            lease_duration: upstream::DEFAULT_LEASE_DURATION,
+            renew_deadline: upstream::DEFAULT_RENEW_DEADLINE,
+            retry_period: upstream::DEFAULT_RETRY_PERIOD,
             labels: BTreeMap::new(),
         }
     }
@@ -65,7 +65,7 @@ impl LeaderElectionConfig {
         if self.lease_duration <= self.renew_deadline {
             return bad("the lease duration must be greater than the renew deadline");
         }
-        if self.renew_deadline <= self.retry_period.mul_f64(up::JITTER_FACTOR) {
+        if self.renew_deadline <= self.retry_period.mul_f64(upstream::JITTER_FACTOR) {
             return bad("the renew deadline must be greater than the retry period × 1.2");
         }
         Ok(())
@@ -79,8 +79,8 @@ impl LeaderElectionConfig {
 /// The namespace of the Lease: the flag, else `$POD_NAMESPACE`, else the
 /// service account's namespace file, else `default`.
 pub fn resolve_namespace(flag: Option<&str>) -> String {
-    let env = std::env::var(up::NAMESPACE_ENV).ok();
-    let file = || std::fs::read_to_string(up::NAMESPACE_FILE).ok();
+    let env = std::env::var(upstream::NAMESPACE_ENV).ok();
+    let file = || std::fs::read_to_string(upstream::NAMESPACE_FILE).ok();
     if flag.is_some_and(|f| !f.is_empty()) || env.as_deref().is_some_and(|e| !e.is_empty()) {
         return choose_namespace(flag, env.as_deref(), None);
     }
@@ -95,7 +95,7 @@ pub fn choose_namespace(flag: Option<&str>, env: Option<&str>, file: Option<&str
         .into_iter()
         .flatten()
         .find(|s| !s.is_empty())
-        .unwrap_or(up::DEFAULT_NAMESPACE)
+        .unwrap_or(upstream::DEFAULT_NAMESPACE)
         .to_string()
 }
 
@@ -160,7 +160,7 @@ pub enum LeaderError {
         lease: String,
         /// The error.
         #[source]
-        source: ::kube::Error,
+        source: kube::Error,
     },
     /// The configuration is unusable.
     #[error("invalid leader election configuration: {0}")]

@@ -19,14 +19,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ::kube::{
-    Api, Client, Resource,
-    api::{Patch, PatchParams, PostParams},
-};
 use k8s_openapi::{
     api::core::v1::{Event, EventSource, ObjectReference},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
     jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{Patch, PatchParams, PostParams},
 };
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -236,7 +236,7 @@ impl Inner {
         }
     }
 
-    async fn write(&self, key: Arc<AggregateKey>, event: PendingEvent) -> Result<(), ::kube::Error> {
+    async fn write(&self, key: Arc<AggregateKey>, event: PendingEvent) -> Result<(), kube::Error> {
         let plan = self.book().seen.plan(&key, event.count, Instant::now());
         if let Write::Patch { name, namespace, count } = plan {
             let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
@@ -311,17 +311,14 @@ mod tests {
 
         fn client(self: &Arc<Self>) -> Client {
             let api = self.clone();
-            let svc = tower::service_fn(move |req: Request<::kube::client::Body>| {
+            let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
                 let api = api.clone();
                 async move { api.answer(req).await }
             });
             Client::new(svc, "default")
         }
 
-        async fn answer(
-            &self,
-            req: Request<::kube::client::Body>,
-        ) -> Result<Response<::kube::client::Body>, ::kube::Error> {
+        async fn answer(&self, req: Request<kube::client::Body>) -> Result<Response<kube::client::Body>, kube::Error> {
             let (parts, body) = req.into_parts();
             let sent: serde_json::Value = serde_json::from_slice(&body.collect_bytes().await?).unwrap_or_default();
             let method = parts.method.to_string();
@@ -334,7 +331,7 @@ mod tests {
                 "POST" => (201, sent),
                 _ => (200, serde_json::json!({"metadata": {}, "involvedObject": {}})),
             };
-            let body = serde_json::to_vec(&answer).map_err(::kube::Error::SerdeError)?;
+            let body = serde_json::to_vec(&answer).map_err(kube::Error::SerdeError)?;
             Ok(Response::builder().status(status).body(body.into()).expect("response"))
         }
 

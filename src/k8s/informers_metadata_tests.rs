@@ -10,9 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ::kube::Client;
 use axum::http::{Request, Response};
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 
 use super::*;
 
@@ -23,7 +23,7 @@ type Seen = Arc<Mutex<Vec<(String, String)>>>;
 /// as an apiserver without the feature), a list answered empty, a plain
 /// watch left open without events.
 fn recording_client(seen: Seen) -> Client {
-    let svc = tower::service_fn(move |req: Request<::kube::client::Body>| {
+    let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
         let seen = seen.clone();
         async move {
             let uri = req.uri().to_string();
@@ -43,7 +43,7 @@ fn recording_client(seen: Seen) -> Client {
             let resp = Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
-                .body(::kube::client::Body::from(body.into_bytes()))
+                .body(kube::client::Body::from(body.into_bytes()))
                 .unwrap();
             Ok::<_, Infallible>(resp)
         }

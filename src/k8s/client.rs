@@ -10,7 +10,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use ::kube::{
+use kube::{
     Client, Config,
     client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
@@ -118,16 +118,16 @@ struct UserAgent {
     value: http::HeaderValue,
 }
 
-impl Service<http::Request<::kube::client::Body>> for UserAgent {
-    type Response = http::Response<::kube::client::Body>;
-    type Error = ::kube::Error;
+impl Service<http::Request<kube::client::Body>> for UserAgent {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: http::Request<::kube::client::Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<kube::client::Body>) -> Self::Future {
         req.headers_mut().entry(http::header::USER_AGENT).or_insert_with(|| self.value.clone());
         let client = self.client.clone();
         Box::pin(async move { client.send(req).await })

@@ -21,7 +21,7 @@
 
 use std::fmt::Debug;
 
-use ::kube::{
+use kube::{
     Api, Resource,
     api::{Patch, PatchParams},
 };
@@ -50,8 +50,8 @@ pub fn add_form(group: &str) -> AddForm {
     if BUILT_IN_GROUPS.contains(&group) { AddForm::StrategicMerge } else { AddForm::TestedJsonPatch }
 }
 
-fn patch(ops: serde_json::Value) -> Result<json_patch::Patch, ::kube::Error> {
-    serde_json::from_value(ops).map_err(::kube::Error::SerdeError)
+fn patch(ops: serde_json::Value) -> Result<json_patch::Patch, kube::Error> {
+    serde_json::from_value(ops).map_err(kube::Error::SerdeError)
 }
 
 /// The strategic merge patch that appends `finalizer` to the list
@@ -88,7 +88,7 @@ fn has(obj: &impl Resource, finalizer: &str) -> bool {
 
 /// Adds `finalizer` unless present, keeping every other finalizer the
 /// object has on the server (see the module documentation).
-pub async fn add<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), ::kube::Error>
+pub async fn add<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
@@ -98,7 +98,7 @@ where
 
 /// [`add`] in the given form (both work for built-in kinds; only
 /// [`AddForm::TestedJsonPatch`] works for custom resources).
-pub async fn add_with<K>(api: &Api<K>, obj: &K, finalizer: &str, form: AddForm) -> Result<(), ::kube::Error>
+pub async fn add_with<K>(api: &Api<K>, obj: &K, finalizer: &str, form: AddForm) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
@@ -115,7 +115,7 @@ where
     }
 }
 
-async fn add_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), ::kube::Error>
+async fn add_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
@@ -126,7 +126,7 @@ where
         match api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch(ops)?)).await {
             Ok(_) => return Ok(()),
             // A failed `test`: the list is not the one we read.
-            Err(::kube::Error::Api(e)) if e.code == 422 && tries + 1 < TESTED_PATCH_TRIES => tries += 1,
+            Err(kube::Error::Api(e)) if e.code == 422 && tries + 1 < TESTED_PATCH_TRIES => tries += 1,
             Err(e) => return Err(e),
         }
         let fresh = api.get(name).await?;
@@ -145,7 +145,7 @@ where
 /// does, on every PV deletion) and never removes anything else. Custom
 /// resources: a JSON patch testing the entry at its index, re-read and
 /// retried when the list moved.
-pub async fn remove<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), ::kube::Error>
+pub async fn remove<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
@@ -162,12 +162,12 @@ where
         AddForm::TestedJsonPatch => remove_tested(api, obj, &name, finalizer).await,
     };
     match result {
-        Err(::kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other,
     }
 }
 
-async fn remove_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), ::kube::Error>
+async fn remove_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
@@ -182,7 +182,7 @@ where
         ]);
         match api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch(ops)?)).await {
             Ok(_) => return Ok(()),
-            Err(::kube::Error::Api(e)) if e.code == 422 && tries + 1 < TESTED_PATCH_TRIES => tries += 1,
+            Err(kube::Error::Api(e)) if e.code == 422 && tries + 1 < TESTED_PATCH_TRIES => tries += 1,
             Err(e) => return Err(e),
         }
         current = api.get(name).await?.meta().finalizers.clone().unwrap_or_default();

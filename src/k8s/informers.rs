@@ -25,7 +25,8 @@
 use parking_lot::{Mutex, RwLock};
 use std::{any::Any, collections::HashMap, fmt::Debug, sync::Arc, time::Duration};
 
-use ::kube::{
+use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
+use kube::{
     Api, Client, Resource,
     core::PartialObjectMeta,
     runtime::{
@@ -33,7 +34,6 @@ use ::kube::{
         watcher::{self, Event},
     },
 };
-use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -307,7 +307,7 @@ impl Informers {
     /// two watches of one kind would be.
     pub fn scoped<K>(&self, scope: Scope, name: &str, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Informer<K>
     where
-        K: Resource<DynamicType = (), Scope = ::kube::core::NamespaceResourceScope>
+        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + Debug
@@ -463,7 +463,7 @@ fn list_config() -> watcher::Config {
 /// 1.27 `resourceVersionMatch` on a watch (400 Bad Request). Other failures
 /// (403, 5xx, connection errors) are retried as they are.
 pub(crate) fn refuses_streaming_lists(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(::kube::Error::Api(s)) if matches!(s.code, 400 | 422))
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if matches!(s.code, 400 | 422))
 }
 
 /// `streaming` until the apiserver refuses it ([`refuses_streaming_lists`]),
@@ -478,7 +478,7 @@ pub(crate) fn with_list_fallback<K: Send + 'static>(
     let refused = streaming
         .take_while(move |item| {
             let refused = match item {
-                Err(e @ watcher::Error::WatchStartFailed(::kube::Error::Api(status))) if refuses_streaming_lists(e) => {
+                Err(e @ watcher::Error::WatchStartFailed(kube::Error::Api(status))) if refuses_streaming_lists(e) => {
                     tracing::info!(kind = %kind, code = status.code, answer = %status.message,
                         "The apiserver refuses streaming lists; listing instead");
                     true
@@ -613,10 +613,7 @@ mod tests {
     use super::*;
 
     fn start_failed(code: u16) -> watcher::Error {
-        watcher::Error::WatchStartFailed(::kube::Error::Api(Box::new(::kube::core::Status {
-            code,
-            ..Default::default()
-        })))
+        watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(kube::core::Status { code, ..Default::default() })))
     }
 
     #[test]
@@ -627,7 +624,7 @@ mod tests {
             assert_eq!(refuses_streaming_lists(&start_failed(code)), refused, "HTTP {code}");
         }
         assert!(!refuses_streaming_lists(&watcher::Error::NoResourceVersion));
-        let list_failed = watcher::Error::InitialListFailed(::kube::Error::Api(Box::new(::kube::core::Status {
+        let list_failed = watcher::Error::InitialListFailed(kube::Error::Api(Box::new(kube::core::Status {
             code: 422,
             ..Default::default()
         })));
@@ -761,7 +758,7 @@ mod contract_tests {
     }
 
     fn offline_client() -> Client {
-        let config = ::kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         Client::try_from(config).expect("client")
     }
 

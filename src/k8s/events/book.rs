@@ -24,7 +24,7 @@ use std::{
 use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
 
 use super::EventType;
-use crate::kube::budget::TokenBucket;
+use crate::k8s::budget::TokenBucket;
 
 const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 const SPAM_BURST: u32 = 25;
@@ -361,7 +361,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube::events::tests::object;
+    use crate::k8s::events::tests::object;
 
     fn component() -> Arc<str> {
         Arc::from("c")
