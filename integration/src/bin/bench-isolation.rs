@@ -1,0 +1,317 @@
+//! Benchmark of one module's backlog beside another's work: N claims
+//! provisioned while M VolumeSnapshots keep failing (the driver refuses every
+//! `CreateSnapshot`), with the health monitor watching one abnormal volume.
+//!
+//! Against the real control plane with the real snapshot-controller and the
+//! in-repo fault driver (the CSI mock driver cannot refuse snapshots). Per
+//! round and layout, with default flags (5 QPS / 10 burst per process):
+//! 1. the layout's processes start and sync their caches;
+//! 2. M VolumeSnapshots of one bound claim are created; once the snapshotter
+//!    has made its first failed `CreateSnapshot` calls (its backlog is
+//!    there), at once: N new claims, and the volume of another bound claim
+//!    turns abnormal (a message new to this round);
+//! 3. measured: the time until every new claim is Bound, and until the
+//!    monitor's `VolumeConditionAbnormal` event with that message appears
+//!    (its `--monitor-interval` is the bound that event must meet);
+//! 4. the snapshots and the new claims are deleted (not measured) and the
+//!    processes stopped; their peak RSS (VmHWM) is read first.
+//!
+//! Layouts (`--layouts`, default `separate,combined`):
+//! * `separate`: `provisioner`, `snapshotter` and `health-monitor` as three
+//!   processes, each with its own budget (upstream's layout);
+//! * `combined`: `provisioner snapshotter health-monitor` in one process.
+//!
+//! With `--rounds N` > 1, every figure is the median.
+//!
+//! ```text
+//! cargo build --release -p csi-sidecar -p csi-sidecar-integration \
+//!   --bin csi-sidecar --bin bench-isolation --bin cluster
+//! target/release/bench-isolation --rounds 3
+//! ```
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use argh::FromArgs;
+use csi_sidecar::csi::{HealthCondition, HealthStatus};
+use csi_sidecar_integration::{
+    bench::{create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
+    cluster::{ControlPlane, try_launcher_bin},
+    fault_driver::{FaultDriver, HealthForms, Script, SnapshotMethod, Transport},
+    kube_support::{pvc, storage_class},
+    process::{Proc, status_kib},
+    snapshots::{SnapApis, obj},
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{
+    core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
+    storage::v1::StorageClass,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use tonic::Code;
+
+const DRIVER: &str = "bench-isolation.csi.example.com";
+const NS: &str = "bench-isolation";
+const CLASS: &str = "bench-isolation";
+const ABNORMAL: &str = "VolumeConditionAbnormal";
+
+/// csi-sidecar benchmark: provisioning beside a snapshot backlog.
+#[derive(FromArgs)]
+struct Args {
+    /// new claims per round (default 100)
+    #[argh(option, default = "100")]
+    claims: usize,
+    /// failing VolumeSnapshots per round (default 1000)
+    #[argh(option, default = "1000")]
+    snapshots: usize,
+    /// rounds per layout (default 3)
+    #[argh(option, default = "3")]
+    rounds: usize,
+    /// the health monitor's --monitor-interval in seconds (default 15)
+    #[argh(option, default = "15")]
+    monitor_interval: u64,
+    /// comma-separated layouts: separate, combined (default "separate,combined")
+    #[argh(option, default = "String::from(\"separate,combined\")")]
+    layouts: String,
+}
+
+/// One round of one layout.
+struct Round {
+    provisioned: f64,
+    event: f64,
+    rss_kib: u64,
+    failed_creates: usize,
+}
+
+/// What the rounds share.
+struct World {
+    admin: Client,
+    kubeconfig: PathBuf,
+    csi: PathBuf,
+    dir: PathBuf,
+    driver: FaultDriver,
+    snaps: SnapApis,
+    sick_volume: String,
+}
+
+fn main() -> Result<()> {
+    let args: Args = argh::from_env();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    eprintln!("starting the control plane with snapshot-controller ...");
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
+    let admin: Client = cp.client().await;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    let csi = tmp.path().join("csi.sock");
+    let refuse = Some((Code::Internal, "the backend refuses snapshots".to_string()));
+    let script = Script {
+        name: DRIVER.into(),
+        controller: true,
+        snapshots: true,
+        create_snapshot_error: refuse,
+        health: HealthForms { legacy_list: true, ..HealthForms::NONE },
+        ..Script::default()
+    };
+    let driver = FaultDriver::start(&csi, Transport::Grpc, script);
+    create_namespace(&admin, NS).await?;
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
+    let snaps = SnapApis::new(&admin, NS);
+    snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
+
+    eprintln!("provisioning the snapshot source and the volume that turns abnormal ...");
+    let admin_kc = cp.kubeconfig().to_path_buf();
+    let unlimited = ["provisioner".to_string(), "--kube-api-qps=-1".to_string()];
+    let caches = ("the setup provisioner's caches", "Caches synced; provisioning");
+    let mut setup = synced_sidecar("setup", &csi, &admin_kc, &unlimited, tmp.path(), caches).await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), NS);
+    for name in ["source", "sick"] {
+        pvcs.create(&PostParams::default(), &pvc(name, Some(CLASS), "1Mi")).await?;
+    }
+    wait_for("the setup claims bound", Duration::from_secs(120), async || Ok(bound(&pvcs, "").await? == 2)).await?;
+    setup.terminate().await;
+    let sick_volume = volume_of(&admin, &pvcs, "sick").await?;
+
+    let world = World { admin, kubeconfig, csi, dir: tmp.path().to_path_buf(), driver, snaps, sick_volume };
+    let layouts: Vec<&str> = args.layouts.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let mut report = String::new();
+    for layout in &layouts {
+        let mut rounds = Vec::new();
+        for r in 0..args.rounds {
+            eprintln!(
+                "{layout}, round {}: {} claims beside {} failing snapshots ...",
+                r + 1,
+                args.claims,
+                args.snapshots
+            );
+            rounds.push(round(&world, &args, layout, r).await?);
+        }
+        let med = |f: fn(&Round) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+        report.push_str(&format!(
+            "| {layout} | {:.1} s | {:.1} s | {:.0} | {:.1} MiB |\n",
+            med(|r| r.provisioned),
+            med(|r| r.event),
+            med(|r| r.failed_creates as f64),
+            mib(med(|r| r.rss_kib as f64) as u64),
+        ));
+    }
+    println!(
+        "\n{} claims provisioned beside {} VolumeSnapshots the driver refuses; the health monitor's interval {} s; \
+         medians of {} rounds\n",
+        args.claims, args.snapshots, args.monitor_interval, args.rounds
+    );
+    println!(
+        "| Layout | All claims Bound | Abnormal-volume event | Failed CreateSnapshot calls meanwhile | Peak RSS (sum) |"
+    );
+    println!("|---|---|---|---|---|");
+    print!("{report}");
+    Ok(())
+}
+
+/// The processes of `layout`, started and synced.
+async fn start(world: &World, args: &Args, layout: &str, r: usize) -> Result<Vec<Proc>> {
+    let interval = format!("--monitor-interval={}s", args.monitor_interval);
+    let module_args = |m: &str| -> Vec<String> {
+        match m {
+            "health-monitor" => vec![m.to_string(), interval.clone()],
+            _ => vec![m.to_string()],
+        }
+    };
+    let synced_line = |m: &str| match m {
+        "provisioner" => "Caches synced; provisioning",
+        "snapshotter" => "Caches synced; snapshotting",
+        _ => "Caches synced; monitoring volume health",
+    };
+    let modules = ["provisioner", "snapshotter", "health-monitor"];
+    let (kc, csi, dir) = (&world.kubeconfig, &world.csi, &world.dir);
+    match layout {
+        "combined" => {
+            let all: Vec<String> = modules.iter().flat_map(|m| module_args(m)).collect();
+            let p = synced_sidecar(
+                &format!("combined-{r}"),
+                csi,
+                kc,
+                &all,
+                dir,
+                ("its caches", synced_line("provisioner")),
+            )
+            .await?;
+            for m in &modules[1..] {
+                wait_for(&format!("{m} synced"), Duration::from_secs(120), async || {
+                    Ok(p.logs().contains(synced_line(m)))
+                })
+                .await?;
+            }
+            Ok(vec![p])
+        }
+        "separate" => {
+            let mut procs = Vec::new();
+            for m in modules {
+                let caches = (m, synced_line(m));
+                procs.push(synced_sidecar(&format!("{m}-{r}"), csi, kc, &module_args(m), dir, caches).await?);
+            }
+            Ok(procs)
+        }
+        other => bail!("unknown layout {other:?} (separate, combined)"),
+    }
+}
+
+async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Round> {
+    let mut procs = start(world, args, layout, r).await?;
+    let creates = || world.driver.snapshot_calls_of(SnapshotMethod::Create).len();
+    let creates_before = creates();
+    stream::iter(0..args.snapshots)
+        .map(|i| {
+            let api = world.snaps.snapshots.clone();
+            async move {
+                let v = serde_json::json!({"metadata": {"name": format!("{layout}-{r}-s{i}")},
+                    "spec": {"volumeSnapshotClassName": CLASS, "source": {"persistentVolumeClaimName": "source"}}});
+                api.create(&PostParams::default(), &obj("VolumeSnapshot", v)).await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    wait_for("the snapshotter's backlog", Duration::from_secs(300), async || Ok(creates() >= creates_before + 20))
+        .await?;
+
+    // The load: new claims and a volume that turns abnormal, at once.
+    let tag = format!("{layout}-{r}");
+    let message = format!("bench {tag}: the disk is failing");
+    let condition =
+        HealthCondition { status: HealthStatus::Inaccessible, reason: "Failing".into(), message: message.clone() };
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(world.admin.clone(), NS);
+    let start = Instant::now();
+    world.driver.set_volume_health(&world.sick_volume, vec![condition]);
+    for i in 0..args.claims {
+        pvcs.create(&PostParams::default(), &pvc(&format!("{tag}-c{i}"), Some(CLASS), "1Mi")).await?;
+    }
+    let (mut provisioned, mut event) = (None, None);
+    let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
+    let abnormal = ListParams::default().fields(&format!("involvedObject.name=sick,reason={ABNORMAL}"));
+    wait_for("every claim bound and the abnormal event", Duration::from_secs(900), async || {
+        if provisioned.is_none() && bound(&pvcs, &tag).await? == args.claims {
+            provisioned = Some(start.elapsed());
+        }
+        if event.is_none() {
+            let list = events.list(&abnormal).await?;
+            if list.items.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains(&message))) {
+                event = Some(start.elapsed());
+            }
+        }
+        Ok(provisioned.is_some() && event.is_some())
+    })
+    .await?;
+    let failed_creates = creates() - creates_before;
+    let rss_kib = procs.iter().map(|p| status_kib(p.pid(), "VmHWM")).sum();
+    world.driver.clear_volume_health(&world.sick_volume);
+
+    // Clean up with the processes still running (the snapshotter removes the
+    // contents' finalizers, the provisioner deletes the volumes).
+    world.snaps.snapshots.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    for i in 0..args.claims {
+        pvcs.delete(&format!("{tag}-c{i}"), &DeleteParams::default()).await?;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(world.admin.clone());
+    wait_for("the round's snapshots, contents and volumes gone", Duration::from_secs(900), async || {
+        let snapshots = world.snaps.snapshots.list(&ListParams::default()).await?.items.len();
+        let contents = world.snaps.contents.list(&ListParams::default()).await?.items.len();
+        Ok(snapshots == 0 && contents == 0 && pvs.list(&ListParams::default()).await?.items.len() == 2)
+    })
+    .await?;
+    for p in &mut procs {
+        p.terminate().await;
+    }
+    let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+    Ok(Round { provisioned: secs(provisioned), event: secs(event), rss_kib, failed_creates })
+}
+
+/// Bound claims whose name starts with `prefix`.
+async fn bound(pvcs: &Api<PersistentVolumeClaim>, prefix: &str) -> Result<usize> {
+    let list = pvcs.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .count())
+}
+
+/// The CSI volume handle of claim `name`'s PV.
+async fn volume_of(admin: &Client, pvcs: &Api<PersistentVolumeClaim>, name: &str) -> Result<String> {
+    let claim = pvcs.get(name).await?;
+    let Some(pv) = claim.spec.and_then(|s| s.volume_name) else { bail!("claim {name} has no volume") };
+    let pv = Api::<PersistentVolume>::all(admin.clone()).get(&pv).await?;
+    match pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle) {
+        Some(h) => Ok(h),
+        None => bail!("PersistentVolume of {name} is not a CSI volume"),
+    }
+}
