@@ -269,3 +269,27 @@ fn no_file_holds_more_than_600_lines_of_code_outside_its_tests() {
         [format!("integration/tests/big.rs: {over} lines of code")]
     );
 }
+
+/// The release profile's panic strategy, from the workspace's Cargo.toml
+/// (`unwind` when not set).
+fn release_panic_strategy(manifest: &str) -> String {
+    let mut in_release = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_release = line == "[profile.release]";
+        } else if in_release && let Some(value) = line.strip_prefix("panic") {
+            return value.trim_start().trim_start_matches('=').trim().trim_matches('"').to_string();
+        }
+    }
+    "unwind".to_string()
+}
+
+#[test]
+fn the_release_build_unwinds_so_a_panic_stays_in_its_module() {
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .unwrap_or_else(|e| panic!("tidy cannot read Cargo.toml: {e}"));
+    // Under `abort` a panic in one sync would stop every module (invariant 16).
+    assert_eq!(release_panic_strategy(&manifest), "unwind");
+    assert_eq!(release_panic_strategy("[profile.release]\nlto = true\npanic = \"abort\"\n"), "abort");
+    assert_eq!(release_panic_strategy("[profile.dev]\npanic = \"abort\"\n[profile.release]\n"), "unwind");
+}
