@@ -229,8 +229,8 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "modules/resizer",
         "modules/snapshotter",
         "modules/health",
-        "kube",
-        "kube/leader",
+        "k8s",
+        "k8s/leader",
     ] {
         for entry in std::fs::read_dir(root.join(dir)).expect("src dir") {
             let path = entry.expect("entry").path();

@@ -36,6 +36,11 @@ impl Attacher {
             };
             let resp = match resp {
                 Ok(r) => r,
+                // Each call's deadline is the pass's: the pass ran out.
+                Err(s) if s.code() == tonic::Code::DeadlineExceeded => {
+                    tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
+                    return None;
+                }
                 Err(s) => {
                     tracing::warn!(pages, error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
                     return None;
