@@ -22,11 +22,14 @@ impl Attacher {
         let mut published: HashMap<String, Vec<String>> = HashMap::new();
         let mut token = String::new();
         let mut pages = 0u64;
+        let out_of_time = |pages: u64| {
+            tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
+            None
+        };
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
-                tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
-                return None;
+                return out_of_time(pages);
             }
             let req = csi::ListVolumesRequest { max_entries: self.cfg.max_entries, starting_token: token.clone() };
             let call = self.csi.list_volumes(left, req);
@@ -37,10 +40,7 @@ impl Attacher {
             let resp = match resp {
                 Ok(r) => r,
                 // Each call's deadline is the pass's: the pass ran out.
-                Err(s) if s.code() == tonic::Code::DeadlineExceeded => {
-                    tracing::warn!(pages, timeout = ?self.cfg.timeout, "ListVolumes pass did not finish within --timeout; reconcile skipped");
-                    return None;
-                }
+                Err(s) if s.code() == tonic::Code::DeadlineExceeded => return out_of_time(pages),
                 Err(s) => {
                     tracing::warn!(pages, error = %compat::grpc_error_text(&s), "ListVolumes failed; reconcile skipped");
                     return None;
