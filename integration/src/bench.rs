@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::{
-    core::v1::Namespace,
+    core::v1::{Namespace, PersistentVolumeClaim},
     flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
     rbac::v1::ClusterRoleBinding,
 };
@@ -455,6 +455,17 @@ pub async fn wait_for(what: &str, timeout: Duration, mut probe: impl AsyncFnMut(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// Bound claims of `pvcs` whose name starts with `prefix` ("" for all).
+pub async fn bound_claims(pvcs: &Api<PersistentVolumeClaim>, prefix: &str) -> Result<usize> {
+    let list = pvcs.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
+        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .count())
 }
 
 /// A csi-sidecar process on the driver's socket `csi` with `kubeconfig`,

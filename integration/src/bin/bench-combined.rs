@@ -67,8 +67,8 @@ use argh::FromArgs;
 use csi_sidecar_integration::{
     audit::AuditLog,
     bench::{
-        SIDECAR_USER, create_namespace, median, mib, settled_snapshot, sidecar, sidecar_kubeconfig, snapshot,
-        start_mock_driver, wait_for,
+        SIDECAR_USER, bound_claims, create_namespace, median, mib, settled_snapshot, sidecar, sidecar_kubeconfig,
+        snapshot, start_mock_driver, wait_for,
     },
     cluster::{ControlPlane, try_launcher_bin},
     kube_support::{pvc, storage_class},
@@ -220,15 +220,11 @@ async fn world(dir: &Path, n: usize, timeout: Duration) -> Result<World> {
         .await?;
     for ns in [NS_EXPAND, NS_SNAP] {
         let api = Api::namespaced(admin.clone(), ns);
-        wait_for(&format!("the setup claims in {ns} bound"), timeout, async || Ok(bound(&api).await? == n)).await?;
+        wait_for(&format!("the setup claims in {ns} bound"), timeout, async || Ok(bound_claims(&api, "").await? == n))
+            .await?;
     }
     setup.terminate().await;
     Ok(World { cp, admin, kubeconfig, csi, audit, driver })
-}
-
-async fn bound(pvcs: &Api<PersistentVolumeClaim>) -> Result<usize> {
-    let list = pvcs.list(&ListParams::default()).await?;
-    Ok(list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count())
 }
 
 async fn at_size(pvcs: &Api<PersistentVolumeClaim>, size: &str) -> Result<usize> {
@@ -327,7 +323,7 @@ async fn measure(w: &World, procs: &mut [Proc], n: usize, timeout: Duration) -> 
     let mut done: [Option<f64>; 3] = [None; 3];
     while done.iter().any(Option::is_none) {
         let counts = [
-            bound(&new).await?,
+            bound_claims(&new, "").await?,
             at_size(&expand, "2Gi").await?,
             snaps.snapshots.list(&ListParams::default()).await?.items.iter().filter(|s| ready(s)).count(),
         ];

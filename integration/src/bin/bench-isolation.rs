@@ -39,7 +39,7 @@ use anyhow::{Result, bail};
 use argh::FromArgs;
 use csi_sidecar::csi::{HealthCondition, HealthStatus};
 use csi_sidecar_integration::{
-    bench::{create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
+    bench::{bound_claims, create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
     cluster::{ControlPlane, try_launcher_bin},
     fault_driver::{FaultDriver, HealthForms, Script, SnapshotMethod, Transport},
     kube_support::{pvc, storage_class},
@@ -137,7 +137,8 @@ async fn run(args: Args) -> Result<()> {
     for name in ["source", "sick"] {
         pvcs.create(&PostParams::default(), &pvc(name, Some(CLASS), "1Mi")).await?;
     }
-    wait_for("the setup claims bound", Duration::from_secs(120), async || Ok(bound(&pvcs, "").await? == 2)).await?;
+    wait_for("the setup claims bound", Duration::from_secs(120), async || Ok(bound_claims(&pvcs, "").await? == 2))
+        .await?;
     setup.terminate().await;
     let sick_volume = volume_of(&admin, &pvcs, "sick").await?;
 
@@ -262,7 +263,7 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
     let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
     let abnormal = ListParams::default().fields(&format!("involvedObject.name=sick,reason={ABNORMAL}"));
     wait_for("every claim bound and the abnormal event", Duration::from_secs(900), async || {
-        if provisioned.is_none() && bound(&pvcs, &tag).await.ok() == Some(args.claims) {
+        if provisioned.is_none() && bound_claims(&pvcs, &tag).await.ok() == Some(args.claims) {
             provisioned = Some(start.elapsed());
         }
         if event.is_none() {
@@ -317,17 +318,6 @@ async fn clean_up(
     }
     let contents = world.snaps.contents.list(&ListParams::default()).await?.items.len();
     Ok(snapshots.is_empty() && contents == 0 && pvs.list(&ListParams::default()).await?.items.len() == 2)
-}
-
-/// Bound claims whose name starts with `prefix`.
-async fn bound(pvcs: &Api<PersistentVolumeClaim>, prefix: &str) -> Result<usize> {
-    let list = pvcs.list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .iter()
-        .filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
-        .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-        .count())
 }
 
 /// The CSI volume handle of claim `name`'s PV.

@@ -25,8 +25,8 @@ use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
     bench::{
-        Qps, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig, start_mock_driver,
-        synced_sidecar, wait_for,
+        Qps, bound_claims, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig,
+        start_mock_driver, synced_sidecar, wait_for,
     },
     cluster::{ControlPlane, try_launcher_bin},
     kube_support::{pvc, storage_class},
@@ -123,11 +123,6 @@ struct Round {
     restores: Option<(f64, f64, f64)>,
 }
 
-async fn bound(pvcs: &Api<PersistentVolumeClaim>) -> Result<usize> {
-    let list = pvcs.list(&ListParams::default()).await?;
-    Ok(list.items.iter().filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")).count())
-}
-
 /// Restores `args.restores` claims from round `r`'s ready snapshots with a
 /// fresh provisioner (as the counted sidecar user) and measures until all are
 /// Bound; then deletes them (and waits for their PVs) before the snapshots go.
@@ -169,7 +164,8 @@ async fn restore_round(
         .try_collect::<Vec<_>>()
         .await?;
     let want = args.claims + args.restores;
-    wait_for("every restore bound", Duration::from_secs(1800), async || Ok(bound(pvcs).await? == want)).await?;
+    wait_for("every restore bound", Duration::from_secs(1800), async || Ok(bound_claims(pvcs, "").await? == want))
+        .await?;
     let secs = start.elapsed().as_secs_f64();
     let d = settled_snapshot(admin, None).await?.delta(&before);
     let rss = mib(status_kib(prov.pid(), "VmHWM:"));
@@ -211,7 +207,8 @@ async fn run(args: Args) -> Result<()> {
     for i in 0..args.claims {
         pvcs.create(&PostParams::default(), &pvc(&format!("c{i}"), Some(CLASS), "1Mi")).await?;
     }
-    wait_for("every claim bound", Duration::from_secs(600), async || Ok(bound(&pvcs).await? == args.claims)).await?;
+    wait_for("every claim bound", Duration::from_secs(600), async || Ok(bound_claims(&pvcs, "").await? == args.claims))
+        .await?;
     prov.terminate().await;
 
     let idle = if args.idle_cache > 0 {
