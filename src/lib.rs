@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and the invariants.
 
+pub mod chart;
 pub mod cli;
 pub mod compat;
 pub mod csi;

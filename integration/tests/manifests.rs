@@ -462,3 +462,39 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
         }
     }
 }
+
+/// Each row's values block is in values.yaml and the schema for every pod
+/// the row names (`enabled`, `args`, its own `port`, and a boolean per value
+/// rule), and each pod's `modules` has no block without a row: the chart's
+/// templates loop over the rows (files/modules.yaml), so a row without a
+/// block would fail every render, a block without a row would do nothing.
+#[test]
+fn every_rows_chart_values_block_is_in_values_yaml_and_the_schema() {
+    let chart = manifests().join("helm/csi-sidecar");
+    let values = load(&chart.join("values.yaml")).into_iter().next().expect("values.yaml");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).expect("schema"))
+            .expect("schema JSON");
+    for pod in ["controller", "node"] {
+        let rows: Vec<_> = csi_sidecar::modules::MODULES.iter().filter(|r| r.chart.pods.runs_in(pod)).collect();
+        let blocks = values[pod]["modules"].as_object().unwrap_or_else(|| panic!("{pod}.modules"));
+        let keys: BTreeSet<&str> = blocks.keys().map(String::as_str).collect();
+        let want: BTreeSet<&str> = rows.iter().map(|r| r.chart.values_key).collect();
+        assert_eq!(keys, want, "{pod}.modules of values.yaml vs the rows");
+        let props = &schema["properties"][pod]["properties"]["modules"]["properties"];
+        for row in rows {
+            let at = format!("{pod}.modules.{}", row.chart.values_key);
+            let block = &blocks[row.chart.values_key];
+            assert!(block["enabled"].is_boolean(), "{at}.enabled");
+            assert_eq!(block["args"], Value::Array(vec![]), "{at}.args");
+            assert_eq!(block["port"].as_u64(), Some(u64::from(row.chart.port)), "{at}.port vs the row");
+            for (value, _) in row.chart.value_rules {
+                assert!(block[value].is_boolean(), "{at}.{value}: a value rule's switch");
+            }
+            let required = strings(&props[row.chart.values_key]["required"]);
+            for key in ["enabled", "args", "port"] {
+                assert!(required.iter().any(|r| r == key), "the schema of {at} requires {key}");
+            }
+        }
+    }
+}

@@ -65,6 +65,48 @@ impl Rule {
     }
 }
 
+/// What the chart needs to know about a module besides its name, RBAC and
+/// needs (which the row already says).
+#[derive(Clone, Copy, Debug)]
+pub struct ChartRow {
+    /// The key of its block under `controller.modules` and `node.modules`
+    /// in values.yaml (`enabled`, `port`, `args`).
+    pub values_key: &'static str,
+    /// The pods that can run it.
+    pub pods: Pods,
+    /// Its container's name in the drop-in layout (the name upstream's
+    /// manifests give the sidecar).
+    pub container: &'static str,
+    /// The name of its HTTP port in the drop-in layout.
+    pub port_name: &'static str,
+    /// Its own port in the drop-in layout (values.yaml's default).
+    pub port: u16,
+    /// Rules granted besides the row's `cluster_rules` only while the
+    /// module's chart value of this name is true (a feature the user opts
+    /// into, whose RBAC the static manifests leave out).
+    pub value_rules: &'static [(&'static str, Rule)],
+}
+
+/// The pods of the chart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pods {
+    /// The controller Deployment.
+    pub controller: bool,
+    /// The node DaemonSet.
+    pub node: bool,
+}
+
+impl Pods {
+    /// Whether the pod named `pod` ("controller" or "node") runs it.
+    pub fn runs_in(self, pod: &str) -> bool {
+        match pod {
+            "controller" => self.controller,
+            "node" => self.node,
+            _ => false,
+        }
+    }
+}
+
 /// Equality of two modules' flags behind `dyn Module`; every flags struct
 /// with `PartialEq` has it.
 pub trait DynEq {

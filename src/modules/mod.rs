@@ -18,7 +18,7 @@ pub mod views;
 use std::{any::Any, fmt, time::Duration};
 
 use argh::ArgsInfo;
-pub use contract::{DynEq, Module, ModuleContext, ModuleError, ParseFlags, Rule, parse_flags};
+pub use contract::{ChartRow, DynEq, Module, ModuleContext, ModuleError, ParseFlags, Pods, Rule, parse_flags};
 use futures::future::BoxFuture;
 
 use crate::flags::gates::KnownGates;
@@ -30,6 +30,7 @@ pub struct ModuleConfig {
 }
 
 /// One row of the module table.
+#[derive(Clone, Copy)]
 pub struct ModuleDesc {
     /// Subcommand name.
     pub name: &'static str,
@@ -61,6 +62,8 @@ pub struct ModuleDesc {
     /// The rules of its ClusterRole (`manifests/rbac/<name>.yaml` and the
     /// chart are checked against them); none for a node module.
     pub cluster_rules: &'static [Rule],
+    /// Its place in the Helm chart (values block, pods, container).
+    pub chart: ChartRow,
 }
 
 /// What a module needs from the host; the host asks the rows, never a
@@ -74,12 +77,21 @@ pub struct Needs {
     /// The health port upstream's program serves by default (livenessprobe's
     /// `:9808`) when no HTTP endpoint is given.
     pub default_health_port: bool,
+    /// The kubelet's plugin registration directory (the node pod mounts
+    /// it; the module serves its registration socket there).
+    pub registration_dir: bool,
 }
 
 /// A controller: Kubernetes, its own Lease and ledger.
-const CONTROLLER: Needs = Needs { kube: true, kubeconfig_env: false, default_health_port: false };
+const CONTROLLER: Needs =
+    Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false };
 /// A node module: the driver's socket and the HTTP server only.
-const NODE: Needs = Needs { kube: false, kubeconfig_env: false, default_health_port: false };
+const NODE: Needs = Needs { kube: false, kubeconfig_env: false, default_health_port: false, registration_dir: false };
+
+/// A module of the controller pod alone.
+const CONTROLLER_POD: Pods = Pods { controller: true, node: false };
+/// A module of the node pod alone.
+const NODE_POD: Pods = Pods { controller: false, node: true };
 
 /// Every module.
 pub static MODULES: &[ModuleDesc] = &[
@@ -96,6 +108,14 @@ pub static MODULES: &[ModuleDesc] = &[
         needs: Needs { kubeconfig_env: true, ..CONTROLLER },
         kinds: &["PersistentVolumeClaim", "PersistentVolume"],
         cluster_rules: provisioner::config::CLUSTER_RULES,
+        chart: ChartRow {
+            values_key: "provisioner",
+            pods: CONTROLLER_POD,
+            container: "csi-provisioner",
+            port_name: "provisioner",
+            port: 8080,
+            value_rules: &[],
+        },
     },
     ModuleDesc {
         name: "attacher",
@@ -110,34 +130,14 @@ pub static MODULES: &[ModuleDesc] = &[
         needs: CONTROLLER,
         kinds: &["VolumeAttachment"],
         cluster_rules: attacher::config::CLUSTER_RULES,
-    },
-    ModuleDesc {
-        name: "registrar",
-        binary_names: &["csi-node-driver-registrar", "node-driver-registrar"],
-        replaces: "node-driver-registrar",
-        summary: "registers the driver with the kubelet's plugin manager",
-        info: registrar::config::RegistrarFlags::get_args_info,
-        parse: parse_flags::<registrar::config::RegistrarFlags>,
-        shared: registrar::config::SHARED_FLAGS,
-        feature_gates: &[],
-        kep_names: &["node-driver-registrar"],
-        needs: NODE,
-        kinds: &[],
-        cluster_rules: &[],
-    },
-    ModuleDesc {
-        name: "prober",
-        binary_names: &["livenessprobe"],
-        replaces: "livenessprobe",
-        summary: "answers /healthz from the driver's Probe",
-        info: prober::config::ProberFlags::get_args_info,
-        parse: parse_flags::<prober::config::ProberFlags>,
-        shared: prober::config::SHARED_FLAGS,
-        feature_gates: &[],
-        kep_names: &["livenessprobe"],
-        needs: Needs { default_health_port: true, ..NODE },
-        kinds: &[],
-        cluster_rules: &[],
+        chart: ChartRow {
+            values_key: "attacher",
+            pods: CONTROLLER_POD,
+            container: "csi-attacher",
+            port_name: "attacher",
+            port: 8081,
+            value_rules: &[],
+        },
     },
     ModuleDesc {
         name: "resizer",
@@ -152,6 +152,14 @@ pub static MODULES: &[ModuleDesc] = &[
         needs: CONTROLLER,
         kinds: &[],
         cluster_rules: resizer::config::CLUSTER_RULES,
+        chart: ChartRow {
+            values_key: "resizer",
+            pods: CONTROLLER_POD,
+            container: "csi-resizer",
+            port_name: "resizer",
+            port: 8082,
+            value_rules: &[],
+        },
     },
     ModuleDesc {
         name: "snapshotter",
@@ -166,6 +174,14 @@ pub static MODULES: &[ModuleDesc] = &[
         needs: CONTROLLER,
         kinds: &["VolumeSnapshot", "VolumeSnapshotContent", "VolumeGroupSnapshotContent"],
         cluster_rules: snapshotter::config::CLUSTER_RULES,
+        chart: ChartRow {
+            values_key: "snapshotter",
+            pods: CONTROLLER_POD,
+            container: "csi-snapshotter",
+            port_name: "snapshotter",
+            port: 8083,
+            value_rules: &[],
+        },
     },
     ModuleDesc {
         name: "health-monitor",
@@ -180,6 +196,58 @@ pub static MODULES: &[ModuleDesc] = &[
         needs: CONTROLLER,
         kinds: &[],
         cluster_rules: health::config::CLUSTER_RULES,
+        chart: ChartRow {
+            values_key: "healthMonitor",
+            pods: CONTROLLER_POD,
+            container: "csi-external-health-monitor-controller",
+            port_name: "health-monitor",
+            port: 8084,
+            value_rules: health::config::VALUE_RULES,
+        },
+    },
+    ModuleDesc {
+        name: "registrar",
+        binary_names: &["csi-node-driver-registrar", "node-driver-registrar"],
+        replaces: "node-driver-registrar",
+        summary: "registers the driver with the kubelet's plugin manager",
+        info: registrar::config::RegistrarFlags::get_args_info,
+        parse: parse_flags::<registrar::config::RegistrarFlags>,
+        shared: registrar::config::SHARED_FLAGS,
+        feature_gates: &[],
+        kep_names: &["node-driver-registrar"],
+        needs: Needs { registration_dir: true, ..NODE },
+        kinds: &[],
+        cluster_rules: &[],
+        chart: ChartRow {
+            values_key: "registrar",
+            pods: NODE_POD,
+            container: "node-driver-registrar",
+            port_name: "registrar",
+            port: 9809,
+            value_rules: &[],
+        },
+    },
+    ModuleDesc {
+        name: "prober",
+        binary_names: &["livenessprobe"],
+        replaces: "livenessprobe",
+        summary: "answers /healthz from the driver's Probe",
+        info: prober::config::ProberFlags::get_args_info,
+        parse: parse_flags::<prober::config::ProberFlags>,
+        shared: prober::config::SHARED_FLAGS,
+        feature_gates: &[],
+        kep_names: &["livenessprobe"],
+        needs: Needs { default_health_port: true, ..NODE },
+        kinds: &[],
+        cluster_rules: &[],
+        chart: ChartRow {
+            values_key: "prober",
+            pods: Pods { controller: true, node: true },
+            container: "liveness-probe",
+            port_name: "healthz",
+            port: 9898,
+            value_rules: &[],
+        },
     },
 ];
 

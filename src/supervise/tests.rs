@@ -127,9 +127,17 @@ static SCRIPTED: ModuleDesc = ModuleDesc {
     shared: &[],
     feature_gates: &[],
     kep_names: &[],
-    needs: Needs { kube: true, kubeconfig_env: false, default_health_port: false },
+    needs: Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false },
     kinds: &[],
     cluster_rules: &[],
+    chart: crate::modules::ChartRow {
+        values_key: "scripted",
+        pods: crate::modules::Pods { controller: false, node: false },
+        container: "scripted",
+        port_name: "scripted",
+        port: 0,
+        value_rules: &[],
+    },
 };
 
 fn scripted(name: &str, acts: &[Act]) -> (ModuleConfig, Arc<Script>) {

@@ -84,6 +84,12 @@ pub const CLUSTER_RULES: &[Rule] = &[
     Rule::new(&[""], &["events"], &["list", "create", "patch"]),
 ];
 
+/// Rules the chart adds while a value of the module's block is true: the
+/// status form (`status_api.rs`, CSI 1.13 and Kubernetes 1.37+) patches
+/// claims' status instead of writing events.
+pub const VALUE_RULES: &[(&str, Rule)] =
+    &[("patchClaimStatus", Rule::new(&[""], &["persistentvolumeclaims/status"], &["patch"]))];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,14 +248,55 @@ affinity:
 {{- end -}}
 
 {{/*
-The provisioner's capacity-tracking flags (a YAML list; empty when off).
+Capacity-tracking flags of a module whose values block has `capacity` (the
+provisioner's); call with that block. A YAML list, empty when off.
 */}}
 {{- define "csi-sidecar.capacityArgs" -}}
-{{- $cap := .Values.controller.modules.provisioner.capacity -}}
-{{- if $cap.enabled -}}
+{{- $cap := .capacity -}}
+{{- if and $cap $cap.enabled -}}
 - --enable-capacity
 - {{ printf "--capacity-ownerref-level=%v" $cap.ownerrefLevel | quote }}
 {{- else -}}
 []
+{{- end -}}
+{{- end }}
+
+{{/*
+The rows of the module table one pod can run (files/modules.yaml, rendered
+from src/modules/mod.rs: name, values key, drop-in container, command and
+port name, whether it leads, whether it registers with the kubelet, its
+rules); call with (dict "root" $ "pod" "controller"|"node"). A YAML list.
+*/}}
+{{- define "csi-sidecar.moduleRows" -}}
+{{- $all := .root.Files.Get "files/modules.yaml" | fromYaml -}}
+{{- toYaml (index $all .pod) -}}
+{{- end }}
+
+{{/*
+The rows of one pod whose values block is enabled; call as
+csi-sidecar.moduleRows. A YAML list.
+*/}}
+{{- define "csi-sidecar.enabledRows" -}}
+{{- $m := (index .root.Values .pod).modules -}}
+{{- $rows := list -}}
+{{- range (include "csi-sidecar.moduleRows" . | fromYamlArray) -}}
+{{- $v := index $m .values -}}
+{{- if not $v -}}
+{{- fail (printf "%s.modules.%s: no values block for module %s" $.pod .values .name) -}}
+{{- end -}}
+{{- if $v.enabled -}}
+{{- $rows = append $rows . -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $rows -}}
+{{- end }}
+
+{{/*
+"true" when the controller pod runs a module that leads (a controller,
+with the Kubernetes API, a Lease and RBAC), else "".
+*/}}
+{{- define "csi-sidecar.controllersEnabled" -}}
+{{- range (include "csi-sidecar.enabledRows" (dict "root" . "pod" "controller") | fromYamlArray) -}}
+{{- if .leader -}}true{{- end -}}
 {{- end -}}
 {{- end }}

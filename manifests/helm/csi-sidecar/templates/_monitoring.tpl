@@ -21,13 +21,8 @@ Empty when the pod is not rendered.
 {{- if eq $v.layout "combined" -}}
 {{- $ports = append $ports (dict "name" "healthz" "port" $pod.httpPort) -}}
 {{- else -}}
-{{- $names := dict "provisioner" "provisioner" "attacher" "attacher" "resizer" "resizer" "snapshotter" "snapshotter" "healthMonitor" "health-monitor" "registrar" "registrar" "prober" "healthz" -}}
-{{- $order := ternary (list "provisioner" "attacher" "resizer" "snapshotter" "healthMonitor" "prober") (list "registrar" "prober") (eq .component "controller") -}}
-{{- range $order -}}
-{{- $mod := index $m . -}}
-{{- if $mod.enabled -}}
-{{- $ports = append $ports (dict "name" (index $names .) "port" $mod.port) -}}
-{{- end -}}
+{{- range (include "csi-sidecar.enabledRows" (dict "root" .root "pod" .component) | fromYamlArray) -}}
+{{- $ports = append $ports (dict "name" .portName "port" (index $m .values).port) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

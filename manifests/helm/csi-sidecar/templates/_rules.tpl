@@ -8,8 +8,7 @@ are Prometheus' own template fields, escaped from Helm.
 {{- $a := .Values.monitoring.alerts -}}
 {{- $sel := include "csi-sidecar.monitoringSelector" . -}}
 {{- $c := .Values.controller -}}
-{{- $m := $c.modules -}}
-{{- $kube := or $m.provisioner.enabled $m.attacher.enabled $m.resizer.enabled $m.snapshotter.enabled $m.healthMonitor.enabled -}}
+{{- $kube := include "csi-sidecar.controllersEnabled" . -}}
 {{- $leader := and $a.noLeader.enabled $c.enabled $c.leaderElection.enabled $kube -}}
 {{- if not (or $a.csiErrors.enabled $a.objectWaiting.enabled $a.queueNotDraining.enabled $leader $a.driverUnreachable.enabled) }}
 {{- fail "monitoring.prometheusRule / monitoring.rulesConfigMap: every alert of monitoring.alerts is disabled" }}
