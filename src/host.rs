@@ -86,6 +86,16 @@ fn module_context(
 /// the driver answering under another name, the HTTP port lost, the shared
 /// cache unable to start.
 pub async fn run(inv: Invocation) -> ExitCode {
+    let shutdown = CancellationToken::new();
+    if let Err(e) = spawn_signal_handler(shutdown.clone()) {
+        return fail(format!("cannot install signal handlers: {e}"));
+    }
+    run_until(inv, shutdown).await
+}
+
+/// [`run`] without the signal handlers: the process stops when `shutdown`
+/// is cancelled (a program that embeds csi-sidecar, or a test, owns it).
+pub async fn run_until(inv: Invocation, shutdown: CancellationToken) -> ExitCode {
     for m in &inv.modules {
         if let Err(e) = m.validate() {
             return fail(e);
@@ -104,10 +114,6 @@ pub async fn run(inv: Invocation) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let shutdown = CancellationToken::new();
-    if let Err(e) = spawn_signal_handler(shutdown.clone()) {
-        return fail(format!("cannot install signal handlers: {e}"));
-    }
 
     let mut tasks = JoinSet::new();
     // Each module's `discovery_timeout` is its per-call CSI `--timeout`.

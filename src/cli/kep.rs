@@ -55,7 +55,7 @@ fn prefixed(name: &str) -> Option<(&'static str, &str)> {
 }
 
 fn desc(module: &str) -> Option<&'static ModuleDesc> {
-    modules::MODULES.iter().find(|d| d.name == module)
+    modules::rows().into_iter().find(|d| d.name == module)
 }
 
 /// The kind of `flag` in `module`'s segment: its own flags, then the shared
@@ -69,7 +69,7 @@ fn module_flag_kind(module: &str, flag: &str) -> Option<FlagKind> {
 
 /// The kind of a module's own flag `flag` in any module.
 fn any_module_own_kind(flag: &str) -> Option<FlagKind> {
-    modules::MODULES.iter().find_map(|d| FlagTable::from_info((d.info)(), |_| true).kind(flag))
+    modules::rows().into_iter().find_map(|d| FlagTable::from_info((d.info)(), |_| true).kind(flag))
 }
 
 fn own_kind(module: &str, flag: &str) -> Option<FlagKind> {

@@ -297,7 +297,7 @@ fn parse_shared(flags: &[GivenFlag]) -> Result<SharedFlags, String> {
 /// `--list`: every module and its upstream names.
 pub fn list() -> String {
     let mut out = String::new();
-    for m in modules::MODULES {
+    for m in modules::rows() {
         out.push_str(&format!(
             "{:<12} replaces {:<22} names: {:<45} {}\n",
             m.name,

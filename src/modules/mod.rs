@@ -258,22 +258,68 @@ impl ModuleDesc {
     }
 }
 
+/// Rows beside the table: modules a program embedding csi-sidecar adds
+/// (the tests add their own), each by its row alone ([`add_row`]).
+static ADDED: std::sync::RwLock<Vec<&'static ModuleDesc>> = std::sync::RwLock::new(Vec::new());
+
+/// A row [`add_row`] refuses: one of its names or kinds is another row's.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("module {row}: {what} {taken:?} is already module {by}'s")]
+pub struct RowClash {
+    /// The refused row's name.
+    pub row: &'static str,
+    /// What clashes ("name", "kind").
+    pub what: &'static str,
+    /// The name or kind.
+    pub taken: &'static str,
+    /// The row that has it.
+    pub by: &'static str,
+}
+
+/// Every row: the table's, then the added ones, in the order added.
+pub fn rows() -> Vec<&'static ModuleDesc> {
+    let added = ADDED.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    MODULES.iter().chain(added.iter().copied()).collect()
+}
+
+/// Adds a module by its row: the command line, the host, `--list` and the
+/// kind lookup know it from then on. Refused when a name (subcommand,
+/// binary or KEP-4958 name) or a kind is already another row's.
+pub fn add_row(row: &'static ModuleDesc) -> Result<(), RowClash> {
+    let mut added = ADDED.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let names = |d: &'static ModuleDesc| {
+        std::iter::once(d.name).chain(d.binary_names.iter().copied()).chain(d.kep_names.iter().copied())
+    };
+    for other in MODULES.iter().chain(added.iter().copied()) {
+        let clash = |what, taken| RowClash { row: row.name, what, taken, by: other.name };
+        if let Some(n) = names(row).find(|n| names(other).any(|o| o == *n)) {
+            return Err(clash("name", n));
+        }
+        if let Some(k) = row.kinds.iter().find(|k| other.kinds.contains(k)) {
+            return Err(clash("kind", k));
+        }
+    }
+    added.push(row);
+    Ok(())
+}
+
 /// KEP-4958 controller names → modules: each row's `kep_names`, then its
 /// own name (also accepted).
 pub fn kep_controllers() -> impl Iterator<Item = (&'static str, &'static str)> {
-    let kep = MODULES.iter().flat_map(|m| m.kep_names.iter().map(move |k| (*k, m.name)));
-    kep.chain(MODULES.iter().map(|m| (m.name, m.name)))
+    let rows = rows();
+    let kep: Vec<_> = rows.iter().flat_map(|m| m.kep_names.iter().map(move |k| (*k, m.name))).collect();
+    kep.into_iter().chain(rows.into_iter().map(|m| (m.name, m.name)))
 }
 
 /// The module whose ledger answers for objects of API kind `kind`; `None`
 /// for a kind no module tracks.
 pub fn module_of_kind(kind: &str) -> Option<&'static str> {
-    MODULES.iter().find(|m| m.kinds.contains(&kind)).map(|m| m.name)
+    rows().into_iter().find(|m| m.kinds.contains(&kind)).map(|m| m.name)
 }
 
 /// The module a name selects: its subcommand name or an upstream binary name.
 pub fn lookup(name: &str) -> Option<&'static ModuleDesc> {
-    MODULES.iter().find(|m| m.name == name || m.binary_names.contains(&name))
+    rows().into_iter().find(|m| m.name == name || m.binary_names.contains(&name))
 }
 
 impl ModuleConfig {
@@ -367,5 +413,25 @@ mod tests {
         assert_eq!(module_of_kind("VolumeAttachment"), Some("attacher"));
         assert_eq!(module_of_kind("PersistentVolumeClaim"), Some("provisioner"));
         assert_eq!(module_of_kind("Pod"), None, "not the provisioner's by default");
+    }
+
+    /// A row whose name, binary name, KEP-4958 name or kind is another
+    /// row's is refused, naming both (it is not added).
+    #[test]
+    fn an_added_row_may_not_take_another_rows_name_or_kind() {
+        static ATTACHER_AGAIN: ModuleDesc = ModuleDesc { binary_names: &[], ..MODULES[1] };
+        static TAKES_A_BINARY: ModuleDesc =
+            ModuleDesc { name: "x1", binary_names: &["csi-resizer"], kinds: &[], ..MODULES[1] };
+        static TAKES_A_KEP_NAME: ModuleDesc =
+            ModuleDesc { name: "x2", binary_names: &["node-driver-registrar"], kinds: &[], ..MODULES[1] };
+        static TAKES_A_KIND: ModuleDesc = ModuleDesc { name: "x3", binary_names: &[], ..MODULES[1] };
+        let refused = |row, what, taken, by| Err(RowClash { row, what, taken, by });
+        assert_eq!(add_row(&ATTACHER_AGAIN), refused("attacher", "name", "attacher", "attacher"));
+        assert_eq!(add_row(&TAKES_A_BINARY), refused("x1", "name", "csi-resizer", "resizer"));
+        assert_eq!(add_row(&TAKES_A_KEP_NAME), refused("x2", "name", "node-driver-registrar", "registrar"));
+        assert_eq!(add_row(&TAKES_A_KIND), refused("x3", "kind", "VolumeAttachment", "attacher"));
+        assert_eq!(rows().len(), MODULES.len(), "none was added");
+        let text = add_row(&TAKES_A_KIND).err().map(|e| e.to_string());
+        assert_eq!(text.as_deref(), Some("module x3: kind \"VolumeAttachment\" is already module attacher's"));
     }
 }
