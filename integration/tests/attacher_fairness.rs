@@ -339,6 +339,28 @@ async fn an_endless_list_volumes_is_cut_at_the_timeout_and_shutdown_still_works(
     assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
 }
 
+/// A ListVolumes page slower than `--timeout`: the pass's deadline runs out
+/// inside the call, which is the pass timing out (logged as such, nothing
+/// acted on), not a failed ListVolumes (the log line
+/// `an_endless_list_volumes_is_cut_at_the_timeout_and_shutdown_still_works`
+/// waits for used to depend on where the deadline fell).
+#[tokio::test]
+async fn a_list_volumes_page_slower_than_the_timeout_is_the_pass_timing_out() {
+    let r = Reconciled::start("recslow", &["--timeout=1s"]).await;
+    r.driver.update(|s| s.list_volumes_delay = Duration::from_secs(3));
+    r.driver.published.lock().expect("published").insert("vol-recon".into(), vec![]);
+    // Every page takes 3 s: each pass's 1 s deadline runs out inside its
+    // first call.
+    wait_until("two passes cut inside ListVolumes", Duration::from_secs(30), async || {
+        let cut = r.attacher.logs().matches("ListVolumes pass did not finish within --timeout").count();
+        (cut >= 2, cut)
+    })
+    .await;
+    let logs = r.attacher.logs();
+    assert!(!logs.contains("ListVolumes failed"), "a deadline inside the call is the pass's timeout:\n{logs}");
+    assert_eq!(r.publishes(), 1, "nothing acted on");
+}
+
 /// The driver restarts under another name: the attacher's Lease, finalizer
 /// and objects belong to the first name, so the process exits 1 saying why
 /// (it used to log a warning and go on serving the new driver as the old).

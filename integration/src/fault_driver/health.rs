@@ -294,6 +294,7 @@ impl tower::Service<http::Request<Body>> for ControllerWithLegacy {
         let svc = self.svc.clone();
         match req.uri().path() {
             p if p == method::LIST_VOLUMES => Box::pin(async move {
+                tokio::time::sleep(svc.script().list_volumes_delay).await;
                 let handler: Unary<csi::ListVolumesRequest, v112::ListVolumesResponse> =
                     Unary(svc, |s, r| Ok(s.list_volumes(r)));
                 Ok(tonic::server::Grpc::new(tonic_prost::ProstCodec::default()).unary(handler, req).await)

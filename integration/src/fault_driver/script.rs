@@ -72,6 +72,8 @@ pub struct Script {
     pub publish_context: Option<BTreeMap<String, String>>,
     /// `ListVolumes` never ends: every page answers a new `next_token`.
     pub list_volumes_endless: bool,
+    /// Delay of each `ListVolumes` page (a slow backend's listing).
+    pub list_volumes_delay: Duration,
     /// `NodeGetInfo` answers this node ID and accessible topology (the
     /// Node service's other calls answer `Unimplemented`); `None`: it
     /// answers `Unimplemented` too.
@@ -170,6 +172,7 @@ impl Default for Script {
             unpublish_delay: Duration::ZERO,
             unpublish_error: None,
             list_volumes_endless: false,
+            list_volumes_delay: Duration::ZERO,
             node_info: None,
             publish_readonly: false,
             required_secret: None,
