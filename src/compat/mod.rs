@@ -15,6 +15,7 @@ pub const PROGRAM: &str = "csi-sidecar";
 pub const DEFAULT_METRICS_PATH: &str = "/metrics";
 
 pub mod api;
+pub mod snapshot_metadata;
 pub mod storage_class;
 pub mod translation;
 

@@ -10,6 +10,7 @@ pub mod prober;
 pub mod provisioner;
 pub mod registrar;
 pub mod resizer;
+pub mod snapshot_metadata;
 pub mod snapshotter;
 #[cfg(test)]
 mod testing;

@@ -1,0 +1,89 @@
+//! external-snapshot-metadata's names and answers (the Kubernetes
+//! SnapshotMetadata API it serves): what a backup client reads back in a
+//! refusal's status message, spelled as upstream does.
+
+/// `--port` default.
+pub const DEFAULT_PORT: u16 = 50051;
+/// `--max-streaming-duration-min` default, in minutes.
+pub const DEFAULT_MAX_STREAMING_MINUTES: u64 = 10;
+/// The operation names of its CSI call metrics.
+pub const OPERATION_ALLOCATED: &str = "MetadataAllocated";
+/// See [`OPERATION_ALLOCATED`].
+pub const OPERATION_DELTA: &str = "MetadataDelta";
+
+/// An empty `security_token`.
+pub const NO_TOKEN: &str = "securityToken is missing";
+/// An empty `namespace`.
+pub const NO_NAMESPACE: &str = "namespace parameter cannot be empty";
+/// An empty `snapshot_name` (allocated).
+pub const NO_SNAPSHOT: &str = "snapshotName cannot be empty";
+/// An empty `base_snapshot_id` (delta).
+pub const NO_BASE: &str = "baseSnapshotId cannot be empty";
+/// An empty `target_snapshot_name` (delta).
+pub const NO_TARGET: &str = "targetSnapshotName cannot be empty";
+/// A token the TokenReview did not authenticate for the audience.
+pub const UNAUTHENTICATED: &str = "unauthenticated user";
+/// The driver not validated yet.
+pub const DRIVER_NOT_READY: &str = "the CSI driver is not yet ready";
+
+/// The TokenReview itself failed.
+pub fn authentication_failed(error: &str) -> String {
+    format!("failed to authenticate user: {error}")
+}
+
+/// The SubjectAccessReview itself failed.
+pub fn authorization_failed(error: &str) -> String {
+    format!("failed to authorize the user: {error}")
+}
+
+/// The SubjectAccessReview denied `get volumesnapshots`.
+pub fn permission_denied(reason: &str) -> String {
+    format!("user does not have permissions to perform the operation: {reason}")
+}
+
+/// Reading the VolumeSnapshot failed.
+pub fn snapshot_unreadable(namespace: &str, name: &str, error: &str) -> String {
+    format!("failed to get VolumeSnapshot '{namespace}/{name}': {error}")
+}
+
+/// The VolumeSnapshot is not ready to use.
+pub fn snapshot_not_ready(name: &str) -> String {
+    format!("the VolumeSnapshot is not yet ready, name: {name}")
+}
+
+/// The ready VolumeSnapshot names no content (upstream's text, without a
+/// space before `name`).
+pub fn no_bound_content(name: &str) -> String {
+    format!("boundVolumeSnapshotContentName is not set in VolumeSnapshot statusname: {name}")
+}
+
+/// Reading the VolumeSnapshotContent failed.
+pub fn content_unreadable(error: &str) -> String {
+    format!("failed to get VolumeSnapshotContent: {error}")
+}
+
+/// The content is not ready to use.
+pub fn content_not_ready(name: &str) -> String {
+    format!("the VolumeSnapshotContent is not yet ready, name: {name}")
+}
+
+/// The ready content has no snapshot handle (upstream's text, without a
+/// space before `name`).
+pub fn no_handle(name: &str) -> String {
+    format!("snapshotHandle is not set in VolumeSnapshotContent statusname: {name}")
+}
+
+/// The snapshot's content is another driver's.
+pub fn other_driver(name: &str, driver: &str) -> String {
+    format!("VolumeSnapshot '{name}' does not belong to the CSI driver '{driver}'")
+}
+
+/// A driver error that is not a gRPC status.
+pub fn driver_failed(error: &str) -> String {
+    format!("failed to get response from CSI driver: {error}")
+}
+
+/// The driver lacks the capability (start-up exits 1 with this).
+pub fn unsupported(driver: &str) -> String {
+    format!("CSI driver {driver} does not support the SNAPSHOT_METADATA_SERVICE")
+}
