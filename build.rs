@@ -6,8 +6,12 @@ use std::{env, fmt::Write as _, fs, path::PathBuf};
 
 use prost_reflect::{Kind, Value};
 
-const PROTOS: &[&str] =
-    &["proto/csi.proto", "proto/csi_v112_volume_condition.proto", "proto/pluginregistration/api.proto"];
+const PROTOS: &[&str] = &[
+    "proto/csi.proto",
+    "proto/csi_v112_volume_condition.proto",
+    "proto/pluginregistration/api.proto",
+    "proto/snapshot_metadata.proto",
+];
 
 /// The CSI packages whose messages get `Redact` impls, each with its file:
 /// the spec's and the project's decoding of the v1.12 volume condition.

@@ -2,4 +2,5 @@
 //! in progress (issue 39). Not in the module table yet; what is here is
 //! the pure part of serving a request, table-tested.
 
+pub mod api;
 pub mod decide;
