@@ -3,4 +3,5 @@
 //! the pure part of serving a request, table-tested.
 
 pub mod api;
+pub mod config;
 pub mod decide;
