@@ -328,6 +328,7 @@ impl Service {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
+        self.blocks.cut(&source, &id).map_err(|e| Status::internal(format!("cutting snapshot {id}: {e}")))?;
         if s.create_snapshot_empty {
             return Ok(Response::new(csi::CreateSnapshotResponse { snapshot: None }));
         }

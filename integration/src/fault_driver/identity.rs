@@ -43,6 +43,9 @@ impl Identity for Service {
         if s.topology {
             capabilities.push(service(SvcType::VolumeAccessibilityConstraints));
         }
+        if s.snapshot_metadata {
+            capabilities.push(service(SvcType::SnapshotMetadataService));
+        }
         Ok(Response::new(GetPluginCapabilitiesResponse { capabilities }))
     }
 

@@ -35,6 +35,7 @@ use tokio::{io::AsyncWriteExt, net::UnixListener};
 use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 
+mod blocks;
 mod controller;
 mod env;
 mod group;
@@ -43,6 +44,7 @@ mod identity;
 mod record;
 mod script;
 mod service;
+mod snapshot_metadata;
 
 pub use env::FaultEnv;
 pub use health::{HealthBook, HealthForms};
@@ -79,10 +81,22 @@ pub struct FaultDriver {
     pub allocations: Allocations,
     /// The conditions set by [`FaultDriver::set_volume_health`].
     pub health: HealthBook,
+    blocks: blocks::BlockFiles,
     stop: CancellationToken,
 }
 
 impl FaultDriver {
+    /// Writes `data` at `offset` of volume `volume_id`'s backing data (what
+    /// its next snapshot holds).
+    pub fn write_volume(&self, volume_id: &str, offset: u64, data: &[u8]) {
+        self.blocks.write(volume_id, offset, data).expect("write a volume's backing file");
+    }
+
+    /// Sets volume `volume_id`'s size (the capacity its snapshots report).
+    pub fn set_volume_size(&self, volume_id: &str, bytes: u64) {
+        self.blocks.set_size(volume_id, bytes).expect("size a volume's backing file");
+    }
+
     /// Listens on `socket` (replacing a stale one).
     pub fn start(socket: &Path, transport: Transport, script: Script) -> FaultDriver {
         Self::start_with(socket, transport, script, Arc::default())
@@ -106,7 +120,9 @@ impl FaultDriver {
         let group_log: Arc<Mutex<Vec<GroupCall>>> = Arc::default();
         let allocations: Allocations = Arc::default();
         let health: HealthBook = Arc::default();
+        let blocks = blocks::BlockFiles::default();
         let svc = Service {
+            blocks: blocks.clone(),
             health: health.clone(),
             creating: Arc::default(),
             allocations: allocations.clone(),
@@ -135,6 +151,11 @@ impl FaultDriver {
                         .add_service(IdentityServer::new(svc.clone()))
                         .add_service(GroupControllerServer::new(svc.clone()))
                         .add_service(NodeServer::new(svc.clone()))
+                        .add_service(
+                            csi_sidecar::csi::proto::csi::v1::snapshot_metadata_server::SnapshotMetadataServer::new(
+                                svc.clone(),
+                            ),
+                        )
                         .add_service(health::ControllerWithLegacy::new(svc))
                         .serve_with_incoming_shutdown(incoming, stop2.cancelled_owned())
                         .await;
@@ -158,6 +179,7 @@ impl FaultDriver {
             }
         });
         FaultDriver {
+            blocks,
             socket: socket.to_path_buf(),
             script,
             counters,

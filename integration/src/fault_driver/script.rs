@@ -74,6 +74,17 @@ pub struct Script {
     pub list_volumes_endless: bool,
     /// Delay of each `ListVolumes` page (a slow backend's listing).
     pub list_volumes_delay: Duration,
+    /// Advertise SNAPSHOT_METADATA_SERVICE (the CSI SnapshotMetadata
+    /// service answers either way).
+    pub snapshot_metadata: bool,
+    /// Answer block metadata as VARIABLE_LENGTH ranges (touching blocks
+    /// merged) instead of FIXED_LENGTH 4 KiB blocks.
+    pub metadata_variable_length: bool,
+    /// Delay before each block metadata response (a slow stream).
+    pub metadata_response_delay: Duration,
+    /// The block metadata stream fails with `Internal` after this many
+    /// responses.
+    pub metadata_error_after: Option<usize>,
     /// `NodeGetInfo` answers this node ID and accessible topology (the
     /// Node service's other calls answer `Unimplemented`); `None`: it
     /// answers `Unimplemented` too.
@@ -173,6 +184,10 @@ impl Default for Script {
             unpublish_error: None,
             list_volumes_endless: false,
             list_volumes_delay: Duration::ZERO,
+            snapshot_metadata: false,
+            metadata_variable_length: false,
+            metadata_response_delay: Duration::ZERO,
+            metadata_error_after: None,
             node_info: None,
             publish_readonly: false,
             required_secret: None,
