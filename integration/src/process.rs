@@ -161,13 +161,34 @@ pub fn run_to_end(program: &Path, args: &[&str], timeout: Duration) -> (Option<i
     )
 }
 
-/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`), 0 if unreadable.
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`; a trailing colon
+/// is optional), 0 if unreadable.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let field = field.trim_end_matches(':');
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix(field).map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+            s.lines().find_map(|l| {
+                let value = l.strip_prefix(field)?.strip_prefix(':')?;
+                value.trim().trim_end_matches(" kB").trim().parse().ok()
+            })
         })
-        .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::status_kib;
+
+    /// A field is read with or without its colon (bench-isolation asked for
+    /// `VmHWM` and read 0), and a name is never a prefix of another's.
+    #[test]
+    fn a_status_field_is_read_with_or_without_its_colon() {
+        let me = std::process::id();
+        let hwm = status_kib(me, "VmHWM:");
+        assert!(hwm > 0, "this process has a peak RSS");
+        // A peak only grows between the two reads.
+        assert!(status_kib(me, "VmHWM") >= hwm, "read without the colon too");
+        assert_eq!(status_kib(me, "VmHW"), 0, "no field is named VmHW");
+    }
 }
