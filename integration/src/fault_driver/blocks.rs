@@ -77,7 +77,7 @@ pub fn changed_blocks(target: &mut File, mut base: Option<&mut File>, start: u64
     let (mut blocks, mut offset) = (Vec::new(), start);
     let (mut t, mut b) = (vec![0u8; BLOCK as usize], vec![0u8; BLOCK as usize]);
     while offset < len {
-        let n = read_block(target, &mut t)?;
+        read_block(target, &mut t)?;
         let differs = match base.as_deref_mut() {
             Some(base) => {
                 read_block(base, &mut b)?;
@@ -88,13 +88,13 @@ pub fn changed_blocks(target: &mut File, mut base: Option<&mut File>, start: u64
         if differs {
             blocks.push((offset, BLOCK));
         }
-        offset += n.max(1) as u64;
+        offset += BLOCK;
     }
     Ok(blocks)
 }
 
-/// Reads one block (zeros past the end of the file); the bytes read.
-fn read_block(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Reads the next block into `buf` (zeros past the end of the file).
+fn read_block(f: &mut File, buf: &mut [u8]) -> std::io::Result<()> {
     buf.fill(0);
     let mut got = 0;
     while got < buf.len() {
@@ -103,7 +103,7 @@ fn read_block(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
             n => got += n,
         }
     }
-    Ok(if got == 0 { buf.len() } else { got })
+    Ok(())
 }
 
 /// Merges touching blocks into ranges (the VARIABLE_LENGTH form).

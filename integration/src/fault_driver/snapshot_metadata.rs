@@ -4,8 +4,6 @@
 //! (256 when 0), with the script's faults (a slow stream, an error after
 //! some responses).
 
-use std::time::Duration;
-
 use csi_sidecar::csi::proto::csi::v1 as csi;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, codegen::BoxStream};
@@ -61,15 +59,12 @@ impl Service {
     /// error after `metadata_error_after` of them.
     fn streamed<T: Send + 'static>(&self, pages: Vec<Page>, wrap: fn(Page) -> T) -> BoxStream<T> {
         let s = self.script();
-        let (delay, error_after): (Duration, Option<usize>) = (s.metadata_response_delay, s.metadata_error_after);
-        let items = pages.into_iter().enumerate().map(move |(i, page)| match error_after {
-            Some(n) if i >= n => Err(Status::internal("fault: the metadata stream broke")),
-            _ => Ok(wrap(page)),
-        });
-        let items: Vec<_> = match error_after {
+        let delay = s.metadata_response_delay;
+        let pages = pages.into_iter().map(|page| Ok(wrap(page)));
+        let items: Vec<Result<T, Status>> = match s.metadata_error_after {
             // The error ends the stream.
-            Some(n) => items.take(n + 1).collect(),
-            None => items.collect(),
+            Some(n) => pages.take(n).chain([Err(Status::internal("fault: the metadata stream broke"))]).collect(),
+            None => pages.collect(),
         };
         Box::pin(futures::stream::iter(items).then(move |item| async move {
             tokio::time::sleep(delay).await;
