@@ -26,14 +26,14 @@
 #             kubelet (the real kubelet, cmd/kubelet, for the real node with
 #             containerd; built only when named, from integration/go/kube)
 #             csi-translate (k8s.io/csi-translation-lib over a corpus, for
-#             integration/tests/migration_corpus.rs; built only when named,
+#             integration/tests/no_cluster/migration_corpus.rs; built only when named,
 #             from integration/go/kube)
 #             snapshot-controller (the common snapshot controller; built only
 #             when named, from integration/go/helm, so that it reuses the
 #             packages helm and kubectl compiled; the snapshot CRDs of the
 #             same release are copied next to it, into crd/)
 #             promtool (Prometheus' rule checker and rule unit tester, for
-#             the chart's alerts in integration/tests/monitoring.rs; built
+#             the chart's alerts in integration/tests/no_cluster/monitoring.rs; built
 #             only when named, from integration/go/promtool)
 #
 # Environment:

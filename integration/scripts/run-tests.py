@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Runs the workspace's test executables several at a time (test.sh's test step).
 
-`cargo test --workspace` runs its test executables one after another; each
-integration test binary boots its own control plane and mostly waits on it,
-so running a few at once shortens the step to about the longest binary plus
-a share of the rest. This script takes the executables cargo built
-(`cargo test --workspace --no-run --message-format=json-render-diagnostics`,
-its stdout in ARTIFACTS) and runs them as cargo would (cwd the package's
-directory, cargo's CARGO_* variables set), at most JOBS at once, the longest
-first; the binaries named in ALONE run afterwards, one at a time, with nothing
-else running (they measure rates or latencies that a shared CPU skews). Each
-executable's output goes to LOG_DIR/<package>.<kind>.<name>.log; one line is
-printed per executable as it ends, a table at the end.
+`cargo test --workspace` runs its test executables one after another; an
+integration test binary is a world (tests/<world>/main.rs) whose modules each
+boot their own control plane and mostly wait on it, so running a few at once
+shortens the step to about the longest module plus a share of the rest. This
+script takes the executables cargo built (`cargo test --workspace --no-run
+--message-format=json-render-diagnostics`, its stdout in ARTIFACTS) and runs
+them as cargo would (cwd the package's directory, cargo's CARGO_* variables
+set): a unit-test executable as one job, a world's binary as one job per
+module (`<binary> --exact <the module's tests>`, named after the module), at
+most JOBS at once, the longest first; the modules named in ALONE run
+afterwards, one at a time, with nothing else running (they measure rates or
+latencies that a shared CPU skews). Each job's output goes to
+LOG_DIR/<package>.<kind>.<name>.log; one line is printed per job as it ends,
+a table at the end.
 
 Each executable gets CSI_SIDECAR_CLUSTER_DIR=<that directory>/<its name>
 when the variable is set, so the control-plane run directories it leaves are
@@ -19,15 +22,15 @@ its own. When one fails: the last lines of those run directories' component
 logs, then each failing executable's "failures:" section (its failed tests'
 output), then the failed tests' names, last (CI shows the end).
 
-The skew suite (SKEW_SUITE: the test binaries of the API surface that
+The skew suite (SKEW_SUITE: the test modules of the API surface that
 changed between Kubernetes minors) also runs at each --skew VERSION, in the
 same pool: those jobs get CSI_SIDECAR_KUBE_VERSION=VERSION (the components
 must be built for it: build-components.sh) and are named NAME@VERSION.
-Binaries in EXCLUSIVE never run two at a time (whatever their version).
+Modules in EXCLUSIVE never run two at a time (whatever their version).
 
 Usage: run-tests.py [--jobs N] [--log-dir DIR] [--skew VERSION]... [--skew-only]
                     ARTIFACTS [NAME...]
-  NAME...      run only these (a test target's name, or NAME (lib), NAME (bin))
+  NAME...      run only these (a test module's name, or NAME (lib), NAME (bin))
   --skew V     also run SKEW_SUITE at Kubernetes V (a module in
                integration/go/kube-versions/, or "default"); repeatable
   --skew-only  only the --skew jobs
@@ -46,8 +49,8 @@ import sys
 import time
 from pathlib import Path
 
-# Seconds each integration test binary took when run alone (test.sh, cargo
-# test one after another, 2 cores): the longest start first. Binaries not
+# Seconds each integration test module took when run alone (test.sh, cargo
+# test one after another, 2 cores): the longest start first. Modules not
 # listed count as short and start after these.
 KNOWN_SECONDS = {
     "churn_soak": 148,
@@ -81,11 +84,11 @@ SKEW_SUITE = (
     "real_node", "health_monitor",
 )
 
-# Test binaries that never run two at a time: a real node (containerd and a
+# Test modules that never run two at a time: a real node (containerd and a
 # kubelet) is one per host.
 EXCLUSIVE = ("real_node",)
 
-# Test binaries whose assertions are about time or rate as the apiserver sees
+# Test modules whose assertions are about time or rate as the apiserver sees
 # it, run with nothing beside them once the others are done:
 #   budget: the provisioner's request rate, sampled every 200 ms from the
 #           apiserver's metrics; a scrape that a busy CPU delays shifts a
@@ -210,13 +213,29 @@ def skew_jobs(jobs, versions, log_dir, cluster_dir):
     suite = [j for j in jobs if j.kind == "test" and j.name in SKEW_SUITE]
     missing = set(SKEW_SUITE) - {j.name for j in suite}
     if missing:
-        raise SystemExit(f"run-tests: the skew suite names test binaries that were not built: {sorted(missing)}")
+        raise SystemExit(f"run-tests: the skew suite names test modules that were not built: {sorted(missing)}")
     return [
         at_version(j, v, log_dir, cluster_dir)
         for v in versions
         for j in suite
         if j.name != "real_node" or has_kubelet(v)
     ]
+
+
+def module_tests(exe, cwd, env):
+    """The tests of a world's binary by module (the first segment of each
+    test's path), in the binary's order."""
+    listing = subprocess.run(
+        [exe, "--list", "--format", "terse"], cwd=cwd, env=env, check=True, stdout=subprocess.PIPE, text=True
+    ).stdout
+    modules = {}
+    for line in listing.splitlines():
+        test, sep, what = line.rpartition(": ")
+        if not sep or what != "test":
+            continue
+        module = test.split("::", 1)[0] if "::" in test else os.path.basename(exe).rsplit("-", 1)[0]
+        modules.setdefault(module, []).append(test)
+    return modules
 
 
 def load_jobs(artifacts, log_dir, cluster_dir):
@@ -241,13 +260,20 @@ def load_jobs(artifacts, log_dir, cluster_dir):
         if (package["name"], kind, name) in seen:
             continue
         seen.add((package["name"], kind, name))
-        env = dict(os.environ)
-        env.update(cargo_env(package))
-        slug = f"{package['name']}.{kind}.{name}"
-        if cluster_dir:
-            env["CSI_SIDECAR_CLUSTER_DIR"] = os.path.join(cluster_dir, slug)
-        cwd, log = env["CARGO_MANIFEST_DIR"], log_dir / f"{slug}.log"
-        jobs.append(Job(name, kind, package["name"], [msg["executable"]], cwd, env, log, slug))
+        base = dict(os.environ)
+        base.update(cargo_env(package))
+        exe, cwd = msg["executable"], base["CARGO_MANIFEST_DIR"]
+        # An integration test target is a world (tests/<world>/main.rs) of
+        # modules: each module runs in a process of its own, as a job named
+        # after it.
+        parts = module_tests(exe, cwd, base) if kind == "test" else {name: None}
+        for part, tests in parts.items():
+            env = dict(base)
+            slug = f"{package['name']}.{kind}.{part}"
+            if cluster_dir:
+                env["CSI_SIDECAR_CLUSTER_DIR"] = os.path.join(cluster_dir, slug)
+            argv = [exe] if tests is None else [exe, "--exact", *tests]
+            jobs.append(Job(part, kind, package["name"], argv, cwd, env, log_dir / f"{slug}.log", slug))
     # The doc tests: cargo builds and runs them in one go (`--no-run` does not
     # build them).
     argv = ["cargo", "test", "--workspace", "--doc"]

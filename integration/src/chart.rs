@@ -25,7 +25,7 @@ pub const NAMESPACE: &str = "csi-mock";
 pub const DRIVER: &str = "io.kubernetes.storage.mock";
 pub const STORAGE_CLASS: &str = "csi-mock";
 const CHART_README: &str = "manifests/helm/csi-sidecar/README.md";
-const INSTALL_MARKER: &str = "<!-- helm-install: run by integration/tests/real_node.rs -->";
+const INSTALL_MARKER: &str = "<!-- helm-install: run by integration/tests/nodes/real_node.rs -->";
 
 /// The `helm install` line of the chart's README (the fenced block after
 /// [`INSTALL_MARKER`]), as words.

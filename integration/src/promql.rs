@@ -1,5 +1,5 @@
 //! The metric and label names a PromQL expression uses, and whether a
-//! scrape of `/metrics` has them: what `integration/tests/monitoring.rs`
+//! scrape of `/metrics` has them: what `integration/tests/no_cluster/monitoring.rs`
 //! checks the chart's dashboard and alerts with.
 //!
 //! The extractor is a tokenizer, not a parser (promtool parses the

@@ -7,7 +7,7 @@
 //! translates an in-tree PV to find the volume to delete; the attacher
 //! translates an in-tree PV to attach it. The rules are those of
 //! `k8s.io/csi-translation-lib` v0.36 (the version of the control plane the
-//! repository pins); `integration/tests/migration_corpus.rs` runs the real
+//! repository pins); `integration/tests/no_cluster/migration_corpus.rs` runs the real
 //! library over `integration/testdata/migration-corpus.json` and requires
 //! the same result here for every case.
 

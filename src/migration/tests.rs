@@ -1,5 +1,5 @@
 //! Table tests of the translation; the full comparison with the real
-//! csi-translation-lib is `integration/tests/migration_corpus.rs`.
+//! csi-translation-lib is `integration/tests/no_cluster/migration_corpus.rs`.
 
 use k8s_openapi::api::{core::v1::PersistentVolume, storage::v1::StorageClass};
 use serde_json::json;

@@ -1,8 +1,10 @@
 //! The test handle: [`ControlPlane`] runs a launcher as a child process and
 //! talks to the cluster it reports.
 
+use super::per_module::PerModule;
 #[allow(unused_imports)]
 use super::*;
+use std::panic::Location;
 
 /// The `cluster` launcher binary: `$CSI_SIDECAR_CLUSTER_BIN`, else `cluster` next to
 /// the running executable (tests run from `target/<profile>/deps/`; cargo builds
@@ -151,15 +153,17 @@ impl ControlPlane {
         }
     }
 
-    /// One control plane per test binary, started on first use and stopped when the
-    /// process exits (through the stdin pipe, since statics are never dropped).
+    /// One control plane per test module (cluster/per_module.rs), started on
+    /// first use and stopped when the process exits (through the stdin pipe,
+    /// since statics are never dropped).
     ///
     /// With `$CSI_SIDECAR_CLUSTER_INFO` pointing at the `cluster.json` of a running
     /// cluster, that one is used instead (and left running).
+    #[track_caller]
     pub fn shared() -> &'static ControlPlane {
-        // A failed start is remembered: the other tests fail fast with the same reason.
-        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let shared = SHARED.get_or_init(|| match std::env::var_os(ATTACH_ENV) {
+        // A failed start is remembered: the module's other tests fail fast with the same reason.
+        static SHARED: PerModule = PerModule::new();
+        let shared = SHARED.get(Location::caller().file(), || match std::env::var_os(ATTACH_ENV) {
             Some(path) if !path.is_empty() => match ClusterInfo::read(Path::new(&path)) {
                 Ok(info) => Ok(ControlPlane {
                     info,
@@ -177,13 +181,14 @@ impl ControlPlane {
         }
     }
 
-    /// One control plane per test binary with the snapshot CRDs installed
+    /// One control plane per test module with the snapshot CRDs installed
     /// and the real snapshot-controller running (`cluster serve
     /// --snapshots`), started on first use. [`ControlPlane::shared`] has
     /// neither: there, the snapshot API is not installed.
+    #[track_caller]
     pub fn with_snapshots() -> &'static ControlPlane {
-        static SNAPSHOTS: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let cp = SNAPSHOTS.get_or_init(|| {
+        static SNAPSHOTS: PerModule = PerModule::new();
+        let cp = SNAPSHOTS.get(Location::caller().file(), || {
             ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"]).map_err(|e| format!("{e:#}"))
         });
         match cp {
@@ -192,12 +197,13 @@ impl ControlPlane {
         }
     }
 
-    /// One control plane per test binary with kube-scheduler and one hollow
+    /// One control plane per test module with kube-scheduler and one hollow
     /// kubelet (`cluster serve --nodes 1`, the node in `info().nodes[0]`),
     /// started on first use.
+    #[track_caller]
     pub fn with_node() -> &'static ControlPlane {
-        static NODE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let cp = NODE.get_or_init(|| {
+        static NODE: PerModule = PerModule::new();
+        let cp = NODE.get(Location::caller().file(), || {
             ControlPlane::spawn_launcher(&launcher_bin(), &["--nodes", "1"]).map_err(|e| format!("{e:#}"))
         });
         match cp {
@@ -206,10 +212,11 @@ impl ControlPlane {
         }
     }
 
-    /// One control plane per test binary with kube-scheduler, the workload
+    /// One control plane per process with kube-scheduler, the workload
     /// controllers and a real node (containerd and the kubelet, `cluster
     /// serve --real-node DIR`, the node in `info().real_node`), started on
-    /// first use, with the images of [`node_images`].
+    /// first use, with the images of [`node_images`]: a host has one real
+    /// node, so every module shares it.
     pub fn with_real_node() -> &'static ControlPlane {
         static REAL: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
         let cp = REAL.get_or_init(|| {

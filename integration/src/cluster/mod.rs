@@ -51,6 +51,7 @@ mod commands;
 mod component;
 mod handle;
 mod launcher;
+mod per_module;
 mod pki;
 mod real_node;
 pub mod versions;

@@ -22,9 +22,11 @@ pub struct FaultEnv {
 }
 
 impl FaultEnv {
-    /// A namespace and a driver name, both from `prefix`, on the shared control plane.
-    pub async fn new(prefix: &str) -> FaultEnv {
-        Self::on(crate::cluster::ControlPlane::shared(), prefix).await
+    /// A namespace and a driver name, both from `prefix`, on the caller's
+    /// test module's shared control plane.
+    #[track_caller]
+    pub fn new(prefix: &str) -> impl Future<Output = FaultEnv> + '_ {
+        Self::on(crate::cluster::ControlPlane::shared(), prefix)
     }
 
     /// Like [`FaultEnv::new`], on the control plane `cp` (e.g. a dedicated one

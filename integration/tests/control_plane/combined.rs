@@ -3,7 +3,6 @@
 //! names let csi-sidecar share a rollout with upstream sidecars, and a lost
 //! Lease stops only its module.
 
-#[path = "combined/widgets.rs"]
 mod widgets;
 
 use std::{collections::BTreeMap, path::Path, time::Duration};

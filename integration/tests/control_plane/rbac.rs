@@ -30,17 +30,11 @@ use csi_sidecar_integration::{cluster::ControlPlane, workspace_root};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use serde_json::Value;
 
-#[path = "rbac/attacher.rs"]
 mod attacher;
-#[path = "rbac/cycle.rs"]
 mod cycle;
-#[path = "rbac/health_monitor.rs"]
 mod health_monitor;
-#[path = "rbac/provisioner.rs"]
 mod provisioner;
-#[path = "rbac/resizer.rs"]
 mod resizer;
-#[path = "rbac/snapshotter.rs"]
 mod snapshotter;
 
 use cycle::{Cycle, Module, Rules};

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 const RULES_HEADER: &str = "\
 # The chart's alerting rules with the default values (release and namespace
-# csi-sidecar), rendered from templates/_rules.tpl; integration/tests/monitoring.rs
+# csi-sidecar), rendered from templates/_rules.tpl; integration/tests/no_cluster/monitoring.rs
 # checks that this file is the chart's rendering, then runs promtool on it.
 ";
 

@@ -413,7 +413,7 @@ async fn a_pre_provisioned_group_content_is_checked_with_get_and_deleted_with_it
     let _ = env.classes.delete(&delete, &DeleteParams::default()).await;
 }
 
-/// The group-content writes `integration/tests/rbac.rs` cannot exercise
+/// The group-content writes `integration/tests/control_plane/rbac.rs` cannot exercise
 /// (its live run uses the mock driver, which has no GroupController).
 const GROUP_WRITES: [(&str, &str, &str); 3] = [
     ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "get"),

@@ -95,7 +95,7 @@ impl AttacherFlags {
 
 /// The module's ClusterRole (its row's `cluster_rules`): exactly what the
 /// code calls, each rule with where. `manifests/rbac/` and the chart are
-/// checked against it, and `integration/tests/rbac.rs` runs the module
+/// checked against it, and `integration/tests/control_plane/rbac.rs` runs the module
 /// under exactly it, with a cycle per rule taken away.
 pub const CLUSTER_RULES: &[Rule] = &[
     // list, watch: `run`'s informer (never a GET). patch: `attach`,

@@ -78,7 +78,7 @@ impl Module {
         // The mock driver has no GroupController: the snapshotter's live run
         // lists and watches the group kinds but writes no group content.
         // Those writes are proven sufficient and needed under this manifest by
-        // integration/tests/group_snapshots.rs (fault driver).
+        // integration/tests/snapshots/group_snapshots.rs (fault driver).
         let unexercised = [
             ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "get"),
             ("groupsnapshot.storage.k8s.io", "volumegroupsnapshotcontents", "patch"),

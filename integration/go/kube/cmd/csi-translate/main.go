@@ -1,7 +1,7 @@
 // csi-translate runs k8s.io/csi-translation-lib over a corpus and prints
 // the results, so that csi-sidecar's own translation (src/migration) can be
 // compared with the real library case by case
-// (integration/tests/migration_corpus.rs).
+// (integration/tests/no_cluster/migration_corpus.rs).
 //
 //	csi-translate < corpus.json > results.json
 //
