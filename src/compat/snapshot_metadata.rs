@@ -87,3 +87,31 @@ pub fn driver_failed(error: &str) -> String {
 pub fn unsupported(driver: &str) -> String {
     format!("CSI driver {driver} does not support the SNAPSHOT_METADATA_SERVICE")
 }
+
+/// `--tls-min-version` values (Go's `crypto/tls` constant names): TLS 1.2
+/// and TLS 1.3.
+pub const TLS_VERSIONS: [&str; 2] = ["VersionTLS12", "VersionTLS13"];
+
+/// Go's names of the TLS 1.2 cipher suites `--tls-cipher-suites` may name,
+/// each with its IANA name (Go's current names are the IANA ones; the
+/// ChaCha20 suites also have a shorter legacy name).
+pub const CIPHER_SUITE_NAMES: &[(&str, &str)] = &[
+    ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"),
+    ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"),
+    ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"),
+    ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"),
+    ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"),
+    ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305", "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"),
+    ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256"),
+    ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256"),
+];
+
+/// Go's names of the key exchange groups `--tls-curve-preferences` may
+/// name, each with its IANA name.
+pub const CURVE_NAMES: &[(&str, &str)] = &[
+    ("CurveP256", "secp256r1"),
+    ("CurveP384", "secp384r1"),
+    ("CurveP521", "secp521r1"),
+    ("X25519", "X25519"),
+    ("X25519MLKEM768", "X25519MLKEM768"),
+];

@@ -79,10 +79,12 @@ impl SnapshotMetadataFlags {
 
     /// `--tls-min-version`, checked.
     pub fn tls_min(&self) -> Result<TlsMin, String> {
+        let [tls12, tls13] = upstream::TLS_VERSIONS;
         match self.tls_min_version.as_str() {
-            "" | "VersionTLS12" => Ok(TlsMin::Tls12),
-            "VersionTLS13" => Ok(TlsMin::Tls13),
-            other => Err(format!("--tls-min-version: {other:?} is not VersionTLS12 or VersionTLS13")),
+            "" => Ok(TlsMin::Tls12),
+            v if v == tls12 => Ok(TlsMin::Tls12),
+            v if v == tls13 => Ok(TlsMin::Tls13),
+            other => Err(format!("--tls-min-version: {other:?} is not {tls12} or {tls13}")),
         }
     }
 

@@ -5,3 +5,4 @@
 pub mod api;
 pub mod config;
 pub mod decide;
+pub mod tls;
