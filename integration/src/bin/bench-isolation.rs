@@ -80,6 +80,9 @@ struct Args {
     /// comma-separated layouts: separate, combined (default "separate,combined")
     #[argh(option, default = "String::from(\"separate,combined\")")]
     layouts: String,
+    /// an argument for every sidecar process (repeatable), e.g. `-v=5`
+    #[argh(option)]
+    sidecar_arg: Vec<String>,
 }
 
 /// One round of one layout.
@@ -106,8 +109,18 @@ fn main() -> Result<()> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args))
 }
 
+/// The run in a temporary directory (the driver's socket, the sidecars'
+/// logs), kept when the run fails so its logs can be read.
 async fn run(args: Args) -> Result<()> {
     let tmp = tempfile::tempdir()?;
+    let result = run_in(args, &tmp).await;
+    if result.is_err() {
+        eprintln!("the sidecars' logs are kept in {}", tmp.keep().display());
+    }
+    result
+}
+
+async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
     eprintln!("starting the control plane with snapshot-controller ...");
     let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
     let admin: Client = cp.client().await;
@@ -154,7 +167,17 @@ async fn run(args: Args) -> Result<()> {
                 args.claims,
                 args.snapshots
             );
-            rounds.push(round(&world, &args, layout, r).await?);
+            let done = round(&world, &args, layout, r).await?;
+            eprintln!(
+                "{layout}, round {}: all claims Bound after {:.1} s, the abnormal-volume event after {:.1} s, \
+                 {} failed CreateSnapshot calls, peak RSS {:.1} MiB",
+                r + 1,
+                done.provisioned,
+                done.event,
+                done.failed_creates,
+                mib(done.rss_kib)
+            );
+            rounds.push(done);
         }
         let med = |f: fn(&Round) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
         report.push_str(&format!(
@@ -183,12 +206,14 @@ async fn start(world: &World, args: &Args, layout: &str, r: usize) -> Result<Vec
     let interval = format!("--monitor-interval={}s", args.monitor_interval);
     let list_interval = format!("--list-volumes-interval={}s", args.monitor_interval);
     let module_args = |m: &str| -> Vec<String> {
-        match m {
+        let mut all = match m {
             // The interval of the form the driver serves (ListVolumes: the
             // list interval).
             "health-monitor" => vec![m.to_string(), interval.clone(), list_interval.clone()],
             _ => vec![m.to_string()],
-        }
+        };
+        all.extend(args.sidecar_arg.iter().cloned());
+        all
     };
     let synced_line = |m: &str| match m {
         "provisioner" => "Caches synced; provisioning",
@@ -284,11 +309,19 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
     // contents' finalizers, the provisioner deletes the volumes); a request
     // the loaded apiserver drops is sent again on the next pass.
     let pvs: Api<PersistentVolume> = Api::all(world.admin.clone());
+    let cleaning = Instant::now();
+    let mut reported = 0;
     wait_for("the round's snapshots, contents and volumes gone", Duration::from_secs(900), async || {
-        Ok(clean_up(world, &pvcs, &pvs, &tag).await.unwrap_or_else(|e| {
+        let left = clean_up(world, &pvcs, &pvs, &tag).await.unwrap_or_else(|e| {
             eprintln!("cleaning up: {e} (again)");
-            false
-        }))
+            Left::default()
+        });
+        let secs = cleaning.elapsed().as_secs();
+        if secs / 30 > reported {
+            reported = secs / 30;
+            eprintln!("cleaning up, {secs} s: {left:?} left");
+        }
+        Ok(left.is_none())
     })
     .await?;
     for p in &mut procs {
@@ -298,14 +331,31 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
     Ok(Round { provisioned: secs(provisioned), event: secs(event), rss_kib, failed_creates })
 }
 
-/// Deletes what the round made; whether it is all gone (the two setup
-/// volumes stay).
+/// What a round's cleanup has still to see gone.
+#[derive(Debug, Default)]
+struct Left {
+    snapshots: usize,
+    contents: usize,
+    /// Beyond the two setup volumes.
+    volumes: usize,
+    /// Whether the lists answered (a failed list counts as something left).
+    listed: bool,
+}
+
+impl Left {
+    fn is_none(&self) -> bool {
+        self.listed && self.snapshots == 0 && self.contents == 0 && self.volumes == 0
+    }
+}
+
+/// Deletes what the round made; what is left of it (the two setup volumes
+/// stay).
 async fn clean_up(
     world: &World,
     pvcs: &Api<PersistentVolumeClaim>,
     pvs: &Api<PersistentVolume>,
     tag: &str,
-) -> Result<bool> {
+) -> Result<Left> {
     let snapshots = world.snaps.snapshots.list(&ListParams::default()).await?.items;
     if snapshots.iter().any(|s| s.metadata.deletion_timestamp.is_none()) {
         world.snaps.snapshots.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
@@ -317,7 +367,8 @@ async fn clean_up(
         }
     }
     let contents = world.snaps.contents.list(&ListParams::default()).await?.items.len();
-    Ok(snapshots.is_empty() && contents == 0 && pvs.list(&ListParams::default()).await?.items.len() == 2)
+    let volumes = pvs.list(&ListParams::default()).await?.items.len().saturating_sub(2);
+    Ok(Left { snapshots: snapshots.len(), contents, volumes, listed: true })
 }
 
 /// The CSI volume handle of claim `name`'s PV.
