@@ -11,7 +11,7 @@ use super::{
     connection::Connection,
     proto::csi::v1::{
         self as csi, controller_client::ControllerClient, group_controller_client::GroupControllerClient,
-        identity_client::IdentityClient, node_client::NodeClient,
+        identity_client::IdentityClient, node_client::NodeClient, snapshot_metadata_client::SnapshotMetadataClient,
     },
 };
 
@@ -38,6 +38,46 @@ macro_rules! rpc {
             pub async fn $name(&self, timeout: Duration) -> Result<csi::$resp, Status> {
                 self.call($constant, timeout, csi::$req {}, |ch, r| async move { $client::new(ch).$name(r).await })
                     .await
+            }
+        }
+    };
+}
+
+/// A server-streaming call's responses under the call's deadline: once it
+/// passes, the next read is DeadlineExceeded, whatever the driver does (a
+/// driver need not enforce the grpc-timeout it was sent). Dropping it
+/// cancels the call.
+pub struct CallStream<T> {
+    inner: tonic::Streaming<T>,
+    deadline: tokio::time::Instant,
+}
+
+impl<T> CallStream<T> {
+    pub(super) fn new(inner: tonic::Streaming<T>, deadline: tokio::time::Instant) -> Self {
+        CallStream { inner, deadline }
+    }
+
+    /// The next response; `None` when the driver ended the stream with OK.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        match tokio::time::timeout_at(self.deadline, self.inner.message()).await {
+            Ok(next) => next,
+            Err(_) => Err(Status::deadline_exceeded(crate::compat::DEADLINE_EXCEEDED_MESSAGE)),
+        }
+    }
+}
+
+/// One server-streaming RPC: its method name as a constant of [`method`]
+/// and its typed method on [`Connection`], which opens the stream; the
+/// caller reads it and records its outcome ([`Connection::record_call`]).
+macro_rules! stream_rpc {
+    ($name:ident($constant:ident = $full:literal, $client:ident, $req:ident -> stream $resp:ident)) => {
+        #[doc = $full]
+        pub const $constant: &str = $full;
+
+        impl Connection {
+            #[doc = concat!("Opens `", $full, "`, the whole stream under a deadline of `timeout`.")]
+            pub async fn $name(&self, timeout: Duration, req: csi::$req) -> Result<CallStream<csi::$resp>, Status> {
+                self.open_stream($constant, timeout, req, |ch, r| async move { $client::new(ch).$name(r).await }).await
             }
         }
     };
@@ -93,6 +133,11 @@ pub mod method {
         GroupControllerClient, DeleteVolumeGroupSnapshotRequest -> DeleteVolumeGroupSnapshotResponse));
     rpc!(get_volume_group_snapshot(GET_VOLUME_GROUP_SNAPSHOT = "/csi.v1.GroupController/GetVolumeGroupSnapshot",
         GroupControllerClient, GetVolumeGroupSnapshotRequest -> GetVolumeGroupSnapshotResponse));
+
+    stream_rpc!(get_metadata_allocated(GET_METADATA_ALLOCATED = "/csi.v1.SnapshotMetadata/GetMetadataAllocated",
+        SnapshotMetadataClient, GetMetadataAllocatedRequest -> stream GetMetadataAllocatedResponse));
+    stream_rpc!(get_metadata_delta(GET_METADATA_DELTA = "/csi.v1.SnapshotMetadata/GetMetadataDelta",
+        SnapshotMetadataClient, GetMetadataDeltaRequest -> stream GetMetadataDeltaResponse));
 
     // The health monitor's calls: their typed methods are in `health.rs`
     // (`ListVolumes` above, decoded there with the v1.12 volume condition).

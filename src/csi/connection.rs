@@ -230,6 +230,41 @@ impl Connection {
         result
     }
 
+    /// Opens one server-streaming call: the deadline covers the whole
+    /// stream (the driver sees it as the call's grpc-timeout), the request
+    /// is logged redacted. The caller reads the stream and records the
+    /// call's outcome with [`Connection::record_call`].
+    pub(super) async fn open_stream<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        timeout: Duration,
+        req: Req,
+        send: F,
+    ) -> Result<super::calls::CallStream<Resp>, Status>
+    where
+        Req: Redact + Clone + Debug,
+        F: FnOnce(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<tonic::Streaming<Resp>>, Status>>,
+    {
+        if tracing::enabled!(tracing::Level::TRACE) {
+            tracing::trace!(method, request = %redacted_debug(&req), "GRPC call");
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut request = Request::new(req);
+        request.set_timeout(timeout);
+        match tokio::time::timeout_at(deadline, send(self.inner.channel.clone(), request)).await {
+            Ok(Ok(response)) => Ok(super::calls::CallStream::new(response.into_inner(), deadline)),
+            Ok(Err(status)) => Err(status),
+            Err(_) => Err(Status::deadline_exceeded(compat::DEADLINE_EXCEEDED_MESSAGE)),
+        }
+    }
+
+    /// Records a streaming call's outcome in the call metrics, as a unary
+    /// call's is: its code when it ended and how long it ran.
+    pub fn record_call(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.record(method, code, elapsed);
+    }
+
     fn record(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
         let driver: metrics::SharedString = match self.inner.driver.borrow().as_ref() {
             Some(d) => metrics::SharedString::from(d.name.clone()),

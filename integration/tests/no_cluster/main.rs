@@ -6,6 +6,7 @@
 //! a process of its own (`<binary> --exact <its tests>`).
 
 mod cli;
+mod csi_streams;
 mod manifests;
 mod migration_corpus;
 mod monitoring;
