@@ -446,16 +446,18 @@ async fn node_deployment_serves_only_its_nodes_contents() {
 }
 
 /// A driver that hangs every CreateSnapshot does not delay another module's
-/// calls on the shared connection: while every snapshotter worker waits on
-/// its CreateSnapshot, ten volumes attach (each ControllerPublishVolume
-/// answered) before any CreateSnapshot has returned.
+/// calls on the shared connection, nor does one module's worker count take
+/// the process from another's (issue 38, item 5): while each of the
+/// snapshotter's 100 workers waits on its CreateSnapshot, the attacher's
+/// default 10 attach ten volumes (each ControllerPublishVolume answered)
+/// before any CreateSnapshot has returned.
 #[tokio::test]
 async fn hanging_snapshot_calls_do_not_delay_another_modules_calls() {
-    const HUNG: usize = 10; // the snapshotter's default --worker-threads
+    const HUNG: usize = 100; // the snapshotter's --worker-threads below
     const ATTACHMENTS: usize = 10;
     let env = Env::new("snapf-hang").await;
     let hang = |s| Script { publish: true, create_snapshot_delay: Duration::from_secs(600), ..s };
-    let (driver, _sidecar) = env.start(hang, &["--timeout=600s", "attacher"]);
+    let (driver, _sidecar) = env.start(hang, &["--timeout=600s", "--worker-threads=100", "attacher"]);
     env.bound_claim("data").await;
     let class = env.ns.scoped("vsc");
     env.snaps.class(&class, &env.driver_name, "Delete", serde_json::Value::Null).await;
