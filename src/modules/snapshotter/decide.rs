@@ -648,12 +648,19 @@ impl Content for VolumeSnapshotContent {
     }
 }
 
-/// The JSON patch setting the kind's being-created annotation: the whole
-/// map replaced by the one read plus the annotation (upstream's form).
-pub fn being_created_patch<K: Content>(c: &K) -> serde_json::Value {
-    let mut a = c.meta().annotations.clone().unwrap_or_default();
-    a.insert(K::BEING_CREATED.to_string(), "yes".to_string());
-    serde_json::json!([{"op": "replace", "path": "/metadata/annotations", "value": a}])
+/// The merge patch setting the kind's being-created annotation: the one
+/// key, merged into whatever annotations the object has when the patch
+/// lands. Upstream sends a JSON patch replacing the whole map with the one
+/// it read plus the key, which drops an annotation the snapshot-controller
+/// added since (its being-deleted mark: the content then never gets its
+/// DeleteSnapshot and keeps its finalizer); see docs/differences.md.
+pub fn being_created_patch<K: Content>(_read: &K) -> serde_json::Value {
+    serde_json::json!({"metadata": {"annotations": {K::BEING_CREATED: "yes"}}})
+}
+
+/// The JSON pointer of annotation `key`.
+fn annotation_path(key: &str) -> String {
+    format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"))
 }
 
 /// The JSON patch removing the being-created annotation.
@@ -663,8 +670,7 @@ pub fn remove_being_created_patch() -> serde_json::Value {
 
 /// The JSON patch removing annotation `key`.
 pub(super) fn remove_annotation_patch(key: &str) -> serde_json::Value {
-    let path = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
-    serde_json::json!([{"op": "remove", "path": path}])
+    serde_json::json!([{"op": "remove", "path": annotation_path(key)}])
 }
 
 /// Whether an update needs a sync (upstream's `ShouldEnqueueContentChange`

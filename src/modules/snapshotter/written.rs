@@ -47,8 +47,9 @@ pub(super) fn wrote<K: Resource>(written: &Written<K>, c: K) -> Arc<K> {
     c
 }
 
-/// Applies JSON patch `patch` to object `name`, or to its status
-/// subresource when `status`, and remembers the answer.
+/// Applies `patch` (a JSON patch when it is an array, else a merge patch)
+/// to object `name`, or to its status subresource when `status`, and
+/// remembers the answer.
 pub(super) async fn patch<K>(
     api: &Api<K>,
     written: &Written<K>,
@@ -65,6 +66,9 @@ where
     Ok(wrote(written, c))
 }
 
-fn json_patch(v: serde_json::Value) -> Result<Patch<()>, kube::Error> {
+fn json_patch(v: serde_json::Value) -> Result<Patch<serde_json::Value>, kube::Error> {
+    if !v.is_array() {
+        return Ok(Patch::Merge(v));
+    }
     Ok(Patch::Json(serde_json::from_value(v).map_err(kube::Error::SerdeError)?))
 }
