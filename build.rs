@@ -11,6 +11,7 @@ const PROTOS: &[&str] = &[
     "proto/csi_v112_volume_condition.proto",
     "proto/pluginregistration/api.proto",
     "proto/snapshot_metadata.proto",
+    "proto/grpc_health_v1.proto",
 ];
 
 /// The CSI packages whose messages get `Redact` impls, each with its file:

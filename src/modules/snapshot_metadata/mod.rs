@@ -5,4 +5,5 @@
 pub mod api;
 pub mod config;
 pub mod decide;
+pub mod health;
 pub mod tls;
