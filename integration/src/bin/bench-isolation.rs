@@ -366,7 +366,26 @@ async fn clean_up(
             pvcs.delete(&name, &DeleteParams::default()).await?;
         }
     }
-    let contents = world.snaps.contents.list(&ListParams::default()).await?.items.len();
+    let contents = world.snaps.contents.list(&ListParams::default()).await?.items;
+    // The snapshot-controller (v8.7.0) now and then removes a VolumeSnapshot
+    // deleted a moment after it was bound without marking or deleting its
+    // content, which then has no snapshot and no deletionTimestamp, and
+    // nothing ever deletes it (its CreateSnapshot always failed, so there is
+    // no backend snapshot). Those are removed here, and counted.
+    if snapshots.is_empty() {
+        let orphans: Vec<String> = contents
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        for name in &orphans {
+            eprintln!(
+                "cleaning up: content {name} has no snapshot and no deletion (the snapshot-controller's); removed"
+            );
+            world.snaps.force_delete_content(name).await;
+        }
+    }
+    let contents = contents.len();
     let volumes = pvs.list(&ListParams::default()).await?.items.len().saturating_sub(2);
     Ok(Left { snapshots: snapshots.len(), contents, volumes, listed: true })
 }
