@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::{
-    core::v1::{Namespace, PersistentVolumeClaim},
+    core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim},
     flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration},
     rbac::v1::ClusterRoleBinding,
 };
@@ -465,6 +465,19 @@ pub async fn bound_claims(pvcs: &Api<PersistentVolumeClaim>, prefix: &str) -> Re
         .iter()
         .filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix)))
         .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .count())
+}
+
+/// How many PersistentVolumes are bound to a claim whose name starts with
+/// `prefix` (the provisioner's own part: kube-controller-manager's binder
+/// then marks the claim Bound).
+pub async fn claims_with_volume(pvs: &Api<PersistentVolume>, prefix: &str) -> Result<usize> {
+    let list = pvs.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|v| v.spec.as_ref()?.claim_ref.as_ref()?.name.as_deref())
+        .filter(|n| n.starts_with(prefix))
         .count())
 }
 

@@ -10,12 +10,14 @@
 //!    has made its first failed `CreateSnapshot` calls (its backlog is
 //!    there), at once: N new claims, and the volume of another bound claim
 //!    turns abnormal (a message new to this round);
-//! 3. measured: the time until every new claim is Bound, and until the
-//!    monitor's `VolumeConditionAbnormal` event with that message appears
+//! 3. measured: the time until every new claim has a PersistentVolume (the
+//!    provisioner's own part), until every one is Bound (kube-controller-
+//!    manager's binder after that), and until the monitor's `VolumeConditionAbnormal` event with that message appears
 //!    (its interval, `--monitor-interval` and `--list-volumes-interval`, is
 //!    the bound that event must meet);
 //! 4. the snapshots and the new claims are deleted (not measured) and the
-//!    processes stopped; their peak RSS (VmHWM) is read first.
+//!    processes stopped; their peak RSS (VmHWM) is read first, and the run
+//!    fails if any process went above `--rss-bound-mib`.
 //!
 //! Layouts (`--layouts`, default `separate,combined`):
 //! * `separate`: `provisioner`, `snapshotter` and `health-monitor` as three
@@ -39,7 +41,9 @@ use anyhow::{Result, bail};
 use argh::FromArgs;
 use csi_sidecar::csi::{HealthCondition, HealthStatus};
 use csi_sidecar_integration::{
-    bench::{bound_claims, create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
+    bench::{
+        bound_claims, claims_with_volume, create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for,
+    },
     cluster::{ControlPlane, try_launcher_bin},
     fault_driver::{FaultDriver, HealthForms, Script, SnapshotMethod, Transport},
     kube_support::{pvc, storage_class},
@@ -83,10 +87,16 @@ struct Args {
     /// an argument for every sidecar process (repeatable), e.g. `-v=5`
     #[argh(option)]
     sidecar_arg: Vec<String>,
+    /// the peak RSS (VmHWM) no sidecar process may exceed, in MiB (default 32)
+    #[argh(option, default = "32")]
+    rss_bound_mib: u64,
 }
 
 /// One round of one layout.
 struct Round {
+    /// Every new claim has a PersistentVolume.
+    volumes: f64,
+    /// Every new claim is Bound.
     provisioned: f64,
     event: f64,
     rss_kib: u64,
@@ -169,9 +179,10 @@ async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
             );
             let done = round(&world, &args, layout, r).await?;
             eprintln!(
-                "{layout}, round {}: all claims Bound after {:.1} s, the abnormal-volume event after {:.1} s, \
+                "{layout}, round {}: every claim had a volume after {:.1} s, all Bound after {:.1} s, the abnormal-volume event after {:.1} s, \
                  {} failed CreateSnapshot calls, peak RSS {:.1} MiB",
                 r + 1,
+                done.volumes,
                 done.provisioned,
                 done.event,
                 done.failed_creates,
@@ -181,7 +192,9 @@ async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
         }
         let med = |f: fn(&Round) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
         report.push_str(&format!(
-            "| {layout} | {:.1} s | {:.1} s | {:.0} | {:.1} MiB |\n",
+            "| {layout} | {:.1} s ({}) | {:.1} s | {:.1} s | {:.0} | {:.1} MiB |\n",
+            med(|r| r.volumes),
+            rounds.iter().map(|r| format!("{:.1}", r.volumes)).collect::<Vec<_>>().join(", "),
             med(|r| r.provisioned),
             med(|r| r.event),
             med(|r| r.failed_creates as f64),
@@ -194,9 +207,10 @@ async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
         args.claims, args.snapshots, args.monitor_interval, args.rounds
     );
     println!(
-        "| Layout | All claims Bound | Abnormal-volume event | Failed CreateSnapshot calls meanwhile | Peak RSS (sum) |"
+        "| Layout | Every claim has a volume (rounds) | All claims Bound | Abnormal-volume event | \
+         Failed CreateSnapshot calls meanwhile | Peak RSS (sum) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     print!("{report}");
     Ok(())
 }
@@ -284,10 +298,14 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
     for i in 0..args.claims {
         pvcs.create(&PostParams::default(), &pvc(&format!("{tag}-c{i}"), Some(CLASS), "1Mi")).await?;
     }
-    let (mut provisioned, mut event) = (None, None);
+    let pvs: Api<PersistentVolume> = Api::all(world.admin.clone());
+    let (mut volumes, mut provisioned, mut event) = (None, None, None);
     let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
     let abnormal = ListParams::default().fields(&format!("involvedObject.name=sick,reason={ABNORMAL}"));
     wait_for("every claim bound and the abnormal event", Duration::from_secs(900), async || {
+        if volumes.is_none() && claims_with_volume(&pvs, &tag).await.ok() == Some(args.claims) {
+            volumes = Some(start.elapsed());
+        }
         if provisioned.is_none() && bound_claims(&pvcs, &tag).await.ok() == Some(args.claims) {
             provisioned = Some(start.elapsed());
         }
@@ -298,17 +316,17 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
                 event = Some(start.elapsed());
             }
         }
-        Ok(provisioned.is_some() && event.is_some())
+        Ok(volumes.is_some() && provisioned.is_some() && event.is_some())
     })
     .await?;
     let failed_creates = creates() - creates_before;
-    let rss_kib = procs.iter().map(|p| status_kib(p.pid(), "VmHWM")).sum();
+    let peaks: Vec<u64> = procs.iter().map(|p| status_kib(p.pid(), "VmHWM")).collect();
+    let rss_kib = peaks.iter().sum();
     world.driver.clear_volume_health(&world.sick_volume);
 
     // Clean up with the processes still running (the snapshotter removes the
     // contents' finalizers, the provisioner deletes the volumes); a request
     // the loaded apiserver drops is sent again on the next pass.
-    let pvs: Api<PersistentVolume> = Api::all(world.admin.clone());
     let cleaning = Instant::now();
     let mut reported = 0;
     wait_for("the round's snapshots, contents and volumes gone", Duration::from_secs(900), async || {
@@ -327,8 +345,16 @@ async fn round(world: &World, args: &Args, layout: &str, r: usize) -> Result<Rou
     for p in &mut procs {
         p.terminate().await;
     }
+    if let Some(peak) = peaks.iter().max().filter(|&&k| k > args.rss_bound_mib * 1024) {
+        bail!(
+            "{layout}, round {}: a sidecar's peak RSS {:.1} MiB is above the bound {} MiB",
+            r + 1,
+            mib(*peak),
+            args.rss_bound_mib
+        );
+    }
     let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
-    Ok(Round { provisioned: secs(provisioned), event: secs(event), rss_kib, failed_creates })
+    Ok(Round { volumes: secs(volumes), provisioned: secs(provisioned), event: secs(event), rss_kib, failed_creates })
 }
 
 /// What a round's cleanup has still to see gone.
