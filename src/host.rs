@@ -175,14 +175,30 @@ pub async fn run_until(inv: Invocation, shutdown: CancellationToken) -> ExitCode
     for m in inv.modules.iter().filter(|m| m.needs_kube()) {
         debug.ledger(m.name());
     }
-    let ctx = ModuleContext { csi, health, shutdown: shutdown.clone(), process: shutdown.clone(), grace, kube, debug };
+    let ctx = ModuleContext {
+        csi,
+        health,
+        shutdown: shutdown.clone(),
+        process: shutdown.clone(),
+        grace,
+        kube,
+        debug,
+        listener: None,
+    };
     let mut modules = JoinSet::new();
     for m in inv.modules {
         let name = m.name();
-        let ctx = match module_context(&ctx, m.desc()) {
+        let mut ctx = match module_context(&ctx, m.desc()) {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
+        // A module's port lost is a process-wide failure, as the HTTP port's.
+        if let Some(addr) = m.listen_address() {
+            match http::listen_std(&addr).await {
+                Ok(l) => ctx.listener = Some(std::sync::Arc::new(l)),
+                Err(e) => return fail(format!("{name}: cannot listen on {addr}: {e}")),
+            }
+        }
         // Each module is its own failure domain: restarted alone (supervise.rs).
         modules.spawn(async move { (name, crate::supervise::supervise(m, ctx).await) });
     }

@@ -224,6 +224,12 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
     }
 }
 
+/// A listener on `addr` (Go's forms, as [`bind_target`] reads them) for a
+/// server of a module's own, which the module wraps in its runtime's type.
+pub async fn listen_std(addr: &str) -> std::io::Result<std::net::TcpListener> {
+    listen(addr).await?.into_std()
+}
+
 const EAFNOSUPPORT: i32 = nix::errno::Errno::EAFNOSUPPORT as i32;
 const EADDRNOTAVAIL: i32 = nix::errno::Errno::EADDRNOTAVAIL as i32;
 

@@ -319,6 +319,25 @@ build_components() {
 	exec {lock_fd}>&-
 }
 
+# The SnapshotMetadataService CRD (cbt.storage.k8s.io/v1beta1, changed block
+# tracking) of external-snapshot-metadata's client module, beside the
+# snapshot CRDs (the world installs every crd/*.yaml); the module's files are
+# checksummed by go.
+CBT_CLIENT_VERSION=v1.0.0
+CBT_CRD=cbt.storage.k8s.io_snapshotmetadataservices.yaml
+ensure_cbt_crd() {
+	local dir=$1 src
+	[[ -f $dir/$CBT_CRD ]] && return 0
+	src=$(cd "$GO_DIR" && GOFLAGS=-mod=mod go mod download -json "github.com/kubernetes-csi/external-snapshot-metadata/client@$CBT_CLIENT_VERSION" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[[ -n $src && -f $src/config/crd/$CBT_CRD ]] ||
+		die "no $CBT_CRD in github.com/kubernetes-csi/external-snapshot-metadata/client@$CBT_CLIENT_VERSION"
+	mkdir -p "$dir"
+	cp "$src/config/crd/$CBT_CRD" "$dir/"
+	chmod u+w "$dir/$CBT_CRD"
+	echo "copied: $dir/$CBT_CRD"
+}
+
 TMP_DIRS=()
 cleanup() {
 	local d
@@ -389,6 +408,10 @@ for build in etcd etcdver kube kubever helm snapshotter promtool; do
 		fi
 	done
 	((${#wanted[@]} == 0)) || build_components "$build" "${wanted[@]}"
+	if [[ $build == snapshotter && " ${wanted[*]} " == *" snapshot-controller "* ]]; then
+		recipe snapshotter
+		ensure_cbt_crd "$(dirname "$(bin_path snapshot-controller)")/crd"
+	fi
 done
 
 if [[ -n $print_path ]]; then

@@ -140,6 +140,7 @@ module_for() {
 	csi-resizer | resizer) echo resizer ;;
 	csi-snapshotter | snapshotter) echo snapshotter ;;
 	csi-external-health-monitor-controller | health-monitor) echo health-monitor ;;
+	csi-snapshot-metadata | snapshot-metadata) echo snapshot-metadata ;;
 	csi-node-driver-registrar | node-driver-registrar | registrar) echo registrar ;;
 	livenessprobe | prober) echo prober ;;
 	csi-sidecars) echo kep-4958 ;;
@@ -232,6 +233,7 @@ refuse "a misspelt key" --set controller.replica=2
 refuse "a bad Go duration" --set-string controller.leaderElection.leaseDuration=15x
 refuse "a controller without modules" --set controller.modules.provisioner.enabled=false --set controller.modules.prober.enabled=false
 refuse "a node pod without modules" --set node.modules.registrar.enabled=false --set node.modules.prober.enabled=false
+refuse "a snapshot-metadata server without a TLS Secret" --set controller.modules.snapshotMetadata.enabled=true
 refuse "a bad Prometheus duration" --set monitoring.prometheusRule.enabled=true --set-string "monitoring.alerts.csiErrors.for=10 minutes"
 refuse "a rules object without alerts" --set monitoring.rulesConfigMap.enabled=true --set monitoring.alerts.csiErrors.enabled=false \
 	--set monitoring.alerts.objectWaiting.enabled=false --set monitoring.alerts.queueNotDraining.enabled=false \
@@ -283,6 +285,14 @@ for crd in prometheusrules servicemonitors podmonitors; do
 		die "the $crd CRD did not become Established"
 done
 log "the Prometheus Operator's CRDs ($PROMETHEUS_OPERATOR_VERSION): PrometheusRule, ServiceMonitor, PodMonitor"
+# The SnapshotMetadataService the chart renders for changed block tracking:
+# external-snapshot-metadata's CRD, as the test world installs it.
+cbt_crd=$(dirname "$(bash "$SCRIPT_DIR/build-components.sh" --print-path snapshot-controller)")/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml
+"$KUBECTL" apply --server-side --field-manager=check-manifests -f "$cbt_crd" >/dev/null ||
+	die "the SnapshotMetadataService CRD was refused"
+"$KUBECTL" wait --for=condition=Established --timeout=60s crd/snapshotmetadataservices.cbt.storage.k8s.io >/dev/null ||
+	die "the SnapshotMetadataService CRD did not become Established"
+log "external-snapshot-metadata's CRD: SnapshotMetadataService"
 
 # The namespaces the documents name (kubectl's own parser), created first.
 declare -A NAMESPACES=()

@@ -642,6 +642,12 @@ pub mod snapshotter {
     pub const PARAM_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
     /// Template token of secret parameters: the content's name.
     pub const TOKEN_CONTENT_NAME: &str = "volumesnapshotcontent.name";
+    /// Template token of secret parameters: the VolumeSnapshot's name.
+    pub const TOKEN_SNAPSHOT_NAME: &str = "volumesnapshot.name";
+    /// Template token of secret parameters: the VolumeSnapshot's namespace.
+    pub const TOKEN_SNAPSHOT_NAMESPACE: &str = "volumesnapshot.namespace";
+    /// The annotation of the default VolumeSnapshotClass of a driver.
+    pub const ANN_DEFAULT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-class";
     /// `spec.deletionPolicy` that deletes the backend snapshot.
     pub const POLICY_DELETE: &str = "Delete";
     /// Event: the first CreateSnapshot attempt failed.

@@ -25,6 +25,8 @@ pub const NO_TARGET: &str = "targetSnapshotName cannot be empty";
 pub const UNAUTHENTICATED: &str = "unauthenticated user";
 /// The driver not validated yet.
 pub const DRIVER_NOT_READY: &str = "the CSI driver is not yet ready";
+/// `/health`'s body while the gRPC side does not serve (503).
+pub const NOT_READY_BODY: &str = "not ready";
 
 /// The TokenReview itself failed.
 pub fn authentication_failed(error: &str) -> String {
@@ -51,15 +53,14 @@ pub fn snapshot_not_ready(name: &str) -> String {
     format!("the VolumeSnapshot is not yet ready, name: {name}")
 }
 
-/// The ready VolumeSnapshot names no content (upstream's text, without a
-/// space before `name`).
+/// The ready VolumeSnapshot names no content.
 pub fn no_bound_content(name: &str) -> String {
-    format!("boundVolumeSnapshotContentName is not set in VolumeSnapshot statusname: {name}")
+    format!("boundVolumeSnapshotContentName is not set in VolumeSnapshot status, name: {name}")
 }
 
-/// Reading the VolumeSnapshotContent failed.
-pub fn content_unreadable(error: &str) -> String {
-    format!("failed to get VolumeSnapshotContent: {error}")
+/// Reading the VolumeSnapshotContent `name` failed.
+pub fn content_unreadable(name: &str, error: &str) -> String {
+    format!("failed to get VolumeSnapshotContent '{name}': {error}")
 }
 
 /// The content is not ready to use.
@@ -67,10 +68,42 @@ pub fn content_not_ready(name: &str) -> String {
     format!("the VolumeSnapshotContent is not yet ready, name: {name}")
 }
 
-/// The ready content has no snapshot handle (upstream's text, without a
-/// space before `name`).
+/// The ready content has no snapshot handle.
 pub fn no_handle(name: &str) -> String {
-    format!("snapshotHandle is not set in VolumeSnapshotContent statusname: {name}")
+    format!("snapshotHandle is not set in VolumeSnapshotContent status, name: {name}")
+}
+
+/// The audience could not be read from the driver's SnapshotMetadataService
+/// (Internal).
+pub fn no_service_resource(driver: &str, error: &str) -> String {
+    format!("failed to find the SnapshotMetadataService CR for driver '{driver}': {error}")
+}
+
+/// The snapshot's VolumeSnapshotClass could not be read (Unavailable).
+pub fn class_unreadable(class: &str, error: &str) -> String {
+    format!("failed to get VolumeSnapshotClass '{class}': {error}")
+}
+
+/// The snapshot names no class and the driver has several default classes
+/// (Unavailable).
+pub fn several_default_classes(driver: &str) -> String {
+    format!("multiple default VolumeSnapshotClasses are set for the CSI driver '{driver}'")
+}
+
+/// The snapshot names no class and the driver has no default class
+/// (Unavailable).
+pub fn no_default_class(driver: &str) -> String {
+    format!("no default VolumeSnapshotClass is set for the CSI driver '{driver}'")
+}
+
+/// The class's snapshotter secret parameters are invalid (Unavailable).
+pub fn invalid_class_secret(error: &str) -> String {
+    format!("invalid snapshotter secret parameters in VolumeSnapshotClass: {error}")
+}
+
+/// The snapshotter secret could not be read (Unavailable).
+pub fn credentials_unreadable(error: &str) -> String {
+    format!("failed to get credentials: {error}")
 }
 
 /// The snapshot's content is another driver's.

@@ -20,6 +20,7 @@ pub mod own_writes;
 pub mod quantity;
 pub mod queue;
 pub mod reference_grant;
+pub mod secret_templates;
 pub mod secrets;
 pub mod shared_lease;
 pub mod snapshot_api;

@@ -243,7 +243,7 @@ pub async fn installed(client: &Client, resource: &str) -> Result<bool, kube::Er
 /// Whether the apiserver serves `group_version` with every one of
 /// `resources`: false on a 404 (the CRDs are not installed) or when one is
 /// missing; other failures are errors.
-pub(super) async fn serves(client: &Client, group_version: &str, resources: &[&str]) -> Result<bool, kube::Error> {
+pub async fn serves(client: &Client, group_version: &str, resources: &[&str]) -> Result<bool, kube::Error> {
     match client.list_api_group_resources(group_version).await {
         Ok(list) => Ok(resources.iter().all(|n| list.resources.iter().any(|r| &r.name == n))),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),

@@ -29,6 +29,12 @@ pub trait Module: fmt::Debug + Send + Sync + Any + DynEq {
         None
     }
 
+    /// Where the host binds the module's listener (`host:port`, or `:port`
+    /// for every interface), when its row needs one.
+    fn listen_address(&self) -> Option<String> {
+        None
+    }
+
     /// Runs one instance of the module until shutdown (or until it stops
     /// with an error: the host then starts a new instance, with a fresh
     /// context scope).
@@ -151,6 +157,9 @@ pub struct ModuleContext {
     pub kube: Option<crate::k8s::KubeContext>,
     /// The modules' ledgers of objects not done (`/debug/objects`).
     pub debug: crate::debug::Registry,
+    /// The module's listener, when its row needs one (bound once by the
+    /// host; each instance serves on a clone of it).
+    pub listener: Option<std::sync::Arc<std::net::TcpListener>>,
 }
 
 /// Why a module stopped before shutdown.

@@ -81,13 +81,18 @@ pub struct Needs {
     /// The kubelet's plugin registration directory (the node pod mounts
     /// it; the module serves its registration socket there).
     pub registration_dir: bool,
+    /// A TCP listener the module serves on (its address from its flags,
+    /// [`Module::listen_address`]), bound by the host before any module
+    /// starts and kept across the module's restarts.
+    pub listener: bool,
 }
 
 /// A controller: Kubernetes, its own Lease and ledger.
 const CONTROLLER: Needs =
-    Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false };
+    Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false, listener: false };
 /// A node module: the driver's socket and the HTTP server only.
-const NODE: Needs = Needs { kube: false, kubeconfig_env: false, default_health_port: false, registration_dir: false };
+const NODE: Needs =
+    Needs { kube: false, kubeconfig_env: false, default_health_port: false, registration_dir: false, listener: false };
 
 /// A module of the controller pod alone.
 const CONTROLLER_POD: Pods = Pods { controller: true, node: false };
@@ -204,6 +209,28 @@ pub static MODULES: &[ModuleDesc] = &[
             port_name: "health-monitor",
             port: 8084,
             value_rules: health::config::VALUE_RULES,
+        },
+    },
+    ModuleDesc {
+        name: "snapshot-metadata",
+        binary_names: &["csi-snapshot-metadata"],
+        replaces: "external-snapshot-metadata",
+        summary: "serves the SnapshotMetadata API (changed block tracking) from the driver",
+        info: snapshot_metadata::config::SnapshotMetadataFlags::get_args_info,
+        parse: parse_flags::<snapshot_metadata::config::SnapshotMetadataFlags>,
+        shared: snapshot_metadata::config::SHARED_FLAGS,
+        feature_gates: &[],
+        kep_names: &[],
+        needs: Needs { listener: true, ..CONTROLLER },
+        kinds: &[],
+        cluster_rules: snapshot_metadata::config::CLUSTER_RULES,
+        chart: ChartRow {
+            values_key: "snapshotMetadata",
+            pods: CONTROLLER_POD,
+            container: "csi-snapshot-metadata",
+            port_name: "snapshot-meta",
+            port: 8085,
+            value_rules: &[],
         },
     },
     ModuleDesc {
@@ -362,6 +389,12 @@ impl ModuleConfig {
     /// See [`Module::master`].
     pub fn master(&self) -> Option<&str> {
         self.module.master()
+    }
+
+    /// The address the host binds for the module: [`Module::listen_address`]
+    /// when its row needs a listener.
+    pub fn listen_address(&self) -> Option<String> {
+        self.desc.needs.listener.then(|| self.module.listen_address()).flatten()
     }
 
     /// Runs one instance of the module (see [`Module::run`]).

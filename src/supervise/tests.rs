@@ -127,7 +127,13 @@ static SCRIPTED: ModuleDesc = ModuleDesc {
     shared: &[],
     feature_gates: &[],
     kep_names: &[],
-    needs: Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false },
+    needs: Needs {
+        kube: true,
+        kubeconfig_env: false,
+        default_health_port: false,
+        registration_dir: false,
+        listener: false,
+    },
     kinds: &[],
     cluster_rules: &[],
     chart: crate::modules::ChartRow {
@@ -156,6 +162,7 @@ fn context(process: &CancellationToken) -> ModuleContext {
         grace: Duration::from_secs(5),
         kube: None,
         debug: crate::debug::Registry::default(),
+        listener: None,
     }
 }
 

@@ -432,7 +432,22 @@ fn check_manifests_script_passes_and_the_chart_rbac_equals_manifests_rbac() {
             }
         }
     }
-    assert_eq!(checked, 24, "rendered csi-sidecar containers");
+    assert_eq!(checked, 31, "rendered csi-sidecar containers");
+    // Changed block tracking: the server's TLS Secret mounted where its
+    // flags point, the Service onto its gRPC port, the SnapshotMetadataService.
+    let cbt = load(&out.path().join("chart-snapshot-metadata.yaml"));
+    let deployment = cbt.iter().find(|d| kind(d) == "Deployment").expect("the controller Deployment");
+    let container = sidecars(deployment).into_iter().next().expect("the csi-sidecar container");
+    let args = strings(&container["args"]);
+    for want in ["--tls-cert=/tls/tls.crt", "--tls-key=/tls/tls.key", "--port=50051", "--audience=hostpath-backup"] {
+        assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+    }
+    assert!(container["volumeMounts"].as_array().is_some_and(|m| m.iter().any(|v| v["mountPath"] == "/tls")));
+    let service = find(&cbt, "Service", "-snapshot-metadata");
+    assert_eq!(service["spec"]["ports"][0]["port"], 6443);
+    let cr = cbt.iter().find(|d| kind(d) == "SnapshotMetadataService").expect("the SnapshotMetadataService");
+    assert_eq!(cr["metadata"]["name"], "hostpath.csi.k8s.io");
+    assert_eq!(cr["spec"]["address"], "csi-sidecar-snapshot-metadata.csi-sidecar-check:6443");
     // controller.debugEndpoints: the flag for the controller modules only
     // (not the drop-in livenessprobe, which refuses it), off by default.
     let debug_flag = |set: &str| -> Vec<(String, bool)> {

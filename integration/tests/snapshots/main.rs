@@ -5,5 +5,6 @@
 //! a process of its own (`<binary> --exact <its tests>`).
 
 mod group_snapshots;
+mod snapshot_metadata;
 mod snapshotter;
 mod snapshotter_faults;

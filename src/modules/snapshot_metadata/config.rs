@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use argh::{ArgsInfo, FromArgs};
 
-use crate::{compat::snapshot_metadata as upstream, flags::goflags::parse_go_duration};
+use crate::{compat::snapshot_metadata as upstream, flags::goflags::parse_go_duration, modules::contract::Rule};
 
 fn duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s)
@@ -56,6 +56,10 @@ pub struct SnapshotMetadataFlags {
     /// serve no metrics (default false)
     #[argh(switch)]
     pub disable_metrics: bool,
+    /// the address the gRPC server binds (csi-sidecar's; default: every
+    /// interface, as upstream)
+    #[argh(option, default = "String::new()")]
+    pub bind_address: String,
 }
 
 /// The lowest TLS version a `--tls-min-version` value allows.
@@ -88,11 +92,40 @@ impl SnapshotMetadataFlags {
         }
     }
 
+    /// Where the server listens: `--bind-address` and `--port` (Go's
+    /// `:port`, every interface, without the former).
+    pub fn listen_address(&self) -> String {
+        match self.bind_address.as_str() {
+            host if host.contains(':') && !host.starts_with('[') => format!("[{host}]:{}", self.port),
+            host => format!("{host}:{}", self.port),
+        }
+    }
+
     /// `--max-streaming-duration-min` as a duration.
     pub fn max_streaming(&self) -> Duration {
         Duration::from_secs(self.max_streaming_duration_min.saturating_mul(60))
     }
 }
+
+/// The module's ClusterRole (upstream's, with `list`/`watch` where the
+/// shared cache replaces a GET per request).
+pub const CLUSTER_RULES: &[Rule] = &[
+    // request.rs `authorize`: every request's TokenReview and SubjectAccessReview.
+    Rule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+    Rule::new(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
+    // request.rs `audience` (without --audience): the cache, a GET before it syncs.
+    Rule::new(&["cbt.storage.k8s.io"], &["snapshotmetadataservices"], &["get", "list", "watch"]),
+    // request.rs `resolve`: the one VolumeSnapshot a request names.
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
+    // request.rs `resolve` and `secrets`: the cache, a GET when it is behind.
+    Rule::new(
+        &["snapshot.storage.k8s.io"],
+        &["volumesnapshotcontents", "volumesnapshotclasses"],
+        &["get", "list", "watch"],
+    ),
+    // request.rs `secrets`: the class's snapshotter secret.
+    Rule::new(&[""], &["secrets"], &["get"]),
+];
 
 /// Shared flags upstream accepts, besides the logging flags (no leader
 /// election: every replica serves).
@@ -123,6 +156,14 @@ mod tests {
         );
         let bad = parse(&["--tls-min-version", "VersionTLS10"]).expect("parsed").tls_min();
         assert!(bad.is_err_and(|e| e.contains("VersionTLS10")));
+    }
+
+    #[test]
+    fn the_server_listens_on_every_interface_unless_an_address_is_bound() {
+        let at = |args: &[&str]| parse(args).expect("flags").listen_address();
+        assert_eq!(at(&[]), ":50051");
+        assert_eq!(at(&["--port", "6443", "--bind-address", "127.0.0.1"]), "127.0.0.1:6443");
+        assert_eq!(at(&["--bind-address", "::1"]), "[::1]:50051");
     }
 
     #[test]

@@ -1,8 +1,7 @@
 //! The snapshot-metadata module's decisions, pure: each request's checks in
 //! upstream's order, every refusal with upstream's gRPC code and message
-//! (`compat::snapshot_metadata`). The server (not in the module table yet,
-//! issue 39) runs them around its TokenReview, SubjectAccessReview and
-//! cache reads.
+//! (`compat::snapshot_metadata`). `request.rs` runs them around its
+//! TokenReview, SubjectAccessReview and cache reads.
 
 use tonic::Code;
 
@@ -112,8 +111,6 @@ pub struct SnapshotSeen<'a> {
 /// A VolumeSnapshotContent as step 5 reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ContentSeen<'a> {
-    /// `metadata.name`.
-    pub name: &'a str,
     /// `status.readyToUse`.
     pub ready: bool,
     /// `status.snapshotHandle`.
@@ -136,22 +133,46 @@ pub fn bound_content<'a>(
     seen.content.filter(|c| !c.is_empty()).ok_or_else(|| unavailable(upstream::no_bound_content(name)))
 }
 
-/// Step 5, the content: ready, with a handle, of this driver; the handle.
+/// Step 5, the content `name` of VolumeSnapshot `snapshot`: ready, with a
+/// handle, of this driver; the handle.
 pub fn snapshot_handle<'a>(
     snapshot: &str,
+    name: &str,
     content: Result<ContentSeen<'a>, &str>,
     driver: &str,
 ) -> Result<&'a str, Refusal> {
     let unavailable = |m: String| Refusal::new(Code::Unavailable, m);
-    let seen = content.map_err(|e| unavailable(upstream::content_unreadable(e)))?;
+    let seen = content.map_err(|e| unavailable(upstream::content_unreadable(name, e)))?;
     if !seen.ready {
-        return Err(unavailable(upstream::content_not_ready(seen.name)));
+        return Err(unavailable(upstream::content_not_ready(name)));
     }
-    let handle = seen.handle.filter(|h| !h.is_empty()).ok_or_else(|| unavailable(upstream::no_handle(seen.name)))?;
+    let handle = seen.handle.filter(|h| !h.is_empty()).ok_or_else(|| unavailable(upstream::no_handle(name)))?;
     if seen.driver != driver {
         return Err(Refusal::new(Code::InvalidArgument, upstream::other_driver(snapshot, driver)));
     }
     Ok(handle)
+}
+
+/// A VolumeSnapshotClass as step 6 reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassSeen<'a> {
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// `driver`.
+    pub driver: &'a str,
+    /// The default-class annotation is `"true"`.
+    pub default: bool,
+}
+
+/// Step 6, a snapshot without a class: the driver's one default class.
+pub fn default_class<'a>(classes: &[ClassSeen<'a>], driver: &str) -> Result<&'a str, Refusal> {
+    let mut defaults = classes.iter().filter(|c| c.driver == driver && c.default);
+    let unavailable = |m: String| Refusal::new(Code::Unavailable, m);
+    match (defaults.next(), defaults.next()) {
+        (Some(one), None) => Ok(one.name),
+        (Some(_), Some(_)) => Err(unavailable(upstream::several_default_classes(driver))),
+        (None, _) => Err(unavailable(upstream::no_default_class(driver))),
+    }
 }
 
 #[cfg(test)]

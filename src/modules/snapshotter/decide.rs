@@ -14,30 +14,10 @@ use serde::Serialize;
 use crate::{
     compat::snapshotter as upstream,
     csi::proto::csi::v1 as csi,
-    k8s::{
-        names::{expand, is_dns1123_label, is_dns1123_subdomain},
-        snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
-    },
+    k8s::snapshot_api::{SnapshotError, VolumeSnapshotClass, VolumeSnapshotContent, VolumeSnapshotContentStatus},
 };
 
-/// Go's `%q` of a string (`strconv.Quote`), as upstream wraps errors.
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+pub use crate::k8s::secret_templates::go_quote;
 
 /// Why a content cannot be snapshotted, checked or deleted: upstream's
 /// error texts (they reach `status.error` and the events).
@@ -293,71 +273,12 @@ pub fn list_secret_ref(
         label: "SnapshotterList",
         name: upstream::PARAM_LIST_SECRET_NAME,
         namespace: upstream::PARAM_LIST_SECRET_NAMESPACE,
-        token: upstream::TOKEN_CONTENT_NAME,
     };
-    class_secret_ref(params, &keys, content)
+    let tokens = [(upstream::TOKEN_CONTENT_NAME, content)];
+    class_secret_ref(params, &keys, &tokens, &tokens)
 }
 
-/// The class parameters naming one secret, and the template token of the
-/// object's name (upstream's `secretParamsMap`).
-pub struct SecretKeys {
-    /// Upstream's name of the secret in its error texts.
-    pub label: &'static str,
-    /// The name template's key.
-    pub name: &'static str,
-    /// The namespace template's key.
-    pub namespace: &'static str,
-    /// The one token the templates may use: the (group) content's name.
-    pub token: &'static str,
-}
-
-/// A secret named by class parameters `keys` (both or neither), whose
-/// templates may use only `${<token>}` (= `object`). Err: upstream's text.
-pub fn class_secret_ref(
-    params: Option<&BTreeMap<String, String>>,
-    keys: &SecretKeys,
-    object: &str,
-) -> Result<Option<(String, String)>, String> {
-    let get = |k: &str| params.and_then(|p| p.get(k));
-    let label = keys.label;
-    let (name_t, ns_t) = match (get(keys.name), get(keys.namespace)) {
-        (None, None) => return Ok(None),
-        (Some(n), Some(ns)) if !n.is_empty() && !ns.is_empty() => (n, ns),
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "failed to get name and namespace template from params: {label} secrets specified in parameters but value of either namespace or name is empty"
-            ));
-        }
-        _ => {
-            return Err(format!(
-                "failed to get name and namespace template from params: either name and namespace for {label} secrets specified, Both must be specified"
-            ));
-        }
-    };
-    let resolve = |t: &str| {
-        expand(t, |k| (k == keys.token).then(|| object.to_string())).map_err(|missing| {
-            let list = missing.iter().map(|m| go_quote(m)).collect::<Vec<_>>().join(" ");
-            format!("error resolving value {}: invalid tokens: [{list}]", go_quote(t))
-        })
-    };
-    let ns = resolve(ns_t)?;
-    if !is_dns1123_label(&ns) {
-        return Err(if *ns_t != ns {
-            format!("{} resolved to {} which is not a valid namespace name", go_quote(ns_t), go_quote(&ns))
-        } else {
-            format!("{} is not a valid namespace name", go_quote(ns_t))
-        });
-    }
-    let name = resolve(name_t)?;
-    if !is_dns1123_subdomain(&name) {
-        return Err(if *name_t != name {
-            format!("{} resolved to {} which is not a valid secret name", go_quote(name_t), go_quote(&name))
-        } else {
-            format!("{} is not a valid secret name", go_quote(name_t))
-        });
-    }
-    Ok(Some((name, ns)))
-}
+pub use crate::k8s::secret_templates::{SecretKeys, class_secret_ref};
 
 /// Class parameters without the eight reserved secret keys (upstream's
 /// `RemovePrefixedParameters`); any other `csi.storage.k8s.io/` key is an

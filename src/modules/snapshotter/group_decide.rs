@@ -282,9 +282,9 @@ pub fn get_secret_ref(
         label: "GroupSnapshotterGet",
         name: upstream::PARAM_GROUP_GET_SECRET_NAME,
         namespace: upstream::PARAM_GROUP_GET_SECRET_NAMESPACE,
-        token: upstream::TOKEN_GROUP_CONTENT_NAME,
     };
-    decide::class_secret_ref(params, &keys, content)
+    let tokens = [(upstream::TOKEN_GROUP_CONTENT_NAME, content)];
+    decide::class_secret_ref(params, &keys, &tokens, &tokens)
 }
 
 /// Go's `%s` of a string slice: `[a b c]`.

@@ -57,7 +57,13 @@ pub static ROW: ModuleDesc = ModuleDesc {
     shared: &[csi_sidecar::flags::shared::CONTROLLER],
     feature_gates: &[],
     kep_names: &["widget-marker"],
-    needs: Needs { kube: true, kubeconfig_env: false, default_health_port: false, registration_dir: false },
+    needs: Needs {
+        kube: true,
+        kubeconfig_env: false,
+        default_health_port: false,
+        registration_dir: false,
+        listener: false,
+    },
     kinds: &["ConfigMap"],
     cluster_rules: &[
         Rule::new(&[""], &["configmaps"], &["list", "watch", "patch"]),

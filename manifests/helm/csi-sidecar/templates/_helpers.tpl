@@ -214,6 +214,11 @@ values> "name" ... "command" <"" or "/csi-provisioner"> "args" <list>
     - name: registration-dir
       mountPath: /registration
     {{- end }}
+    {{- if .tls }}
+    - name: snapshot-metadata-tls
+      mountPath: /tls
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{/* Pod-level scheduling and security fields of a pod's values. */}}
@@ -251,6 +256,24 @@ affinity:
 Capacity-tracking flags of a module whose values block has `capacity` (the
 provisioner's); call with that block. A YAML list, empty when off.
 */}}
+{{/*
+The snapshot-metadata module's server flags from its values block (only
+that block has tlsSecret): the mounted key pair, the gRPC port, the
+audience. A YAML list.
+*/}}
+{{- define "csi-sidecar.serverArgs" -}}
+{{- if .tlsSecret -}}
+- --tls-cert=/tls/tls.crt
+- --tls-key=/tls/tls.key
+- {{ printf "--port=%v" .grpcPort | quote }}
+{{- with .audience }}
+- {{ printf "--audience=%s" . | quote }}
+{{- end }}
+{{- else -}}
+[]
+{{- end -}}
+{{- end }}
+
 {{- define "csi-sidecar.capacityArgs" -}}
 {{- $cap := .capacity -}}
 {{- if and $cap $cap.enabled -}}

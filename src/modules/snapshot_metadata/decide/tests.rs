@@ -64,24 +64,39 @@ fn a_snapshot_must_be_ready_and_bound_and_its_content_ready_with_a_handle_of_thi
         bound_content("ns", "s", snap(false, Some("c1"))),
         unavailable("the VolumeSnapshot is not yet ready, name: s")
     );
-    let unbound = "boundVolumeSnapshotContentName is not set in VolumeSnapshot statusname: s";
+    let unbound = "boundVolumeSnapshotContentName is not set in VolumeSnapshot status, name: s";
     assert_eq!(bound_content("ns", "s", snap(true, None)), unavailable(unbound));
     assert_eq!(bound_content("ns", "s", snap(true, Some(""))), unavailable(unbound));
     let gone = "failed to get VolumeSnapshot 'ns/s': not found";
     assert_eq!(bound_content("ns", "s", Err("not found")), unavailable(gone));
 
-    let content = |ready, handle, driver| Ok(ContentSeen { name: "c1", ready, handle, driver });
+    let content = |ready, handle, driver| Ok(ContentSeen { ready, handle, driver });
     let d = "fault.example.com";
-    assert_eq!(snapshot_handle("s", content(true, Some("h1"), d), d), Ok("h1"));
+    assert_eq!(snapshot_handle("s", "c1", content(true, Some("h1"), d), d), Ok("h1"));
     let not_ready = "the VolumeSnapshotContent is not yet ready, name: c1";
-    assert_eq!(snapshot_handle("s", content(false, Some("h1"), d), d), unavailable(not_ready));
-    let no_handle = "snapshotHandle is not set in VolumeSnapshotContent statusname: c1";
-    assert_eq!(snapshot_handle("s", content(true, None, d), d), unavailable(no_handle));
+    assert_eq!(snapshot_handle("s", "c1", content(false, Some("h1"), d), d), unavailable(not_ready));
+    let no_handle = "snapshotHandle is not set in VolumeSnapshotContent status, name: c1";
+    assert_eq!(snapshot_handle("s", "c1", content(true, None, d), d), unavailable(no_handle));
     let other = "VolumeSnapshot 's' does not belong to the CSI driver 'fault.example.com'";
     assert_eq!(
-        snapshot_handle("s", content(true, Some("h1"), "other.example.com"), d),
+        snapshot_handle("s", "c1", content(true, Some("h1"), "other.example.com"), d),
         Err(Refusal::new(Code::InvalidArgument, other))
     );
-    let unreadable = "failed to get VolumeSnapshotContent: forbidden";
-    assert_eq!(snapshot_handle("s", Err("forbidden"), d), unavailable(unreadable));
+    let unreadable = "failed to get VolumeSnapshotContent 'c1': forbidden";
+    assert_eq!(snapshot_handle("s", "c1", Err("forbidden"), d), unavailable(unreadable));
+}
+
+#[test]
+fn a_snapshot_without_a_class_takes_the_drivers_one_default_class() {
+    let d = "fault.example.com";
+    let class = |name, driver, default| ClassSeen { name, driver, default };
+    let unavailable = |m: &str| Err(Refusal::new(Code::Unavailable, m));
+    let classes = [class("a", d, false), class("b", d, true), class("c", "other.example.com", true)];
+    assert_eq!(default_class(&classes, d), Ok("b"));
+    let none = "no default VolumeSnapshotClass is set for the CSI driver 'fault.example.com'";
+    assert_eq!(default_class(&classes[..1], d), unavailable(none));
+    assert_eq!(default_class(&classes[2..], d), unavailable(none), "another driver's default is not this one's");
+    let two = [class("b", d, true), class("b2", d, true)];
+    let several = "multiple default VolumeSnapshotClasses are set for the CSI driver 'fault.example.com'";
+    assert_eq!(default_class(&two, d), unavailable(several));
 }
