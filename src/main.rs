@@ -51,6 +51,13 @@ fn main() -> ExitCode {
     if argv.get(1).map(String::as_str) == Some("explain") {
         return ExitCode::from(csi_sidecar::explain::main(&argv[2..]));
     }
+    // A module's own tool (`csi-sidecar snapshot-metadata allocated ...`).
+    if let Some(row) = argv.get(1).and_then(|name| csi_sidecar::modules::rows().into_iter().find(|r| r.name == name))
+        && let Some(tool) = row.tool
+        && let Some(code) = tool(&argv[2..])
+    {
+        return ExitCode::from(code);
+    }
     let inv = match cli::parse(&argv) {
         Command::Exit { code: 0, text } => {
             print!("{text}");

@@ -65,7 +65,14 @@ pub struct ModuleDesc {
     pub cluster_rules: &'static [Rule],
     /// Its place in the Helm chart (values block, pods, container).
     pub chart: ChartRow,
+    /// A command-line tool of the module's (`csi-sidecar <name> <args>`):
+    /// `None` when the arguments are the module's own, else the exit status.
+    pub tool: Option<Tool>,
 }
+
+/// A module's command-line tool: `None` when the arguments are the
+/// module's own, else the exit status.
+pub type Tool = fn(&[String]) -> Option<u8>;
 
 /// What a module needs from the host; the host asks the rows, never a
 /// module's name.
@@ -122,6 +129,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8080,
             value_rules: &[],
         },
+        tool: None,
     },
     ModuleDesc {
         name: "attacher",
@@ -144,6 +152,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8081,
             value_rules: &[],
         },
+        tool: None,
     },
     ModuleDesc {
         name: "resizer",
@@ -166,6 +175,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8082,
             value_rules: &[],
         },
+        tool: None,
     },
     ModuleDesc {
         name: "snapshotter",
@@ -188,6 +198,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8083,
             value_rules: &[],
         },
+        tool: None,
     },
     ModuleDesc {
         name: "health-monitor",
@@ -210,6 +221,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8084,
             value_rules: health::config::VALUE_RULES,
         },
+        tool: None,
     },
     ModuleDesc {
         name: "snapshot-metadata",
@@ -232,6 +244,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 8085,
             value_rules: &[],
         },
+        tool: Some(snapshot_metadata::lister::tool),
     },
     ModuleDesc {
         name: "registrar",
@@ -254,6 +267,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 9809,
             value_rules: &[],
         },
+        tool: None,
     },
     ModuleDesc {
         name: "prober",
@@ -276,6 +290,7 @@ pub static MODULES: &[ModuleDesc] = &[
             port: 9898,
             value_rules: &[],
         },
+        tool: None,
     },
 ];
 

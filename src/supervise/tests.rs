@@ -144,6 +144,7 @@ static SCRIPTED: ModuleDesc = ModuleDesc {
         port: 0,
         value_rules: &[],
     },
+    tool: None,
 };
 
 fn scripted(name: &str, acts: &[Act]) -> (ModuleConfig, Arc<Script>) {

@@ -85,6 +85,11 @@ impl Controller for Service {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
+        let mount =
+            |c: &csi::VolumeCapability| matches!(c.access_type, Some(csi::volume_capability::AccessType::Mount(_)));
+        if req.volume_capabilities.iter().any(mount) {
+            self.filesystems.lock().expect("filesystems").insert(id.clone());
+        }
         let bytes = req.capacity_range.map_or(0, |c| c.required_bytes);
         let content_source = req.volume_content_source;
         let segment = req.accessibility_requirements.as_ref().and_then(|r| r.preferred.first().or(r.requisite.first()));

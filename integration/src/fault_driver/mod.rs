@@ -125,6 +125,7 @@ impl FaultDriver {
             blocks: blocks.clone(),
             health: health.clone(),
             creating: Arc::default(),
+            filesystems: Arc::default(),
             allocations: allocations.clone(),
             groups: groups.clone(),
             group_log: group_log.clone(),

@@ -85,6 +85,10 @@ pub struct Script {
     /// The block metadata stream fails with `Internal` after this many
     /// responses.
     pub metadata_error_after: Option<usize>,
+    /// Every snapshot's block metadata is this many consecutive 4 KiB
+    /// blocks from offset 0, without backing files (a stream of any length
+    /// for the benchmarks; the sidecar cannot tell).
+    pub metadata_synthetic_blocks: Option<u64>,
     /// `NodeGetInfo` answers this node ID and accessible topology (the
     /// Node service's other calls answer `Unimplemented`); `None`: it
     /// answers `Unimplemented` too.
@@ -188,6 +192,7 @@ impl Default for Script {
             metadata_variable_length: false,
             metadata_response_delay: Duration::ZERO,
             metadata_error_after: None,
+            metadata_synthetic_blocks: None,
             node_info: None,
             publish_readonly: false,
             required_secret: None,

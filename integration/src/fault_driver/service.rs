@@ -30,6 +30,9 @@ pub(super) struct Service {
     /// is refused with ABORTED, as drivers that lock per volume do
     /// (csi-driver-host-path's `VolumeLocks`).
     pub(super) creating: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Volumes created with a mount (filesystem) access type: their
+    /// snapshots have no block metadata (the hostpath driver's refusal).
+    pub(super) filesystems: Arc<Mutex<std::collections::HashSet<String>>>,
     /// The volumes' and snapshots' data (the SnapshotMetadata service).
     pub(super) blocks: super::blocks::BlockFiles,
 }

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status, codegen::BoxStream};
 
 use super::{
     Service,
-    blocks::{changed_blocks, merged},
+    blocks::{BLOCK, changed_blocks, merged},
 };
 
 /// Records per response when the request says 0 (the hostpath driver's).
@@ -30,6 +30,9 @@ impl Service {
     fn pages(&self, id: &str, base: Option<&str>, start: i64, max_results: i32) -> Result<Vec<Page>, Status> {
         let not_found = |id: &str| Status::not_found(format!("snapshot {id} not found"));
         let source = self.snapshot_source(id).ok_or_else(|| not_found(id))?;
+        if self.filesystems.lock().expect("filesystems").contains(&source) {
+            return Err(Status::invalid_argument("source volume does not have block mode access type"));
+        }
         let mut target = self.blocks.open(id).ok_or_else(|| not_found(id))?;
         let mut base_file = match base {
             Some(b) => {
@@ -41,9 +44,18 @@ impl Service {
             None => None,
         };
         let io = |e: std::io::Error| Status::internal(e.to_string());
-        let capacity = target.metadata().map_err(io)?.len() as i64;
         let start = u64::try_from(start).map_err(|_| Status::out_of_range("negative starting_offset"))?;
-        let mut blocks = changed_blocks(&mut target, base_file.as_mut(), start).map_err(io)?;
+        let (capacity, mut blocks) = match self.script().metadata_synthetic_blocks {
+            Some(n) => {
+                let block = BLOCK;
+                let all = (start.div_ceil(block)..n).map(|i| (i * block, block)).collect();
+                ((n * block) as i64, all)
+            }
+            None => {
+                let capacity = target.metadata().map_err(io)?.len() as i64;
+                (capacity, changed_blocks(&mut target, base_file.as_mut(), start).map_err(io)?)
+            }
+        };
         let variable = self.script().metadata_variable_length;
         if variable {
             blocks = merged(&blocks);

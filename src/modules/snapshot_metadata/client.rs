@@ -97,6 +97,20 @@ pub async fn token_for(client: &Client, namespace: &str, name: &str, audience: &
 /// A client of the server at `address` (`host:port`) whose certificate
 /// `ca_pem` signed; the TLS name is the address's host.
 pub async fn connect(address: &str, ca_pem: &[u8]) -> Result<SnapshotMetadataClient<Channel>, ClientError> {
+    channel(address, ca_pem).await.map(SnapshotMetadataClient::new)
+}
+
+/// Whether the server at `address` says it serves (`grpc.health.v1`):
+/// the driver validated and the caches synced.
+pub async fn serving(address: &str, ca_pem: &[u8]) -> Result<bool, ClientError> {
+    use super::health::proto::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    let mut health = HealthClient::new(channel(address, ca_pem).await?);
+    let answer = health.check(HealthCheckRequest { service: String::new() }).await;
+    Ok(answer.is_ok_and(|r| r.into_inner().status == ServingStatus::Serving as i32))
+}
+
+/// A channel to the server at `address` over TLS trusting `ca_pem`.
+pub async fn channel(address: &str, ca_pem: &[u8]) -> Result<Channel, ClientError> {
     let connect_error = |e: String| ClientError::Connect { address: address.to_string(), error: e };
     let mut roots = RootCertStore::empty();
     for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem) {
@@ -132,5 +146,5 @@ pub async fn connect(address: &str, ca_pem: &[u8]) -> Result<SnapshotMetadataCli
         .map_err(|e| {
             connect_error(format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()))
         })?;
-    Ok(SnapshotMetadataClient::new(channel))
+    Ok(channel)
 }

@@ -13,6 +13,7 @@ pub mod cr;
 pub mod decide;
 pub mod forward;
 pub mod health;
+pub mod lister;
 pub mod request;
 pub mod serve;
 pub mod server;

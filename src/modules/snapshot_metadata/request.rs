@@ -5,8 +5,9 @@
 //!
 //! API requests per call: the TokenReview and the SubjectAccessReview (2
 //! creates), the GET of the VolumeSnapshot (the module does not watch
-//! VolumeSnapshots: a cluster has many, and the request names one), and
-//! the GET of the secret when the class names one. The
+//! VolumeSnapshots: a cluster has many, and the request names one), a
+//! delta's GET of its base (a handle, or a VolumeSnapshot's name), and the
+//! GET of the secret when the class names one. The
 //! SnapshotMetadataService, the content and the class come from the shared
 //! cache; a content the cache does not have ready yet is read from the API,
 //! so the cache never makes an answer staler than upstream's.
@@ -171,6 +172,16 @@ impl Checks {
         let handle = decide::snapshot_handle(name, &content, seen, &self.driver)?.to_string();
         let snapshot = snapshot.unwrap_or_default();
         Ok(Resolved { handle, snapshot, content })
+    }
+
+    /// A delta's base: a CSI snapshot handle (the API's), or a VolumeSnapshot
+    /// of the namespace by name (older clients' form), resolved as the
+    /// target is. A name that is no VolumeSnapshot is a handle.
+    pub async fn base_handle(&self, namespace: &str, base: &str) -> Result<String, Refusal> {
+        match Api::<VolumeSnapshot>::namespaced(self.client.clone(), namespace).get_opt(base).await {
+            Ok(Some(_)) => Ok(self.resolve(namespace, base).await?.handle),
+            Ok(None) | Err(_) => Ok(base.to_string()),
+        }
     }
 
     /// Step 6: the data of the snapshotter secret the snapshot's class (or

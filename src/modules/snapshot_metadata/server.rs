@@ -138,9 +138,10 @@ impl api::snapshot_metadata_server::SnapshotMetadata for SnapshotMetadataService
             };
             let checks = self.admit(&asked, &req.security_token, &req.namespace).await?;
             let resolved = checks.resolve(&req.namespace, &req.target_snapshot_name).await.map_err(status)?;
+            let base = checks.base_handle(&req.namespace, &req.base_snapshot_id).await.map_err(status)?;
             let secrets = checks.secrets(&resolved).await.map_err(status)?;
             let call = csi::GetMetadataDeltaRequest {
-                base_snapshot_id: req.base_snapshot_id.clone(),
+                base_snapshot_id: base,
                 target_snapshot_id: resolved.handle,
                 starting_offset: req.starting_offset,
                 max_results: req.max_results,

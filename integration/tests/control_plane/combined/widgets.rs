@@ -77,6 +77,7 @@ pub static ROW: ModuleDesc = ModuleDesc {
         port: 8099,
         value_rules: &[],
     },
+    tool: None,
 };
 
 impl Module for WidgetFlags {

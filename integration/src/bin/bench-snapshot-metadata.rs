@@ -1,0 +1,325 @@
+//! Benchmark of the snapshot-metadata module (issue 39), against the real
+//! control plane with the real snapshot-controller and the fault driver's
+//! CSI SnapshotMetadata service, through csi-sidecar running `provisioner
+//! snapshotter snapshot-metadata` in one process (default budgets):
+//!
+//! 1. **Wall time** of a 16 384-block delta (64 MiB of changed 4 KiB
+//!    blocks, real data) measured by a Python gRPC client, as upstream's
+//!    0.25 s was: TLS, the TokenReview, the SubjectAccessReview and the
+//!    snapshot's resolution included. `--runs` calls (default 5), each after
+//!    a pause that refills the module's request budget (a backup
+//!    application asks once per snapshot); the median.
+//! 2. **API requests per call**: the module's
+//!    `csi_sidecar_api_budget_requests_total` before and after the calls.
+//! 3. **Memory in the stream's length**: the process's peak RSS (VmHWM)
+//!    after a 1 000-block stream and after a 1 000 000-block one (the
+//!    driver's synthetic records), before anything else ran.
+//! 4. **Idle RSS the module adds** to a combined `provisioner snapshotter
+//!    health-monitor` process, each started alone and measured 10 s after
+//!    its caches synced.
+//!
+//! ```text
+//! cargo build --release -p csi-sidecar -p csi-sidecar-integration \
+//!   --bin csi-sidecar --bin bench-snapshot-metadata --bin cluster
+//! target/release/bench-snapshot-metadata
+//! ```
+//! It makes a Python virtual environment with grpcio and grpcio-tools
+//! (from PyPI) under `target/bench-venv` on its first run.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use argh::FromArgs;
+use csi_sidecar::modules::snapshot_metadata::client;
+use csi_sidecar_integration::{
+    bench::{create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
+    cluster::{ControlPlane, try_launcher_bin},
+    fault_driver::{FaultDriver, HealthForms, Script, Transport},
+    kube_support::{pvc, storage_class},
+    process::{Proc, status_kib},
+    snapshots::SnapApis,
+    workspace_root,
+};
+use k8s_openapi::api::{
+    core::v1::{PersistentVolumeClaim, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
+    storage::v1::StorageClass,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+
+const DRIVER: &str = "bench-snapshot-metadata.csi.example.com";
+const NS: &str = "bench-snapshot-metadata";
+const CLASS: &str = "bench-snapshot-metadata";
+const AUDIENCE: &str = "bench-backup";
+const BLOCK: u64 = 4096;
+
+/// csi-sidecar benchmark: the snapshot-metadata module.
+#[derive(FromArgs)]
+struct Args {
+    /// changed blocks of the timed delta (default 16384)
+    #[argh(option, default = "16384")]
+    blocks: u64,
+    /// timed calls (default 5)
+    #[argh(option, default = "5")]
+    runs: usize,
+}
+
+fn main() -> Result<()> {
+    let args: Args = argh::from_env();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args))
+}
+
+/// The Python interpreter of the bench's virtual environment (made once).
+fn python() -> Result<PathBuf> {
+    let venv = workspace_root().join("target/bench-venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python).args(["-c", "import grpc, grpc_tools"]).status().is_ok_and(|s| s.success());
+    if !ready {
+        eprintln!("making {} (grpcio, grpcio-tools) ...", venv.display());
+        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status()?;
+        let pip = Command::new(venv.join("bin/pip")).args(["install", "-q", "grpcio", "grpcio-tools"]).status()?;
+        if !made.success() || !pip.success() {
+            bail!("could not make the Python environment {}", venv.display());
+        }
+    }
+    Ok(python)
+}
+
+/// What the Python client measured of one call.
+#[derive(serde::Deserialize, Debug)]
+struct Call {
+    seconds: f64,
+    records: u64,
+}
+
+/// The Python client's calls.
+struct PyClient {
+    python: PathBuf,
+    address: String,
+    ca: PathBuf,
+    token: String,
+}
+
+impl PyClient {
+    fn calls(&self, snapshot: &str, base: Option<&str>, runs: usize, pause: f64) -> Result<Vec<Call>> {
+        let proto = workspace_root().join("proto");
+        let script = workspace_root().join("integration/scripts/snapshot-metadata-client.py");
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(script)
+            .arg(format!("--proto-dir={}", proto.display()))
+            .arg(format!("--address={}", self.address))
+            .arg(format!("--ca={}", self.ca.display()))
+            .arg(format!("--token={}", self.token))
+            .arg(format!("--namespace={NS}"))
+            .arg(format!("--snapshot={snapshot}"))
+            .arg(format!("--runs={runs}"))
+            .arg(format!("--pause={pause}"));
+        if let Some(b) = base {
+            cmd.arg(format!("--base={b}"));
+        }
+        let out = cmd.output()?;
+        if !out.status.success() {
+            bail!("the Python client failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).with_context(|| format!("the client's line {l:?}")))
+            .collect()
+    }
+}
+
+/// The module's granted API requests, from the process's `/metrics`.
+async fn module_requests(http: &str) -> Result<f64> {
+    let body = csi_sidecar_integration::http::get(http, "/metrics").await.map_err(anyhow::Error::msg)?.body;
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("csi_sidecar_api_budget_requests_total") && l.contains("\"snapshot-metadata\""));
+    Ok(line.and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0))
+}
+
+/// ServiceAccount `backup` in the namespace, allowed to get VolumeSnapshots.
+async fn backup_account(admin: &Client) -> Result<()> {
+    let meta = |n: &str, ns: Option<&str>| ObjectMeta {
+        name: Some(n.into()),
+        namespace: ns.map(String::from),
+        ..Default::default()
+    };
+    let sa = ServiceAccount { metadata: meta("backup", Some(NS)), ..Default::default() };
+    Api::<ServiceAccount>::namespaced(admin.clone(), NS).create(&PostParams::default(), &sa).await?;
+    let rule = PolicyRule {
+        api_groups: Some(vec!["snapshot.storage.k8s.io".into()]),
+        resources: Some(vec!["volumesnapshots".into()]),
+        verbs: vec!["get".into()],
+        ..Default::default()
+    };
+    let role = ClusterRole { metadata: meta("bench-backup", None), rules: Some(vec![rule]), ..Default::default() };
+    Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await?;
+    let binding = ClusterRoleBinding {
+        metadata: meta("bench-backup", None),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "bench-backup".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "backup".into(),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await?;
+    Ok(())
+}
+
+/// A bound block claim's volume handle.
+async fn block_volume(admin: &Client, name: &str) -> Result<String> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), NS);
+    let mut claim = pvc(name, Some(CLASS), "1Mi");
+    if let Some(spec) = claim.spec.as_mut() {
+        spec.volume_mode = Some("Block".into());
+    }
+    pvcs.create(&PostParams::default(), &claim).await?;
+    let mut volume = None;
+    wait_for(&format!("claim {name} bound"), Duration::from_secs(120), async || {
+        volume = pvcs.get(name).await?.spec.and_then(|s| s.volume_name);
+        Ok(volume.is_some())
+    })
+    .await?;
+    Ok(format!("fault-{}", volume.unwrap_or_default()))
+}
+
+/// VolumeSnapshot `name` of claim `claim`, ready; its snapshot handle.
+async fn ready_snapshot(snaps: &SnapApis, name: &str, claim: &str) -> Result<String> {
+    let content = snaps.snapshot_of(name, CLASS, claim).await;
+    let c = snaps.wait_content_ready(&content, Duration::from_secs(120)).await;
+    snaps.wait_snapshot_ready(name, Duration::from_secs(120)).await;
+    Ok(c.data["status"]["snapshotHandle"].as_str().unwrap_or_default().to_string())
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+async fn run(args: Args) -> Result<()> {
+    let python = python()?;
+    let tmp = tempfile::tempdir()?;
+    eprintln!("starting the control plane with snapshot-controller ...");
+    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
+    let admin: Client = cp.client().await;
+    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    let csi = tmp.path().join("csi.sock");
+    let script = Script {
+        name: DRIVER.into(),
+        controller: true,
+        snapshots: true,
+        snapshot_metadata: true,
+        health: HealthForms { legacy_list: true, ..HealthForms::NONE },
+        ..Script::default()
+    };
+    let driver = FaultDriver::start(&csi, Transport::Grpc, script);
+    create_namespace(&admin, NS).await?;
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
+    let snaps = SnapApis::new(&admin, NS);
+    snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
+    backup_account(&admin).await?;
+
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+    let (cert, key, ca) = (tmp.path().join("tls.crt"), tmp.path().join("tls.key"), tmp.path().join("ca.crt"));
+    std::fs::write(&cert, made.cert.pem())?;
+    std::fs::write(&key, made.signing_key.serialize_pem())?;
+    std::fs::write(&ca, made.cert.pem())?;
+    let (port, http_port) = (free_port()?, free_port()?);
+    let http = format!("127.0.0.1:{http_port}");
+    let sidecar_args: Vec<String> = [
+        format!("--http-endpoint={http}"),
+        "provisioner".into(),
+        "snapshotter".into(),
+        "snapshot-metadata".into(),
+        format!("--tls-cert={}", cert.display()),
+        format!("--tls-key={}", key.display()),
+        "--bind-address=127.0.0.1".into(),
+        format!("--port={port}"),
+        format!("--audience={AUDIENCE}"),
+    ]
+    .into();
+    let synced = ("its caches", "Driver validated; serving SnapshotMetadata");
+    let mut sidecar = synced_sidecar("sidecar", &csi, &kubeconfig, &sidecar_args, tmp.path(), synced).await?;
+    let token = client::token_for(&admin, NS, "backup", AUDIENCE).await?;
+    let py = PyClient { python, address: format!("127.0.0.1:{port}"), ca, token };
+
+    // 3. Memory in the stream's length, first.
+    let volume = block_volume(&admin, "data").await?;
+    driver.set_volume_size(&volume, (args.blocks + 64) * BLOCK);
+    let base = ready_snapshot(&snaps, "base", "data").await?;
+    let mut peaks = Vec::new();
+    for n in [1_000u64, 1_000_000] {
+        driver.update(|s| s.metadata_synthetic_blocks = Some(n));
+        let call = py.calls("base", None, 1, 0.0)?;
+        if call.first().map(|c| c.records) != Some(n) {
+            bail!("a {n}-block stream answered {call:?}");
+        }
+        peaks.push((n, status_kib(sidecar.pid(), "VmHWM"), call[0].seconds));
+    }
+    driver.update(|s| s.metadata_synthetic_blocks = None);
+
+    // 1 and 2. The timed delta.
+    eprintln!("writing {} blocks ...", args.blocks);
+    for b in 0..args.blocks {
+        driver.write_volume(&volume, b * BLOCK, b"changed");
+    }
+    ready_snapshot(&snaps, "target", "data").await?;
+    let before = module_requests(&http).await?;
+    let calls = py.calls("target", Some(&base), args.runs, 2.0)?;
+    let after = module_requests(&http).await?;
+    if let Some(c) = calls.iter().find(|c| c.records != args.blocks) {
+        bail!("a delta answered {} blocks, not {}", c.records, args.blocks);
+    }
+    let times: Vec<f64> = calls.iter().map(|c| c.seconds).collect();
+    let requests = (after - before) / calls.len() as f64;
+    sidecar.terminate().await;
+
+    // 4. Idle RSS the module adds to the controller modules.
+    let controllers = ["provisioner", "snapshotter", "health-monitor"];
+    let mut idle = Vec::new();
+    for with in [false, true] {
+        let mut a: Vec<String> = controllers.iter().map(|m| m.to_string()).collect();
+        if with {
+            a.push("snapshot-metadata".into());
+            a.extend(sidecar_args[4..].iter().cloned());
+        }
+        let line = if with { synced.1 } else { "Caches synced; monitoring volume health" };
+        let p =
+            synced_sidecar(&format!("idle-{with}"), &csi, &kubeconfig, &a, tmp.path(), ("its caches", line)).await?;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        idle.push(status_kib(p.pid(), "VmRSS"));
+        let mut p: Proc = p;
+        p.terminate().await;
+    }
+
+    println!("\nsnapshot-metadata, csi-sidecar `provisioner snapshotter snapshot-metadata`, default budgets\n");
+    println!("| measure | csi-sidecar | upstream |");
+    println!("|---|---:|---:|");
+    let runs: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
+    println!(
+        "| {}-block delta, Python client, median of {} | {:.3} s ({}) | 0.25 s |",
+        args.blocks,
+        times.len(),
+        median(&times),
+        runs.join(", ")
+    );
+    println!("| API requests per call | {requests:.1} | 5 to 7 |");
+    for (n, kib, secs) in &peaks {
+        println!("| peak RSS after a {n}-block stream ({secs:.1} s) | {:.1} MiB | |", mib(*kib));
+    }
+    println!(
+        "| idle RSS, controller modules | {:.1} MiB | |\n| idle RSS, controller modules + snapshot-metadata | {:.1} MiB (+{:.1}) | |",
+        mib(idle[0]),
+        mib(idle[1]),
+        mib(idle[1].saturating_sub(idle[0]))
+    );
+    Ok(())
+}
