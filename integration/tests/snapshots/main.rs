@@ -6,5 +6,6 @@
 
 mod group_snapshots;
 mod snapshot_metadata;
+mod snapshot_metadata_watches;
 mod snapshotter;
 mod snapshotter_faults;

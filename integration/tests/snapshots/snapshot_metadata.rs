@@ -359,7 +359,9 @@ async fn allocated_and_delta_return_exactly_the_blocks_written_and_refusals_are_
         matches!(&gone, Err((Code::Unavailable, m)) if m.starts_with("failed to get credentials: ") && m.contains("smd-creds")),
         "{gone:?}"
     );
-    assert!(!env.sidecar.logs().contains("hunter2"), "a secret's value never reaches the log");
+    let logs = env.sidecar.logs();
+    assert!(!logs.contains("hunter2"), "a secret's value never reaches the log");
+    assert!(!logs.contains(&token), "a client's token never reaches the log (at -v=5)");
 }
 
 /// Without `--audience`, the audience is the driver's

@@ -6,8 +6,9 @@
 //! API requests per call: the TokenReview and the SubjectAccessReview (2
 //! creates), the GET of the VolumeSnapshot (the module does not watch
 //! VolumeSnapshots: a cluster has many, and the request names one), a
-//! delta's GET of its base (a handle, or a VolumeSnapshot's name), and the
-//! GET of the secret when the class names one. The
+//! delta's GET of its base when it is no handle the cache knows (a
+//! VolumeSnapshot's name), and the GET of the secret when the class names
+//! one. The
 //! SnapshotMetadataService, the content and the class come from the shared
 //! cache; a content the cache does not have ready yet is read from the API,
 //! so the cache never makes an answer staler than upstream's.
@@ -178,6 +179,12 @@ impl Checks {
     /// of the namespace by name (older clients' form), resolved as the
     /// target is. A name that is no VolumeSnapshot is a handle.
     pub async fn base_handle(&self, namespace: &str, base: &str) -> Result<String, Refusal> {
+        // A handle of one of the driver's contents needs no request.
+        let handle_of =
+            |c: &VolumeSnapshotContent| c.status.as_ref().and_then(|s| s.snapshot_handle.as_deref()) == Some(base);
+        if self.contents.as_ref().is_some_and(|i| i.store().state().iter().any(|c| handle_of(c))) {
+            return Ok(base.to_string());
+        }
         match Api::<VolumeSnapshot>::namespaced(self.client.clone(), namespace).get_opt(base).await {
             Ok(Some(_)) => Ok(self.resolve(namespace, base).await?.handle),
             Ok(None) | Err(_) => Ok(base.to_string()),

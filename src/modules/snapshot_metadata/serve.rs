@@ -74,6 +74,11 @@ fn accept(listener: TcpListener, acceptor: TlsAcceptor, stop: CancellationToken)
                     }
                 },
             };
+            // Each response is a small write: Nagle's algorithm would hold
+            // it for the client's delayed acknowledgement.
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(%peer, error = %e, "Cannot set TCP_NODELAY");
+            }
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

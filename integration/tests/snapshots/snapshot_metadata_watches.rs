@@ -1,0 +1,68 @@
+//! snapshot-metadata beside the snapshotter in one process adds no watch:
+//! the driver's VolumeSnapshotContents and the VolumeSnapshotClasses are
+//! the snapshotter's, and the SnapshotMetadataServices one more kind,
+//! each watched once (a control plane of its own, so no other test's
+//! process opens watches meanwhile).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use csi_sidecar_integration::{
+    bench::open_watches,
+    cluster::ControlPlane,
+    fault_driver::{FaultDriver, Script, Transport},
+    process::Proc,
+    sidecar_bin, wait_until,
+};
+
+fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str) -> i64 {
+    after.get(r).copied().unwrap_or(0) - before.get(r).copied().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn provisioner_snapshotter_and_snapshot_metadata_watch_each_kind_once() {
+    let cp = ControlPlane::with_snapshots();
+    let client = cp.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csi = dir.path().join("csi.sock");
+    let script = Script {
+        name: "watches.smd.example.com".into(),
+        controller: true,
+        snapshots: true,
+        snapshot_metadata: true,
+        ..Script::default()
+    };
+    let _driver = FaultDriver::start(&csi, Transport::Grpc, script);
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, made.cert.pem()).expect("tls.crt");
+    std::fs::write(&key, made.signing_key.serialize_pem()).expect("tls.key");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let base = open_watches(&client).await.expect("apiserver /metrics");
+    let args = [
+        format!("--csi-address={}", csi.display()),
+        format!("--kubeconfig={}", cp.kubeconfig().display()),
+        "provisioner".into(),
+        "snapshotter".into(),
+        "snapshot-metadata".into(),
+        format!("--tls-cert={}", cert.display()),
+        format!("--tls-key={}", key.display()),
+        "--bind-address=127.0.0.1".into(),
+        format!("--port={port}"),
+    ];
+    let mut sidecar = Proc::spawn("combined", &sidecar_bin(), &args, dir.path());
+    wait_until("the server serving", Duration::from_secs(60), async || {
+        let logs = sidecar.logs();
+        (logs.contains("Driver validated; serving SnapshotMetadata"), logs.len())
+    })
+    .await;
+    let kinds = ["volumesnapshotcontents", "volumesnapshotclasses", "snapshotmetadataservices"];
+    let now = wait_until("every watch open", Duration::from_secs(30), async || {
+        let now = open_watches(&client).await.unwrap_or_default();
+        (kinds.iter().all(|r| delta(&now, &base, r) >= 1), now)
+    })
+    .await;
+    for r in kinds {
+        assert_eq!(delta(&now, &base, r), 1, "one watch on {r}; {now:?} vs {base:?}");
+    }
+    sidecar.terminate().await;
+}
