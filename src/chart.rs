@@ -35,10 +35,7 @@ fn entry(out: &mut String, row: &ModuleDesc) {
     let _ = writeln!(out, "    container: {}", quoted(c.container));
     let _ = writeln!(out, "    command: {}", quoted(&command));
     let _ = writeln!(out, "    portName: {}", quoted(c.port_name));
-    // A module that campaigns for a Lease (the leader-election flags are
-    // its); the snapshot-metadata server talks to the API without one.
-    let leads = row.needs.kube && row.shared.iter().any(|group| group.contains(&"leader-election"));
-    let _ = writeln!(out, "    leader: {leads}");
+    let _ = writeln!(out, "    leader: {}", row.leads());
     let _ = writeln!(out, "    registration: {}", row.needs.registration_dir);
     let _ = writeln!(out, "    kinds: {}", list(row.kinds));
     rules(out, "rules", row.cluster_rules.iter().map(|r| (None, r)));

@@ -293,6 +293,8 @@ pub fn router(
     let mut r = Router::new()
         .route(compat::prober::HEALTHZ_PATH, get(healthz))
         .route("/healthz/{name}", get(healthz_one))
+        // external-snapshot-metadata's path: the same answer as /healthz.
+        .route(compat::snapshot_metadata::HEALTH_PATH, get(healthz))
         .route(metrics_path, get(metrics));
     if debug.is_some() && metrics_path != DEBUG_OBJECTS_PATH {
         r = r.route(DEBUG_OBJECTS_PATH, get(debug_objects));

@@ -25,6 +25,9 @@ pub const NO_TARGET: &str = "targetSnapshotName cannot be empty";
 pub const UNAUTHENTICATED: &str = "unauthenticated user";
 /// The driver not validated yet.
 pub const DRIVER_NOT_READY: &str = "the CSI driver is not yet ready";
+/// The HTTP health path of external-snapshot-metadata.
+pub const HEALTH_PATH: &str = "/health";
+
 /// `/health`'s body while the gRPC side does not serve (503).
 pub const NOT_READY_BODY: &str = "not ready";
 

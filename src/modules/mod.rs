@@ -295,6 +295,13 @@ pub static MODULES: &[ModuleDesc] = &[
 ];
 
 impl ModuleDesc {
+    /// Whether the module campaigns for a Lease: a Kubernetes module that
+    /// takes the leader-election flags (snapshot-metadata talks to the API
+    /// without one: every replica serves).
+    pub fn leads(&self) -> bool {
+        self.needs.kube && self.shared.iter().any(|group| group.contains(&"leader-election"))
+    }
+
     /// Parses normalised arguments into this module's configuration.
     pub fn configure(&'static self, args: &[&str]) -> Result<ModuleConfig, argh::EarlyExit> {
         (self.parse)(self.name, args).map(|module| ModuleConfig { desc: self, module })

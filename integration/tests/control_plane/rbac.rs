@@ -124,7 +124,7 @@ fn row_calls(module: &str) -> BTreeSet<Triple> {
 /// Each controller module's Lease Role is exactly what the elector calls.
 #[test]
 fn each_controllers_leader_election_role_is_exactly_what_the_code_calls() {
-    let controllers = csi_sidecar::modules::MODULES.iter().filter(|m| m.needs.kube);
+    let controllers = csi_sidecar::modules::MODULES.iter().filter(|m| m.leads());
     for m in controllers {
         let role = doc(&format!("{}.yaml", m.name), "Role", &format!("csi-sidecar-{}-leader-election", m.name));
         assert_eq!(role["metadata"]["namespace"], "default", "{}: namespace placeholder", m.name);

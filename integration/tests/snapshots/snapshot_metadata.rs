@@ -44,6 +44,8 @@ struct Env {
     /// The provisioner and snapshotter.
     _controllers: Proc,
     address: String,
+    /// The module process's HTTP endpoint.
+    http: String,
     ca: Vec<u8>,
     cert: std::path::PathBuf,
     key: std::path::PathBuf,
@@ -129,7 +131,9 @@ impl Env {
             format!("--port={port}"),
         ];
         args.extend(audience.map(|a| format!("--audience={a}")));
+        let http = format!("127.0.0.1:{}", free_port());
         args.extend(["-v=5".to_string(), format!("--csi-address={}", base.socket().display())]);
+        args.push(format!("--http-endpoint={http}"));
         args.push(format!("--kubeconfig={}", module_kubeconfig.display()));
         let (driver, _controllers) = base.start_with_provisioner("snapshotter", script, &[]);
         let sidecar = Proc::spawn_env("snapshot-metadata", &sidecar_bin(), &args, &[], base.dir.path());
@@ -139,7 +143,7 @@ impl Env {
         let sc = base.storage_class("sc", |_| {}).await;
         let class = base.ns.scoped("vsc");
         snaps.class(&class, &base.driver_name, "Delete", serde_json::Value::Null).await;
-        let env = Env { base, snaps, driver, sidecar, _controllers, address, ca, cert, key, sc, class };
+        let env = Env { base, snaps, driver, sidecar, _controllers, address, http, ca, cert, key, sc, class };
         env.service_account("backup", true).await;
         env.service_account("nosy", false).await;
         env
@@ -392,6 +396,12 @@ async fn the_audience_and_the_address_come_from_the_snapshot_metadata_service() 
     let token = client::token_for(client, ns, "backup", &service.spec.audience).await.expect("token");
     let ca = service.spec.ca_cert.expect("caCert").0;
     wait_serving(&service.spec.address, &ca).await;
+    // Upstream's `/health` on the HTTP endpoint, and the host's check of
+    // the module beside the server's.
+    for path in ["/health", "/healthz/snapshot-metadata", "/healthz/snapshot-metadata-server"] {
+        let reply = csi_sidecar_integration::http::get(&env.http, path).await.expect("HTTP endpoint");
+        assert_eq!((reply.status, reply.body.as_str()), (200, "ok"), "{path}");
+    }
     let mut c = client::connect(&service.spec.address, &ca).await.expect("client");
     let ask = api::GetMetadataAllocatedRequest {
         security_token: token,

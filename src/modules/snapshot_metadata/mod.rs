@@ -35,6 +35,10 @@ use config::SnapshotMetadataFlags;
 
 const MODULE: &str = "snapshot-metadata";
 
+/// The health check of the gRPC server (`/healthz/<this>`; in `/health` and
+/// `/healthz` with the others).
+pub const SERVER_CHECK: &str = "snapshot-metadata-server";
+
 impl Module for SnapshotMetadataFlags {
     fn validate(&self) -> Result<(), ModuleError> {
         let config = |message: String| ModuleError::Config { module: MODULE, message };
@@ -95,7 +99,8 @@ pub async fn run(cfg: SnapshotMetadataFlags, ctx: ModuleContext) -> Result<(), M
     let kube = ctx.kube.clone().ok_or_else(|| fatal("no Kubernetes client".into()))?;
     let listener = ctx.listener.clone().ok_or_else(|| fatal("no listener".into()))?;
     let serving = health::Serving::default();
-    ctx.health.register(MODULE, Arc::new(ServingCheck(serving.clone())));
+    // Beside the host's check of the module under its own name.
+    ctx.health.register(SERVER_CHECK, Arc::new(ServingCheck(serving.clone())));
     let checks = Arc::new(OnceCell::new());
     let service = server::SnapshotMetadataService {
         checks: checks.clone(),
