@@ -226,7 +226,8 @@ async fn driver_alone(csi: &std::path::Path, base: &str, target: &str, runs: usi
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    let [port] = csi_sidecar_integration::ports::free_ports::<1>()?;
+    Ok(port)
 }
 
 async fn run(args: Args) -> Result<()> {

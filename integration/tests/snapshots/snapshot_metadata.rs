@@ -101,10 +101,10 @@ async fn wait_serving(address: &str, ca: &[u8]) {
     .expect("health");
 }
 
-/// A free port on the loopback address (bound, then released for the server).
+/// A free loopback port no other test process picks meanwhile.
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("address").port()
+    let [port] = csi_sidecar_integration::ports::free_ports::<1>().expect("a free port");
+    port
 }
 
 impl Env {

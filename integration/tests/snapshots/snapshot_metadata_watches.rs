@@ -36,7 +36,7 @@ async fn provisioner_snapshotter_and_snapshot_metadata_watch_each_kind_once() {
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&cert, made.cert.pem()).expect("tls.crt");
     std::fs::write(&key, made.signing_key.serialize_pem()).expect("tls.key");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let [port] = csi_sidecar_integration::ports::free_ports::<1>().expect("a free port");
     let base = open_watches(&client).await.expect("apiserver /metrics");
     let args = [
         format!("--csi-address={}", csi.display()),
