@@ -19,6 +19,7 @@ pub mod ports;
 pub mod process;
 pub mod promql;
 pub mod sidecar_build;
+pub mod snapshot_metadata;
 pub mod snapshots;
 pub mod yaml;
 

@@ -4,10 +4,7 @@
 //! a grant in the source's namespace lets claims of another namespace use it.
 //! Only the fields that decision reads are decoded.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use serde::{Deserialize, Serialize};
 
 use crate::compat::provisioner::{REFERENCE_GRANT_GROUP, REFERENCE_GRANT_VERSION};
@@ -61,32 +58,19 @@ pub struct GrantTo {
     pub name: Option<String>,
 }
 
-impl Resource for ReferenceGrant {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("ReferenceGrant")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(REFERENCE_GRANT_GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(REFERENCE_GRANT_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("referencegrants")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::k8s::snapshot_api::crd_resource!(
+    ReferenceGrant,
+    REFERENCE_GRANT_GROUP,
+    REFERENCE_GRANT_VERSION,
+    "ReferenceGrant",
+    "referencegrants",
+    k8s_openapi::NamespaceResourceScope
+);
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
+
     use super::*;
 
     #[test]

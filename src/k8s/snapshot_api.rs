@@ -14,11 +14,14 @@ pub const GROUP: &str = "snapshot.storage.k8s.io";
 /// The version the modules read and write.
 pub const VERSION: &str = "v1";
 
-/// Implements [`Resource`](kube::Resource) for a kind of a snapshot CRD group with a static
-/// identity: `GROUP` and `VERSION` are the calling module's (this one's, or
-/// `group_snapshot_api`'s).
+/// Implements [`Resource`](kube::Resource) for a CRD kind with a static
+/// identity. Without a group and version, those of the calling module
+/// (`GROUP` and `VERSION`: this one's, or `group_snapshot_api`'s).
 macro_rules! crd_resource {
-    ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
+    ($ty:ty, $kind:literal, $plural:expr, $scope:ty) => {
+        $crate::k8s::snapshot_api::crd_resource!($ty, GROUP, VERSION, $kind, $plural, $scope);
+    };
+    ($ty:ty, $group:expr, $version:expr, $kind:literal, $plural:expr, $scope:ty) => {
         impl kube::Resource for $ty {
             type DynamicType = ();
             type Scope = $scope;
@@ -27,10 +30,10 @@ macro_rules! crd_resource {
                 ::std::borrow::Cow::Borrowed($kind)
             }
             fn group(_: &()) -> ::std::borrow::Cow<'_, str> {
-                ::std::borrow::Cow::Borrowed(GROUP)
+                ::std::borrow::Cow::Borrowed($group)
             }
             fn version(_: &()) -> ::std::borrow::Cow<'_, str> {
-                ::std::borrow::Cow::Borrowed(VERSION)
+                ::std::borrow::Cow::Borrowed($version)
             }
             fn plural(_: &()) -> ::std::borrow::Cow<'_, str> {
                 ::std::borrow::Cow::Borrowed($plural)
@@ -44,7 +47,7 @@ macro_rules! crd_resource {
         }
     };
 }
-pub(super) use crd_resource;
+pub(crate) use crd_resource;
 
 /// Defines a CRD kind of `metadata`, `spec` and an optional `status` (the
 /// `metadata` slimmed as the watches decode it), and its [`Resource`](kube::Resource).

@@ -37,18 +37,12 @@ use csi_sidecar_integration::{
     fault_driver::{FaultDriver, HealthForms, Script, Transport},
     kube_support::{pvc, storage_class},
     process::{Proc, status_kib},
+    snapshot_metadata::{TlsFiles, backup_account},
     snapshots::SnapApis,
     workspace_root,
 };
-use k8s_openapi::api::{
-    core::v1::{PersistentVolumeClaim, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject},
-    storage::v1::StorageClass,
-};
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use kube::{Api, Client, api::PostParams};
 
 const DRIVER: &str = "bench-snapshot-metadata.csi.example.com";
 const NS: &str = "bench-snapshot-metadata";
@@ -145,41 +139,6 @@ async fn module_counters(http: &str) -> Result<(f64, f64)> {
     ))
 }
 
-/// ServiceAccount `backup` in the namespace, allowed to get VolumeSnapshots.
-async fn backup_account(admin: &Client) -> Result<()> {
-    let meta = |n: &str, ns: Option<&str>| ObjectMeta {
-        name: Some(n.into()),
-        namespace: ns.map(String::from),
-        ..Default::default()
-    };
-    let sa = ServiceAccount { metadata: meta("backup", Some(NS)), ..Default::default() };
-    Api::<ServiceAccount>::namespaced(admin.clone(), NS).create(&PostParams::default(), &sa).await?;
-    let rule = PolicyRule {
-        api_groups: Some(vec!["snapshot.storage.k8s.io".into()]),
-        resources: Some(vec!["volumesnapshots".into()]),
-        verbs: vec!["get".into()],
-        ..Default::default()
-    };
-    let role = ClusterRole { metadata: meta("bench-backup", None), rules: Some(vec![rule]), ..Default::default() };
-    Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await?;
-    let binding = ClusterRoleBinding {
-        metadata: meta("bench-backup", None),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "bench-backup".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "backup".into(),
-            namespace: Some(NS.into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await?;
-    Ok(())
-}
-
 /// A bound block claim's volume handle.
 async fn block_volume(admin: &Client, name: &str) -> Result<String> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), NS);
@@ -251,13 +210,11 @@ async fn run(args: Args) -> Result<()> {
     Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
     let snaps = SnapApis::new(&admin, NS);
     snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
-    backup_account(&admin).await?;
+    backup_account(&admin, NS, "backup", true).await?;
 
-    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
-    let (cert, key, ca) = (tmp.path().join("tls.crt"), tmp.path().join("tls.key"), tmp.path().join("ca.crt"));
-    std::fs::write(&cert, made.cert.pem())?;
-    std::fs::write(&key, made.signing_key.serialize_pem())?;
-    std::fs::write(&ca, made.cert.pem())?;
+    let tls = TlsFiles::write(tmp.path()).map_err(anyhow::Error::msg)?;
+    let ca = tmp.path().join("ca.crt");
+    std::fs::write(&ca, &tls.ca)?;
     let (port, http_port) = (free_port()?, free_port()?);
     let http = format!("127.0.0.1:{http_port}");
     let sidecar_args: Vec<String> = [
@@ -265,8 +222,8 @@ async fn run(args: Args) -> Result<()> {
         "provisioner".into(),
         "snapshotter".into(),
         "snapshot-metadata".into(),
-        format!("--tls-cert={}", cert.display()),
-        format!("--tls-key={}", key.display()),
+        format!("--tls-cert={}", tls.cert.display()),
+        format!("--tls-key={}", tls.key.display()),
         "--bind-address=127.0.0.1".into(),
         format!("--port={port}"),
         format!("--audience={AUDIENCE}"),

@@ -6,7 +6,7 @@
 
 use std::{
     fs::{File, OpenOptions},
-    io::{Read, Seek, SeekFrom, Write},
+    io::{BufReader, Read, Seek, SeekFrom, Write},
     path::PathBuf,
     sync::Arc,
 };
@@ -64,37 +64,71 @@ impl BlockFiles {
     }
 }
 
-/// A snapshot's blocks: with `base`, those that differ from it, else those
-/// not all zero; from `start` (rounded down to a block), as (offset, size)
-/// in order.
-pub fn changed_blocks(target: &mut File, mut base: Option<&mut File>, start: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    let start = start - start % BLOCK;
-    let len = target.metadata()?.len();
-    target.seek(SeekFrom::Start(start))?;
-    if let Some(b) = base.as_deref_mut() {
-        b.seek(SeekFrom::Start(start))?;
-    }
-    let (mut blocks, mut offset) = (Vec::new(), start);
-    let (mut t, mut b) = (vec![0u8; BLOCK as usize], vec![0u8; BLOCK as usize]);
-    // Read in large chunks, as a real driver would (one syscall per block
-    // would make the driver the slowest part of every stream).
-    let mut target = std::io::BufReader::with_capacity(READ_CHUNK, target);
-    let mut base = base.map(|b| std::io::BufReader::with_capacity(READ_CHUNK, b));
-    while offset < len {
-        read_block(&mut target, &mut t)?;
-        let differs = match base.as_mut() {
-            Some(base) => {
-                read_block(base, &mut b)?;
-                t != b
-            }
-            None => t.iter().any(|x| *x != 0),
-        };
-        if differs {
-            blocks.push((offset, BLOCK));
+/// A snapshot's blocks, read as they are asked for: with `base`, those that
+/// differ from it, else those not all zero; from `start` (rounded down to a
+/// block), as (offset, size) in order. The files are read in large chunks,
+/// as a real driver would (one syscall per block would make the driver the
+/// slowest part of every stream), and only as far as the blocks are taken:
+/// a stream of them begins before the whole file is read.
+pub struct ChangedBlocks {
+    target: BufReader<File>,
+    base: Option<BufReader<File>>,
+    offset: u64,
+    len: u64,
+    t: Vec<u8>,
+    b: Vec<u8>,
+}
+
+impl ChangedBlocks {
+    pub fn new(mut target: File, mut base: Option<File>, start: u64) -> std::io::Result<ChangedBlocks> {
+        let start = start - start % BLOCK;
+        let len = target.metadata()?.len();
+        target.seek(SeekFrom::Start(start))?;
+        if let Some(b) = base.as_mut() {
+            b.seek(SeekFrom::Start(start))?;
         }
-        offset += BLOCK;
+        Ok(ChangedBlocks {
+            target: BufReader::with_capacity(READ_CHUNK, target),
+            base: base.map(|b| BufReader::with_capacity(READ_CHUNK, b)),
+            offset: start,
+            len,
+            t: vec![0u8; BLOCK as usize],
+            b: vec![0u8; BLOCK as usize],
+        })
     }
-    Ok(blocks)
+
+    /// Whether the block at the current offset counts (and the readers
+    /// moved past it).
+    fn next_counts(&mut self) -> std::io::Result<bool> {
+        read_block(&mut self.target, &mut self.t)?;
+        Ok(match self.base.as_mut() {
+            Some(base) => {
+                read_block(base, &mut self.b)?;
+                self.t != self.b
+            }
+            None => self.t.iter().any(|x| *x != 0),
+        })
+    }
+}
+
+impl Iterator for ChangedBlocks {
+    type Item = std::io::Result<(u64, u64)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.offset < self.len {
+            let offset = self.offset;
+            self.offset += BLOCK;
+            match self.next_counts() {
+                Ok(true) => return Some(Ok((offset, BLOCK))),
+                Ok(false) => {}
+                Err(e) => {
+                    self.offset = self.len;
+                    return Some(Err(e));
+                }
+            }
+        }
+        None
+    }
 }
 
 /// Bytes a snapshot file is read by.
@@ -113,16 +147,24 @@ fn read_block(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Merges touching blocks into ranges (the VARIABLE_LENGTH form).
-pub fn merged(blocks: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(offset, size) in blocks {
-        match out.last_mut() {
-            Some((o, s)) if *o + *s == offset => *s += size,
-            _ => out.push((offset, size)),
+/// Merges touching blocks into ranges (the VARIABLE_LENGTH form), as they
+/// come.
+pub fn merged<E>(blocks: impl Iterator<Item = Result<(u64, u64), E>>) -> impl Iterator<Item = Result<(u64, u64), E>> {
+    let mut blocks = blocks.peekable();
+    std::iter::from_fn(move || {
+        let (offset, mut size) = match blocks.next()? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
+        while let Some(Ok((next, more))) = blocks.peek() {
+            if offset + size != *next {
+                break;
+            }
+            size += *more;
+            blocks.next();
         }
-    }
-    out
+        Some(Ok((offset, size)))
+    })
 }
 
 fn hex(id: &str) -> String {
@@ -143,16 +185,18 @@ mod tests {
         files.write("v", 6 * BLOCK, b"three").expect("write");
         files.write("v", BLOCK, b"ONE").expect("write");
         files.cut("v", "s2").expect("cut");
-        let mut s1 = files.open("s1").expect("s1");
-        assert_eq!(changed_blocks(&mut s1, None, 0).expect("read"), [(BLOCK, BLOCK), (5 * BLOCK, BLOCK)]);
-        assert_eq!(changed_blocks(&mut s1, None, 2 * BLOCK + 7).expect("read"), [(5 * BLOCK, BLOCK)], "from a start");
-        let (mut s2, mut s1) = (files.open("s2").expect("s2"), files.open("s1").expect("s1"));
-        let delta = changed_blocks(&mut s2, Some(&mut s1), 0).expect("read");
-        assert_eq!(delta, [(BLOCK, BLOCK), (6 * BLOCK, BLOCK)]);
-        assert_eq!(merged(&[(0, 4096), (4096, 4096), (12288, 4096)]), [(0, 8192), (12288, 4096)]);
+        let read = |id: &str, base: Option<&str>, start: u64| -> Vec<(u64, u64)> {
+            let (target, base) = (files.open(id).expect("target"), base.map(|b| files.open(b).expect("base")));
+            ChangedBlocks::new(target, base, start).expect("open").collect::<std::io::Result<_>>().expect("read")
+        };
+        assert_eq!(read("s1", None, 0), [(BLOCK, BLOCK), (5 * BLOCK, BLOCK)]);
+        assert_eq!(read("s1", None, 2 * BLOCK + 7), [(5 * BLOCK, BLOCK)], "from a start");
+        assert_eq!(read("s2", Some("s1"), 0), [(BLOCK, BLOCK), (6 * BLOCK, BLOCK)]);
+        let blocks = [(0, 4096), (4096, 4096), (12288, 4096), (16384, 4096)].map(Ok::<_, ()>);
+        let ranges: Vec<_> = merged(blocks.into_iter()).collect();
+        assert_eq!(ranges, [Ok((0, 8192)), Ok((12288, 8192))]);
         files.cut("never-written", "s3").expect("cut");
-        let mut s3 = files.open("s3").expect("s3");
-        assert!(changed_blocks(&mut s3, None, 0).expect("read").is_empty());
+        assert!(read("s3", None, 0).is_empty());
         assert!(files.open("unknown").is_none());
     }
 }

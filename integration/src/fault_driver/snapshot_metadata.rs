@@ -5,12 +5,11 @@
 //! some responses).
 
 use csi_sidecar::csi::proto::csi::v1 as csi;
-use futures::StreamExt;
 use tonic::{Request, Response, Status, codegen::BoxStream};
 
 use super::{
     Service,
-    blocks::{BLOCK, changed_blocks, merged},
+    blocks::{BLOCK, ChangedBlocks, merged},
 };
 
 /// Records per response when the request says 0 (the hostpath driver's).
@@ -26,15 +25,16 @@ impl Service {
         snapshots.values().find(|(sid, _)| sid == id).map(|(_, source)| source.clone())
     }
 
-    /// The pages of `id`'s blocks (against `base` for a delta) from `start`.
-    fn pages(&self, id: &str, base: Option<&str>, start: i64, max_results: i32) -> Result<Vec<Page>, Status> {
+    /// The records of `id`'s blocks (against `base` for a delta) from
+    /// `start`, after the checks a driver makes before it streams.
+    fn records(&self, id: &str, base: Option<&str>, start: i64) -> Result<Records, Status> {
         let not_found = |id: &str| Status::not_found(format!("snapshot {id} not found"));
         let source = self.snapshot_source(id).ok_or_else(|| not_found(id))?;
         if self.filesystems.lock().expect("filesystems").contains(&source) {
             return Err(Status::invalid_argument("source volume does not have block mode access type"));
         }
-        let mut target = self.blocks.open(id).ok_or_else(|| not_found(id))?;
-        let mut base_file = match base {
+        let target = self.blocks.open(id).ok_or_else(|| not_found(id))?;
+        let base_file = match base {
             Some(b) => {
                 if self.snapshot_source(b).ok_or_else(|| not_found(b))? != source {
                     return Err(Status::invalid_argument(format!("snapshots {b} and {id} are of different volumes")));
@@ -45,44 +45,80 @@ impl Service {
         };
         let io = |e: std::io::Error| Status::internal(e.to_string());
         let start = u64::try_from(start).map_err(|_| Status::out_of_range("negative starting_offset"))?;
-        let (capacity, mut blocks) = match self.script().metadata_synthetic_blocks {
-            Some(n) => {
-                let block = BLOCK;
-                let all = (start.div_ceil(block)..n).map(|i| (i * block, block)).collect();
-                ((n * block) as i64, all)
-            }
+        let (capacity, blocks): (u64, Blocks) = match self.script().metadata_synthetic_blocks {
+            Some(n) => (n * BLOCK, Box::new((start.div_ceil(BLOCK)..n).map(|i| Ok((i * BLOCK, BLOCK))))),
             None => {
-                let capacity = target.metadata().map_err(io)?.len() as i64;
-                (capacity, changed_blocks(&mut target, base_file.as_mut(), start).map_err(io)?)
+                let capacity = target.metadata().map_err(io)?.len();
+                (capacity, Box::new(ChangedBlocks::new(target, base_file, start).map_err(io)?))
             }
         };
         let variable = self.script().metadata_variable_length;
-        if variable {
-            blocks = merged(&blocks);
-        }
+        let blocks = if variable { Box::new(merged(blocks)) } else { blocks };
         let kind = if variable { csi::BlockMetadataType::VariableLength } else { csi::BlockMetadataType::FixedLength };
-        let per_page = usize::try_from(max_results).ok().filter(|n| *n > 0).unwrap_or(DEFAULT_MAX_RESULTS);
-        let record =
-            |(offset, size): &(u64, u64)| csi::BlockMetadata { byte_offset: *offset as i64, size_bytes: *size as i64 };
-        Ok(blocks.chunks(per_page).map(|c| (kind as i32, capacity, c.iter().map(record).collect())).collect())
+        Ok(Records { kind: kind as i32, capacity: capacity as i64, blocks })
     }
 
-    /// The pages as a stream, with the script's delay before each and its
-    /// error after `metadata_error_after` of them.
-    fn streamed<T: Send + 'static>(&self, pages: Vec<Page>, wrap: fn(Page) -> T) -> BoxStream<T> {
+    /// The records as a stream of `max_results` per response (256 when 0),
+    /// read while they are sent (a few responses ahead), with the script's
+    /// delay before each response and its error after
+    /// `metadata_error_after` of them.
+    fn streamed<T: Send + 'static>(&self, records: Records, max_results: i32, wrap: fn(Page) -> T) -> BoxStream<T> {
         let s = self.script();
-        let delay = s.metadata_response_delay;
-        let pages = pages.into_iter().map(|page| Ok(wrap(page)));
-        let items: Vec<Result<T, Status>> = match s.metadata_error_after {
-            // The error ends the stream.
-            Some(n) => pages.take(n).chain([Err(Status::internal("fault: the metadata stream broke"))]).collect(),
-            None => pages.collect(),
-        };
-        Box::pin(futures::stream::iter(items).then(move |item| async move {
+        let (delay, error_after) = (s.metadata_response_delay, s.metadata_error_after);
+        let per_page = usize::try_from(max_results).ok().filter(|n| *n > 0).unwrap_or(DEFAULT_MAX_RESULTS);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<T, Status>>(READ_AHEAD);
+        tokio::task::spawn_blocking(move || {
+            let Records { kind, capacity, blocks } = records;
+            let mut sent = 0;
+            let mut page = Vec::with_capacity(per_page);
+            let mut blocks = blocks.peekable();
+            while let Some(block) = blocks.next() {
+                match block {
+                    Ok((offset, size)) => {
+                        page.push(csi::BlockMetadata { byte_offset: offset as i64, size_bytes: size as i64 });
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                        return;
+                    }
+                }
+                if page.len() < per_page && blocks.peek().is_some() {
+                    continue;
+                }
+                let full = std::mem::replace(&mut page, Vec::with_capacity(per_page));
+                if tx.blocking_send(Ok(wrap((kind, capacity, full)))).is_err() {
+                    return; // the caller went away
+                }
+                sent += 1;
+                if error_after == Some(sent) {
+                    break;
+                }
+            }
+            if error_after.is_some() {
+                // The error ends the stream.
+                let _ = tx.blocking_send(Err(Status::internal("fault: the metadata stream broke")));
+            }
+        });
+        Box::pin(futures::stream::unfold(rx, move |mut rx| async move {
+            let item = rx.recv().await?;
             tokio::time::sleep(delay).await;
-            item
+            Some((item, rx))
         }))
     }
+}
+
+/// Responses the driver reads ahead of the one being sent.
+const READ_AHEAD: usize = 2;
+
+/// A stream's blocks, in order.
+type Blocks = Box<dyn Iterator<Item = std::io::Result<(u64, u64)>> + Send>;
+
+/// What a stream sends: the records' type, the volume's capacity, the
+/// blocks.
+struct Records {
+    kind: i32,
+    capacity: i64,
+    blocks: Blocks,
 }
 
 #[tonic::async_trait]
@@ -92,11 +128,11 @@ impl csi::snapshot_metadata_server::SnapshotMetadata for Service {
         req: Request<csi::GetMetadataAllocatedRequest>,
     ) -> Result<Response<BoxStream<csi::GetMetadataAllocatedResponse>>, Status> {
         let req = req.into_inner();
-        let pages = self.pages(&req.snapshot_id, None, req.starting_offset, req.max_results)?;
+        let records = self.records(&req.snapshot_id, None, req.starting_offset)?;
         let wrap = |(block_metadata_type, volume_capacity_bytes, block_metadata): Page| {
             csi::GetMetadataAllocatedResponse { block_metadata_type, volume_capacity_bytes, block_metadata }
         };
-        Ok(Response::new(self.streamed(pages, wrap)))
+        Ok(Response::new(self.streamed(records, req.max_results, wrap)))
     }
 
     async fn get_metadata_delta(
@@ -105,13 +141,13 @@ impl csi::snapshot_metadata_server::SnapshotMetadata for Service {
     ) -> Result<Response<BoxStream<csi::GetMetadataDeltaResponse>>, Status> {
         let req = req.into_inner();
         let base = Some(req.base_snapshot_id.as_str());
-        let pages = self.pages(&req.target_snapshot_id, base, req.starting_offset, req.max_results)?;
+        let records = self.records(&req.target_snapshot_id, base, req.starting_offset)?;
         let wrap = |(block_metadata_type, volume_capacity_bytes, block_metadata): Page| csi::GetMetadataDeltaResponse {
             block_metadata_type,
             volume_capacity_bytes,
             block_metadata,
         };
-        Ok(Response::new(self.streamed(pages, wrap)))
+        Ok(Response::new(self.streamed(records, req.max_results, wrap)))
     }
 }
 
@@ -215,5 +251,7 @@ mod tests {
         driver.update(|s| s.metadata_error_after = None);
         let merged = pages(client.get_metadata_allocated(ask(&first, 0, 0)).await, allocated).await;
         assert_eq!(merged.expect("variable length"), [vec![(KIB4, 3 * KIB4), b(10)]]);
+        let one_each = pages(client.get_metadata_allocated(ask(&first, 0, 1)).await, allocated).await;
+        assert_eq!(one_each.expect("a range per response"), [vec![(KIB4, 3 * KIB4)], vec![b(10)]]);
     }
 }

@@ -18,12 +18,13 @@ use csi_sidecar_integration::{
     kube_support::{create, pvc, wait_for},
     process::Proc,
     sidecar_bin,
+    snapshot_metadata::{TlsFiles, allocated, backup_account, blocks, create_service, delta, wait_serving},
     snapshots::{SnapApis, obj},
-    wait_until, workspace_root,
+    workspace_root,
 };
 use k8s_openapi::api::{
     core::v1::{PersistentVolumeClaim, Secret, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject},
 };
 use kube::{
     Api,
@@ -46,9 +47,7 @@ struct Env {
     address: String,
     /// The module process's HTTP endpoint.
     http: String,
-    ca: Vec<u8>,
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
+    tls: TlsFiles,
     sc: String,
     class: String,
 }
@@ -91,16 +90,6 @@ async fn module_identity(cp: &ControlPlane, base: &FaultEnv) -> std::path::PathB
     cp.mint(&Identity::service_account(&ns, account))
 }
 
-/// Waits until the server at `address` says SERVING (grpc.health.v1).
-async fn wait_serving(address: &str, ca: &[u8]) {
-    wait_until("the server SERVING", T, async || {
-        let serving = client::serving(address, ca).await;
-        (serving.as_ref().is_ok_and(|s| *s), serving.map_err(|e| e.to_string()))
-    })
-    .await
-    .expect("health");
-}
-
 /// A free loopback port no other test process picks meanwhile.
 fn free_port() -> u16 {
     let [port] = csi_sidecar_integration::ports::free_ports::<1>().expect("a free port");
@@ -117,16 +106,13 @@ impl Env {
         let cp = ControlPlane::with_snapshots();
         let base = FaultEnv::on(cp, prefix).await;
         let module_kubeconfig = module_identity(cp, &base).await;
-        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
-        let (cert, key) = (base.dir.path().join("tls.crt"), base.dir.path().join("tls.key"));
-        std::fs::write(&cert, made.cert.pem()).expect("tls.crt");
-        std::fs::write(&key, made.signing_key.serialize_pem()).expect("tls.key");
+        let tls = TlsFiles::write(base.dir.path()).expect("TLS files");
         let port = free_port();
         let script = Script { snapshots: true, snapshot_metadata: true, ..base.script() };
         let mut args = vec![
             "snapshot-metadata".to_string(),
-            format!("--tls-cert={}", cert.display()),
-            format!("--tls-key={}", key.display()),
+            format!("--tls-cert={}", tls.cert.display()),
+            format!("--tls-key={}", tls.key.display()),
             "--bind-address=127.0.0.1".to_string(),
             format!("--port={port}"),
         ];
@@ -139,49 +125,14 @@ impl Env {
         let sidecar = Proc::spawn_env("snapshot-metadata", &sidecar_bin(), &args, &[], base.dir.path());
         let snaps = SnapApis::new(base.ns.client(), base.ns.name());
         let address = format!("127.0.0.1:{port}");
-        let ca = made.cert.pem().into_bytes();
         let sc = base.storage_class("sc", |_| {}).await;
         let class = base.ns.scoped("vsc");
         snaps.class(&class, &base.driver_name, "Delete", serde_json::Value::Null).await;
-        let env = Env { base, snaps, driver, sidecar, _controllers, address, http, ca, cert, key, sc, class };
-        env.service_account("backup", true).await;
-        env.service_account("nosy", false).await;
+        let env = Env { base, snaps, driver, sidecar, _controllers, address, http, tls, sc, class };
+        let (client, ns) = (env.ns.client(), env.ns.name());
+        backup_account(client, ns, "backup", true).await.expect("ServiceAccount backup");
+        backup_account(client, ns, "nosy", false).await.expect("ServiceAccount nosy");
         env
-    }
-
-    /// ServiceAccount `name`, allowed to get VolumeSnapshots in the
-    /// namespace when `may_read`.
-    async fn service_account(&self, name: &str, may_read: bool) {
-        let (client, ns) = (self.ns.client().clone(), self.ns.name().to_string());
-        let meta =
-            |n: &str| ObjectMeta { name: Some(n.to_string()), namespace: Some(ns.clone()), ..Default::default() };
-        create(
-            &Api::<ServiceAccount>::namespaced(client.clone(), &ns),
-            &ServiceAccount { metadata: meta(name), ..Default::default() },
-        )
-        .await;
-        if !may_read {
-            return;
-        }
-        let rule = PolicyRule {
-            api_groups: Some(vec!["snapshot.storage.k8s.io".into()]),
-            resources: Some(vec!["volumesnapshots".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        };
-        create(&Api::<Role>::namespaced(client.clone(), &ns), &Role { metadata: meta(name), rules: Some(vec![rule]) })
-            .await;
-        let binding = RoleBinding {
-            metadata: meta(name),
-            role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.into() },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            }]),
-        };
-        create(&Api::<RoleBinding>::namespaced(client, &ns), &binding).await;
     }
 
     async fn token(&self, account: &str, audience: &str) -> String {
@@ -191,8 +142,8 @@ impl Env {
     /// A client, once the server says it serves (driver validated, caches
     /// synced).
     async fn client(&self) -> SnapshotMetadataClient<Channel> {
-        wait_serving(&self.address, &self.ca).await;
-        client::connect(&self.address, &self.ca).await.expect("client")
+        wait_serving(&self.address, &self.tls.ca, T).await;
+        client::connect(&self.address, &self.tls.ca).await.expect("client")
     }
 
     /// A bound claim's volume handle (`block`: volumeMode Block), `blocks`
@@ -218,30 +169,6 @@ impl Env {
         self.snaps.wait_snapshot_ready(name, T).await;
         ready.data["status"]["snapshotHandle"].as_str().expect("snapshotHandle").to_string()
     }
-}
-
-type Records = Result<Vec<(i64, i64)>, (Code, String)>;
-
-async fn allocated(c: &mut SnapshotMetadataClient<Channel>, req: api::GetMetadataAllocatedRequest) -> Records {
-    let mut stream = c.get_metadata_allocated(req).await.map_err(|s| (s.code(), s.message().to_string()))?.into_inner();
-    let mut out = Vec::new();
-    while let Some(r) = stream.message().await.map_err(|s| (s.code(), s.message().to_string()))? {
-        out.extend(r.block_metadata.iter().map(|b| (b.byte_offset, b.size_bytes)));
-    }
-    Ok(out)
-}
-
-async fn delta(c: &mut SnapshotMetadataClient<Channel>, req: api::GetMetadataDeltaRequest) -> Records {
-    let mut stream = c.get_metadata_delta(req).await.map_err(|s| (s.code(), s.message().to_string()))?.into_inner();
-    let mut out = Vec::new();
-    while let Some(r) = stream.message().await.map_err(|s| (s.code(), s.message().to_string()))? {
-        out.extend(r.block_metadata.iter().map(|b| (b.byte_offset, b.size_bytes)));
-    }
-    Ok(out)
-}
-
-fn blocks(list: &[i64]) -> Vec<(i64, i64)> {
-    list.iter().map(|b| (b * BLOCK, BLOCK)).collect()
 }
 
 #[tokio::test]
@@ -374,17 +301,8 @@ async fn allocated_and_delta_return_exactly_the_blocks_written_and_refusals_are_
 #[tokio::test]
 async fn the_audience_and_the_address_come_from_the_snapshot_metadata_service() {
     let env = Env::new("smd-cr", None).await;
-    let resource = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("cbt.storage.k8s.io", "v1beta1", "SnapshotMetadataService"),
-        "snapshotmetadataservices",
-    );
-    let services: Api<kube::api::DynamicObject> = Api::all_with(env.ns.client().clone(), &resource);
-    let ca = k8s_openapi::ByteString(env.ca.clone());
-    let cr = serde_json::json!({"apiVersion": "cbt.storage.k8s.io/v1beta1", "kind": "SnapshotMetadataService",
-        "metadata": {"name": env.driver_name},
-        "spec": {"address": env.address, "caCert": ca, "audience": "from-the-cr"}});
-    let cr: kube::api::DynamicObject = serde_json::from_value(cr).expect("CR");
-    services.create(&PostParams::default(), &cr).await.expect("SnapshotMetadataService");
+    let client = env.ns.client();
+    create_service(client, &env.driver_name, &env.address, &env.tls.ca, "from-the-cr").await.expect("CR");
     let volume = env.volume("data", true, 16).await;
     env.driver.write_volume(&volume, 5 * BLOCK as u64, b"five");
     env.snapshot("snap", "data").await;
@@ -395,7 +313,7 @@ async fn the_audience_and_the_address_come_from_the_snapshot_metadata_service() 
     let service = client::service_of(client, &driver).await.expect("SnapshotMetadataService");
     let token = client::token_for(client, ns, "backup", &service.spec.audience).await.expect("token");
     let ca = service.spec.ca_cert.expect("caCert").0;
-    wait_serving(&service.spec.address, &ca).await;
+    wait_serving(&service.spec.address, &ca, T).await;
     // Upstream's `/health` on the HTTP endpoint, and the host's check of
     // the module beside the server's.
     for path in ["/health", "/healthz/snapshot-metadata", "/healthz/snapshot-metadata-server"] {
@@ -443,20 +361,17 @@ async fn a_rotated_certificate_and_sigterm_leave_streams_in_flight_complete() {
     let first = stream.message().await.expect("first response").expect("a response");
     assert_eq!(first.block_metadata.len(), 1);
 
-    let rotated = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
-    std::fs::write(&env.key, rotated.signing_key.serialize_pem()).expect("tls.key");
-    std::fs::write(&env.cert, rotated.cert.pem()).expect("tls.crt");
+    let new_ca = env.tls.rotate().expect("the rotated pair");
     let mut responses = 1;
     while stream.message().await.expect("the stream goes on").is_some() {
         responses += 1;
     }
     assert_eq!(responses, 8, "every block of the stream begun before the rotation");
-    let old_refused = match client::connect(&env.address, &env.ca).await {
+    let old_refused = match client::connect(&env.address, &env.tls.ca).await {
         Err(_) => true,
         Ok(mut c) => allocated(&mut c, ask.clone()).await.is_err(),
     };
     assert!(old_refused, "a new connection trusting only the old certificate is refused");
-    let new_ca = rotated.cert.pem().into_bytes();
     let mut c = client::connect(&env.address, &new_ca).await.expect("the rotated certificate");
     let mut stream = c.get_metadata_allocated(ask).await.expect("stream").into_inner();
     stream.message().await.expect("first response").expect("a response");

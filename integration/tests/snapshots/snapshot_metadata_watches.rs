@@ -11,7 +11,9 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     fault_driver::{FaultDriver, Script, Transport},
     process::Proc,
-    sidecar_bin, wait_until,
+    sidecar_bin,
+    snapshot_metadata::TlsFiles,
+    wait_until,
 };
 
 fn delta(after: &BTreeMap<String, i64>, before: &BTreeMap<String, i64>, r: &str) -> i64 {
@@ -32,10 +34,7 @@ async fn provisioner_snapshotter_and_snapshot_metadata_watch_each_kind_once() {
         ..Script::default()
     };
     let _driver = FaultDriver::start(&csi, Transport::Grpc, script);
-    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("certificate");
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, made.cert.pem()).expect("tls.crt");
-    std::fs::write(&key, made.signing_key.serialize_pem()).expect("tls.key");
+    let tls = TlsFiles::write(dir.path()).expect("TLS files");
     let [port] = csi_sidecar_integration::ports::free_ports::<1>().expect("a free port");
     let base = open_watches(&client).await.expect("apiserver /metrics");
     let args = [
@@ -44,8 +43,8 @@ async fn provisioner_snapshotter_and_snapshot_metadata_watch_each_kind_once() {
         "provisioner".into(),
         "snapshotter".into(),
         "snapshot-metadata".into(),
-        format!("--tls-cert={}", cert.display()),
-        format!("--tls-key={}", key.display()),
+        format!("--tls-cert={}", tls.cert.display()),
+        format!("--tls-key={}", tls.key.display()),
         "--bind-address=127.0.0.1".into(),
         format!("--port={port}"),
     ];

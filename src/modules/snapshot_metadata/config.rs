@@ -113,16 +113,15 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // request.rs `authorize`: every request's TokenReview and SubjectAccessReview.
     Rule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
     Rule::new(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
-    // request.rs `audience` (without --audience): the cache, a GET before it syncs.
-    Rule::new(&["cbt.storage.k8s.io"], &["snapshotmetadataservices"], &["get", "list", "watch"]),
+    // request.rs `audience` (without --audience): the shared cache.
+    Rule::new(&["cbt.storage.k8s.io"], &["snapshotmetadataservices"], &["list", "watch"]),
     // request.rs `resolve`: the one VolumeSnapshot a request names.
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
-    // request.rs `resolve` and `secrets`: the cache, a GET when it is behind.
-    Rule::new(
-        &["snapshot.storage.k8s.io"],
-        &["volumesnapshotcontents", "volumesnapshotclasses"],
-        &["get", "list", "watch"],
-    ),
+    // request.rs `resolve`: the driver's contents (shared cache), a GET when
+    // the cache does not have it ready (just made ready, or another driver's).
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get", "list", "watch"]),
+    // request.rs `secrets`: the shared cache.
+    Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotclasses"], &["list", "watch"]),
     // request.rs `secrets`: the class's snapshotter secret.
     Rule::new(&[""], &["secrets"], &["get"]),
 ];

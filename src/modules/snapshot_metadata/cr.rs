@@ -4,8 +4,6 @@
 //! audience of their tokens (`spec.audience`), which the module reads when
 //! `--audience` is not set. Only the fields read here are decoded.
 
-use std::borrow::Cow;
-
 use k8s_openapi::{ByteString, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use serde::{Deserialize, Serialize};
 
@@ -42,29 +40,14 @@ pub struct ServiceSpec {
     pub audience: String,
 }
 
-impl kube::Resource for SnapshotMetadataService {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("SnapshotMetadataService")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::k8s::snapshot_api::crd_resource!(
+    SnapshotMetadataService,
+    GROUP,
+    VERSION,
+    "SnapshotMetadataService",
+    PLURAL,
+    kube::core::ClusterResourceScope
+);
 
 #[cfg(test)]
 mod tests {

@@ -32,6 +32,7 @@ use crate::{
     modules::contract::{Module, ModuleContext, ModuleError},
 };
 use config::SnapshotMetadataFlags;
+use cr::SnapshotMetadataService;
 
 const MODULE: &str = "snapshot-metadata";
 
@@ -174,7 +175,7 @@ async fn request_checks(
             .await
             .map_err(|e| format!("cannot read the {gv} API: {}", crate::k8s::error_text(&e)))?;
         served.then(|| {
-            let inf = informers.get::<cr::SnapshotMetadataService>();
+            let inf = informers.get::<SnapshotMetadataService>();
             let i = inf.clone();
             waits.push(async move { i.synced().await }.boxed());
             inf

@@ -10,8 +10,12 @@
 //! VolumeSnapshot's name), and the GET of the secret when the class names
 //! one. The
 //! SnapshotMetadataService, the content and the class come from the shared
-//! cache; a content the cache does not have ready yet is read from the API,
-//! so the cache never makes an answer staler than upstream's.
+//! cache, synced before the first request is admitted; a content the cache
+//! does not have ready yet (the snapshot became ready a moment ago, or it is
+//! another driver's, which the driver's view leaves out) is read from the
+//! API, so the cache never makes an answer staler than upstream's. The CR
+//! and the class are older than any snapshot a request names, so the cache
+//! alone answers for them (and the module needs no `get` of either).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -70,17 +74,24 @@ fn refused(code: Code, message: String) -> Refusal {
 }
 
 impl Checks {
-    /// Step 2's audience: the flag, else the driver's SnapshotMetadataService.
-    async fn audience(&self) -> Result<String, Refusal> {
+    /// Step 2's audience: the flag, else the driver's SnapshotMetadataService
+    /// from the cache (synced before the first request is admitted; the
+    /// deployment creates the CR before any backup asks).
+    fn audience(&self) -> Result<String, Refusal> {
         if !self.audience.is_empty() {
             return Ok(self.audience.clone());
         }
-        if let Some(cr) = self.services.as_ref().and_then(|s| s.store().get_named(None, &self.driver)) {
-            return Ok(cr.spec.audience.clone());
+        let Some(services) = self.services.as_ref() else {
+            let error = format!("the server does not serve {}/{}", super::cr::GROUP, super::cr::VERSION);
+            return Err(refused(Code::Internal, upstream::no_service_resource(&self.driver, &error)));
+        };
+        match services.store().get_named(None, &self.driver) {
+            Some(cr) => Ok(cr.spec.audience.clone()),
+            None => {
+                let error = format!("{}.{} \"{}\" not found", super::cr::PLURAL, super::cr::GROUP, self.driver);
+                Err(refused(Code::Internal, upstream::no_service_resource(&self.driver, &error)))
+            }
         }
-        let got = Api::<SnapshotMetadataService>::all(self.client.clone()).get(&self.driver).await;
-        got.map(|cr| cr.spec.audience)
-            .map_err(|e| refused(Code::Internal, upstream::no_service_resource(&self.driver, &error_text(&e))))
     }
 
     /// Steps 2 and 3: the token's user may `get volumesnapshots` in `namespace`.
@@ -115,7 +126,7 @@ impl Checks {
     }
 
     async fn authenticate(&self, token: &str) -> Result<UserInfo, Refusal> {
-        let audience = self.audience().await?;
+        let audience = self.audience()?;
         let review = TokenReview {
             spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![audience.clone()]) },
             ..Default::default()
@@ -211,14 +222,11 @@ impl Checks {
                 decide::default_class(&seen, &self.driver)?.to_string()
             }
         };
-        let class = match self.classes.as_ref().and_then(|i| i.store().get_named(None, &class_name)) {
-            Some(c) => c,
-            None => Api::<VolumeSnapshotClass>::all(self.client.clone())
-                .get(&class_name)
-                .await
-                .map(Arc::new)
-                .map_err(|e| unavailable(upstream::class_unreadable(&class_name, &error_text(&e))))?,
-        };
+        // From the cache: a class is made before any snapshot of it is.
+        let class = self.classes.as_ref().and_then(|i| i.store().get_named(None, &class_name)).ok_or_else(|| {
+            let error = format!("volumesnapshotclasses.{} \"{class_name}\" not found", snapshot_api::GROUP);
+            unavailable(upstream::class_unreadable(&class_name, &error))
+        })?;
         let keys =
             SecretKeys { label: "Snapshotter", name: snap::PARAM_SECRET_NAME, namespace: snap::PARAM_SECRET_NAMESPACE };
         let snapshot_ns = resolved.snapshot.metadata.namespace.as_deref().unwrap_or_default();

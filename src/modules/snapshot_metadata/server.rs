@@ -37,14 +37,44 @@ fn status(r: Refusal) -> Status {
     Status::new(r.code, r.message)
 }
 
+/// What a call reads from the driver, once it is admitted: the target's
+/// snapshot handle, a delta's base handle, the class's secret data.
+struct Admitted {
+    target: String,
+    base: Option<String>,
+    secrets: std::collections::HashMap<String, String>,
+}
+
 impl SnapshotMetadataService {
-    /// Step 1 (`asked` complete), then 2 to 4: the caller may read
-    /// snapshots in `namespace`, and the driver is ready.
-    async fn admit(&self, asked: &Asked<'_>, token: &str, namespace: &str) -> Result<&Checks, Status> {
+    /// Steps 1 to 6 for `asked`. The snapshots are resolved beside the
+    /// TokenReview and the SubjectAccessReview (one round trip instead of
+    /// three in a row); what they found is used only once the caller is
+    /// authorized, and each refusal is the first in upstream's order.
+    async fn admit(&self, asked: &Asked<'_>) -> Result<Admitted, Status> {
         decide::validate(asked).map_err(status)?;
         let checks = self.checks.get().ok_or_else(|| Status::unavailable(upstream::DRIVER_NOT_READY))?;
-        checks.authorize(token, namespace).await.map_err(status)?;
-        Ok(checks)
+        let (token, namespace, target, base) = match *asked {
+            Asked::Allocated { token, namespace, snapshot } => (token, namespace, snapshot, None),
+            Asked::Delta { token, namespace, base_id, target } => (token, namespace, target, Some(base_id)),
+        };
+        let base = async {
+            match base {
+                Some(b) => checks.base_handle(namespace, b).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (authorized, resolved, base) =
+            tokio::join!(checks.authorize(token, namespace), checks.resolve(namespace, target), base);
+        authorized.map_err(status)?;
+        let resolved = resolved.map_err(status)?;
+        let base = base.map_err(status)?;
+        let secrets = checks.secrets(&resolved).await.map_err(status)?;
+        Ok(Admitted { target: resolved.handle, base, secrets })
+    }
+
+    /// The counter of one stream of `operation`, from now.
+    fn counter(&self, operation: &'static str) -> Counted {
+        Counted { csi: self.csi.clone(), operation, started: Instant::now(), code: None }
     }
 }
 
@@ -99,21 +129,14 @@ impl api::snapshot_metadata_server::SnapshotMetadata for SnapshotMetadataService
                 namespace: &req.namespace,
                 snapshot: &req.snapshot_name,
             };
-            let checks = self.admit(&asked, &req.security_token, &req.namespace).await?;
-            let resolved = checks.resolve(&req.namespace, &req.snapshot_name).await.map_err(status)?;
-            let secrets = checks.secrets(&resolved).await.map_err(status)?;
+            let admitted = self.admit(&asked).await?;
             let call = csi::GetMetadataAllocatedRequest {
-                snapshot_id: resolved.handle,
+                snapshot_id: admitted.target,
                 starting_offset: req.starting_offset,
                 max_results: req.max_results,
-                secrets,
+                secrets: admitted.secrets,
             };
-            let counter = Counted {
-                csi: self.csi.clone(),
-                operation: upstream::OPERATION_ALLOCATED,
-                started: Instant::now(),
-                code: None,
-            };
+            let counter = self.counter(upstream::OPERATION_ALLOCATED);
             tracing::debug!("Streaming the driver's allocated blocks");
             let source =
                 self.csi.get_metadata_allocated(self.max_streaming, call).await.map_err(forward::driver_error)?;
@@ -136,23 +159,15 @@ impl api::snapshot_metadata_server::SnapshotMetadata for SnapshotMetadataService
                 base_id: &req.base_snapshot_id,
                 target: &req.target_snapshot_name,
             };
-            let checks = self.admit(&asked, &req.security_token, &req.namespace).await?;
-            let resolved = checks.resolve(&req.namespace, &req.target_snapshot_name).await.map_err(status)?;
-            let base = checks.base_handle(&req.namespace, &req.base_snapshot_id).await.map_err(status)?;
-            let secrets = checks.secrets(&resolved).await.map_err(status)?;
+            let admitted = self.admit(&asked).await?;
             let call = csi::GetMetadataDeltaRequest {
-                base_snapshot_id: base,
-                target_snapshot_id: resolved.handle,
+                base_snapshot_id: admitted.base.unwrap_or_default(),
+                target_snapshot_id: admitted.target,
                 starting_offset: req.starting_offset,
                 max_results: req.max_results,
-                secrets,
+                secrets: admitted.secrets,
             };
-            let counter = Counted {
-                csi: self.csi.clone(),
-                operation: upstream::OPERATION_DELTA,
-                started: Instant::now(),
-                code: None,
-            };
+            let counter = self.counter(upstream::OPERATION_DELTA);
             tracing::debug!(base = %req.base_snapshot_id, "Streaming the driver's changed blocks");
             let source = self.csi.get_metadata_delta(self.max_streaming, call).await.map_err(forward::driver_error)?;
             Ok(Response::new(counted(forward::forward(source, forward::delta), counter)))

@@ -33,7 +33,7 @@ use serde_json::Value;
 
 use super::{CAPACITY_CALLS, CLAIM_STATUS_REFUSED, LEADER_ELECTION_CALLS, Triple, name, rbac_file, row_calls, set};
 
-const CONTROLLER_SA: &str = "csi-sidecar-controller";
+pub const CONTROLLER_SA: &str = "csi-sidecar-controller";
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// The mock driver's topology key (`--enable-topology`).
 pub const TOPOLOGY_KEY: &str = "io.kubernetes.storage.mock/node";
@@ -107,13 +107,13 @@ pub enum Rules<'a> {
 /// another module's cannot mask a missing verb) into namespace `ns`:
 /// namespaced objects move to `ns`, cluster-scoped names get `ns` as prefix.
 /// `change`: the manifest's rules, or without or with one triple.
-async fn apply_rbac(client: &Client, ns: &str, module: Module, change: Rules<'_>) {
-    let mut docs = load(&rbac_file(&format!("{}.yaml", module.name())));
+pub async fn apply_rbac(client: &Client, ns: &str, module: &str, change: Rules<'_>) {
+    let mut docs = load(&rbac_file(&format!("{module}.yaml")));
     docs.extend(load(&rbac_file("controller.yaml")));
     let mut applied = 0;
     for mut d in docs {
         let component = d["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap_or_default();
-        if component != module.name() && component != "controller" {
+        if component != module && component != "controller" {
             continue;
         }
         let k = kind(&d).to_string();
@@ -181,9 +181,14 @@ async fn apply_rbac(client: &Client, ns: &str, module: Module, change: Rules<'_>
         r.unwrap_or_else(|e| panic!("create {what}: {e}"));
         applied += 1;
     }
-    // The provisioner also has the capacity Role and its binding.
-    let want = if module == Module::Provisioner { 7 } else { 5 };
-    assert_eq!(applied, want, "ServiceAccount, ClusterRole, Role(s) and their bindings");
+    // The provisioner also has the capacity Role and its binding; a module
+    // without a Lease has no Role.
+    let want = match module {
+        "provisioner" => 7,
+        "snapshot-metadata" => 3,
+        _ => 5,
+    };
+    assert_eq!(applied, want, "{module}: ServiceAccount, ClusterRole, Role(s) and their bindings");
 }
 
 pub fn drop_ok<T>(_: T) {}
@@ -252,7 +257,7 @@ impl Cycle {
     pub async fn start(cp: &ControlPlane, module: Module, change: Rules<'_>) -> Cycle {
         let admin = cp.client().await;
         let ns = TestNamespace::new(&admin, &format!("rbac-{}", &module.name()[..4])).await;
-        apply_rbac(&admin, ns.name(), module, change).await;
+        apply_rbac(&admin, ns.name(), module.name(), change).await;
         let kubeconfig = cp.mint(&Identity::service_account(ns.name(), CONTROLLER_SA));
         let dir = tempfile::tempdir().expect("tempdir");
         let driver_name = format!("{}.csi.example.com", unique_name("rbac"));
@@ -537,7 +542,7 @@ fn without_streaming_lists() -> &'static ControlPlane {
 
 /// Like [`without_streaming_lists`], with the snapshot CRDs and
 /// snapshot-controller.
-fn snapshots_without_streaming_lists() -> &'static ControlPlane {
+pub fn snapshots_without_streaming_lists() -> &'static ControlPlane {
     static CP: std::sync::OnceLock<ControlPlane> = std::sync::OnceLock::new();
     CP.get_or_init(|| {
         ControlPlane::spawn_launcher(
