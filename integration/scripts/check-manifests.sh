@@ -132,20 +132,23 @@ links_line=${links_line#ARG SYMLINKS=\"}
 read -r -a LINKS <<<"${links_line%\"}"
 grep -qE '^ENTRYPOINT \["/csi-sidecar"\]$' "$DOCKERFILE" || die "the Dockerfile's ENTRYPOINT is not [\"/csi-sidecar\"]"
 grep -qE '^USER 65532:65532$' "$DOCKERFILE" || die "the Dockerfile's final USER is not 65532:65532"
-# module_for NAME -> the module the name must select
+# module_for NAME -> the module the name must select: the module whose
+# names `csi-sidecar --list` gives it (the module table, not a copy of it
+# here); csi-sidecars is the KEP-4958 command line.
 module_for() {
-	case $1 in
-	csi-provisioner | provisioner) echo provisioner ;;
-	csi-attacher | attacher) echo attacher ;;
-	csi-resizer | resizer) echo resizer ;;
-	csi-snapshotter | snapshotter) echo snapshotter ;;
-	csi-external-health-monitor-controller | health-monitor) echo health-monitor ;;
-	csi-snapshot-metadata | snapshot-metadata) echo snapshot-metadata ;;
-	csi-node-driver-registrar | node-driver-registrar | registrar) echo registrar ;;
-	livenessprobe | prober) echo prober ;;
-	csi-sidecars) echo kep-4958 ;;
-	*) return 1 ;;
-	esac
+	if [[ $1 == csi-sidecars ]]; then
+		echo kep-4958
+		return
+	fi
+	awk -v want="$1" '{
+		for (i = 1; i <= NF && $i != "names:"; i++) {}
+		for (j = i + 1; j <= NF; j++) {
+			name = $j
+			more = sub(/,$/, "", name)
+			if (name == want) { print $1; exit }
+			if (!more) break
+		}
+	}' "$WORK/list.txt" | grep .
 }
 TREE=$WORK/image-root
 mkdir -p "$TREE"
@@ -158,7 +161,7 @@ for needed in csi-provisioner csi-attacher csi-resizer csi-snapshotter csi-exter
 done
 "$TREE/csi-sidecar" --list >"$WORK/list.txt" || die "/csi-sidecar --list failed"
 for name in "${LINKS[@]}"; do
-	module=$(module_for "$name") || die "symlink $name: no expected module known to this script"
+	module=$(module_for "$name") || die "symlink $name: not a name csi-sidecar --list gives any module"
 	set +e
 	text=$(cd "$TREE" && "./$name" --help 2>&1)
 	code=$?

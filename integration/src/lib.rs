@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod bench_world;
 pub mod chart;
 pub mod cluster;
 pub mod failover;

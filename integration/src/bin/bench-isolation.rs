@@ -41,20 +41,15 @@ use anyhow::{Result, bail};
 use argh::FromArgs;
 use csi_sidecar::csi::{HealthCondition, HealthStatus};
 use csi_sidecar_integration::{
-    bench::{
-        bound_claims, claims_with_volume, create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for,
-    },
-    cluster::{ControlPlane, try_launcher_bin},
+    bench::{bound_claims, claims_with_volume, median, mib, synced_sidecar, wait_for},
+    bench_world::SnapshotWorld,
     fault_driver::{FaultDriver, HealthForms, Script, SnapshotMethod, Transport},
-    kube_support::{pvc, storage_class},
+    kube_support::pvc,
     process::{Proc, status_kib},
     snapshots::{SnapApis, obj},
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{
-    core::v1::{Event, PersistentVolume, PersistentVolumeClaim},
-    storage::v1::StorageClass,
-};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, PostParams},
@@ -131,10 +126,7 @@ async fn run(args: Args) -> Result<()> {
 }
 
 async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
-    eprintln!("starting the control plane with snapshot-controller ...");
-    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
-    let admin: Client = cp.client().await;
-    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    let SnapshotWorld { cp, admin, kubeconfig, snaps } = SnapshotWorld::start(NS, CLASS, DRIVER).await?;
     let csi = tmp.path().join("csi.sock");
     let refuse = Some((Code::Internal, "the backend refuses snapshots".to_string()));
     let script = Script {
@@ -146,10 +138,6 @@ async fn run_in(args: Args, tmp: &tempfile::TempDir) -> Result<()> {
         ..Script::default()
     };
     let driver = FaultDriver::start(&csi, Transport::Grpc, script);
-    create_namespace(&admin, NS).await?;
-    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
-    let snaps = SnapApis::new(&admin, NS);
-    snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
 
     eprintln!("provisioning the snapshot source and the volume that turns abnormal ...");
     let admin_kc = cp.kubeconfig().to_path_buf();

@@ -32,16 +32,16 @@ use anyhow::{Context, Result, bail};
 use argh::FromArgs;
 use csi_sidecar::modules::snapshot_metadata::client;
 use csi_sidecar_integration::{
-    bench::{create_namespace, median, mib, sidecar_kubeconfig, synced_sidecar, wait_for},
-    cluster::{ControlPlane, try_launcher_bin},
+    bench::{median, mib, synced_sidecar, wait_for},
+    bench_world::SnapshotWorld,
     fault_driver::{FaultDriver, HealthForms, Script, Transport},
-    kube_support::{pvc, storage_class},
+    kube_support::pvc,
     process::{Proc, status_kib},
     snapshot_metadata::{TlsFiles, backup_account},
     snapshots::SnapApis,
     workspace_root,
 };
-use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::{Api, Client, api::PostParams};
 
 const DRIVER: &str = "bench-snapshot-metadata.csi.example.com";
@@ -192,10 +192,7 @@ fn free_port() -> Result<u16> {
 async fn run(args: Args) -> Result<()> {
     let python = python()?;
     let tmp = tempfile::tempdir()?;
-    eprintln!("starting the control plane with snapshot-controller ...");
-    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
-    let admin: Client = cp.client().await;
-    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    let SnapshotWorld { cp: _cp, admin, kubeconfig, snaps } = SnapshotWorld::start(NS, CLASS, DRIVER).await?;
     let csi = tmp.path().join("csi.sock");
     let script = Script {
         name: DRIVER.into(),
@@ -206,10 +203,6 @@ async fn run(args: Args) -> Result<()> {
         ..Script::default()
     };
     let driver = FaultDriver::start(&csi, Transport::Grpc, script);
-    create_namespace(&admin, NS).await?;
-    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
-    let snaps = SnapApis::new(&admin, NS);
-    snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
     backup_account(&admin, NS, "backup", true).await?;
 
     let tls = TlsFiles::write(tmp.path()).map_err(anyhow::Error::msg)?;

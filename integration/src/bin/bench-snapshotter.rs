@@ -24,17 +24,14 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use argh::FromArgs;
 use csi_sidecar_integration::{
-    bench::{
-        Qps, bound_claims, create_namespace, idle_rss, mib, settled_snapshot, sidecar, sidecar_kubeconfig,
-        start_mock_driver, synced_sidecar, wait_for,
-    },
-    cluster::{ControlPlane, try_launcher_bin},
-    kube_support::{pvc, storage_class},
+    bench::{Qps, bound_claims, idle_rss, mib, settled_snapshot, sidecar, start_mock_driver, synced_sidecar, wait_for},
+    bench_world::SnapshotWorld,
+    kube_support::pvc,
     process::status_kib,
     snapshots::{SnapApis, obj, ready},
 };
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{core::v1::PersistentVolumeClaim, storage::v1::StorageClass};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, PostParams},
@@ -188,16 +185,9 @@ async fn restore_round(
 async fn run(args: Args) -> Result<()> {
     let qps: Vec<Qps> = args.qps.split(',').filter(|s| !s.trim().is_empty()).map(Qps::parse).collect::<Result<_>>()?;
     let tmp = tempfile::tempdir()?;
-    eprintln!("starting the control plane with snapshot-controller ...");
-    let cp = ControlPlane::spawn_launcher(&try_launcher_bin()?, &["--snapshots"])?;
-    let admin: Client = cp.client().await;
-    let kubeconfig = sidecar_kubeconfig(&cp, &admin).await?;
+    let SnapshotWorld { cp, admin, kubeconfig, snaps } = SnapshotWorld::start(NS, CLASS, DRIVER).await?;
     let csi = tmp.path().join("csi.sock");
     let mut driver = start_mock_driver(&csi, DRIVER, "bench-node", tmp.path()).await?;
-    create_namespace(&admin, NS).await?;
-    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class(CLASS, DRIVER)).await?;
-    let snaps = SnapApis::new(&admin, NS);
-    snaps.class(CLASS, DRIVER, "Delete", serde_json::Value::Null).await;
 
     eprintln!("provisioning {} claims ...", args.claims);
     let admin_kc = cp.kubeconfig().to_path_buf();
