@@ -163,6 +163,13 @@ pub(super) async fn start_components(
         },
         "--endpoint-reconciler-type=none".into(),
         "--allow-privileged=true".into(),
+        // Logs, exec and port-forward through the kubelet (a real node):
+        // the apiserver's client certificate, and the kubelet's serving
+        // certificate checked against the server CA.
+        format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+        format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+        format!("--kubelet-certificate-authority={}", p("ca.crt")),
+        "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         "-v=1".into(),
     ]
     .into_iter()
@@ -232,7 +239,14 @@ pub(super) async fn start_components(
     if let Some(images) = &opts.real_node_images {
         let base = nodes_base.as_deref().ok_or_else(|| anyhow!("no directory for the nodes"))?;
         let client_ca = pki.join("client-ca.crt");
-        let inputs = super::real_node::NodeInputs { base, images, client_ca: &client_ca, kubeconfig: &kubeconfig };
+        let (cert, key) = (pki.join("kubelet.crt"), pki.join("kubelet.key"));
+        let inputs = super::real_node::NodeInputs {
+            base,
+            images,
+            client_ca: &client_ca,
+            serving: (&cert, &key),
+            kubeconfig: &kubeconfig,
+        };
         let node = super::real_node::start_real_node(inputs, &admin, &log_dir, running, log).await?;
         log.info(&format!("real node {} Ready at {} ms", node.name, t0.elapsed().as_millis()));
         real = Some(node);

@@ -90,6 +90,7 @@ const KCM_CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolu
                                persistentvolume-expander-controller";
 /// What a real node's workloads need besides the volume controllers.
 const KCM_WORKLOAD_CONTROLLERS: &str = "deployment-controller,replicaset-controller,daemonset-controller,\
+                                        statefulset-controller,namespace-controller,\
                                         garbage-collector-controller,serviceaccount-controller,\
                                         root-ca-certificate-publisher-controller";
 

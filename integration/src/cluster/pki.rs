@@ -306,13 +306,20 @@ pub fn mint_kubeconfig(info: &ClusterInfo, identity: &Identity, out: &Path) -> R
 }
 
 /// Generates the PKI of a run: server CA (`ca.*`), client CA (`client-ca.*`),
-/// serving certificates for the apiserver and kube-controller-manager, and the
-/// ServiceAccount token keys (`sa.key`, `sa.pub`).
+/// serving certificates for the apiserver, kube-controller-manager and a
+/// real node's kubelet, the apiserver's client certificate for the kubelet,
+/// and the ServiceAccount token keys (`sa.key`, `sa.pub`).
 pub(super) fn generate_pki(pki: &Path) -> Result<()> {
     new_ca(pki, "ca", SERVER_CA_CN)?;
     new_ca(pki, "client-ca", CLIENT_CA_CN)?;
     new_serving_cert(pki, "apiserver", "kube-apiserver")?;
     new_serving_cert(pki, "kube-controller-manager", "kube-controller-manager")?;
+    // A real node's kubelet serves with this one; the apiserver reaches it
+    // (logs, exec, port-forward) with the client certificate below.
+    new_serving_cert(pki, "kubelet", "kubelet")?;
+    let (cert, key) = issue_client_cert(pki, &Identity::user("kube-apiserver-kubelet-client", &[]))?;
+    write_file(&pki.join("apiserver-kubelet-client.crt"), &cert, false)?;
+    write_file(&pki.join("apiserver-kubelet-client.key"), &key, true)?;
     // ServiceAccount token keys: ECDSA P-256, private in PKCS#8, public as SPKI.
     let sa = KeyPair::generate()?;
     write_file(&pki.join("sa.key"), &sa.serialize_pem(), true)?;

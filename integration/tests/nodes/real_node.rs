@@ -1,5 +1,6 @@
 //! The real node: containerd (Debian's, with runc) and the kubelet built
-//! from k8s.io/kubernetes, running host-network pods from images built here
+//! from k8s.io/kubernetes, running pods (host-network ones, and ones of their
+//! own network namespace) from images built here
 //! (integration/scripts/node-images.sh), and the chart installed on it with
 //! helm. Needs root, containerd, runc, the CNI plugins and umoci (.ci/run
 //! installs them).
@@ -14,8 +15,10 @@ use csi_sidecar_integration::{
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 
 /// The node runs a pod for real (its container writes to an emptyDir and
-/// reads its projected ServiceAccount token), and stopping the launcher
-/// removes every process, mount, cgroup and directory the node created.
+/// reads its projected ServiceAccount token), and a pod of its own network
+/// namespace (only its own loopback in it; its log read through the
+/// apiserver, which reaches the kubelet); stopping the launcher removes
+/// every process, mount, cgroup and directory the node created.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_real_node_runs_a_pod_and_leaves_nothing_behind() {
     if not_root() {
@@ -45,6 +48,29 @@ async fn a_real_node_runs_a_pod_and_leaves_nothing_behind() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(log.contains("written") && log.contains("token"), "container log: {log:?}");
+
+    // A pod of its own network namespace: the node's lo-eth0 CNI plugin
+    // reports 127.0.0.1 and creates nothing, so the namespace holds only lo.
+    let mut isolated = busybox_pod("isolated", "echo devices: $(tail -n +3 /proc/net/dev | cut -d: -f1) && sleep 3600");
+    if let Some(spec) = isolated.spec.as_mut() {
+        spec.host_network = Some(false);
+    }
+    create(&ns.api::<Pod>(), &isolated).await;
+    let running = wait_for(&ns.api::<Pod>(), "isolated", Duration::from_secs(90), |p| pod_phase(p) == "Running").await;
+    assert_eq!(running.status.and_then(|s| s.pod_ip).as_deref(), Some("127.0.0.1"), "the reported pod IP");
+    // Through the apiserver: it reaches the kubelet with its client
+    // certificate and verifies the kubelet's serving certificate.
+    let pods = ns.api::<Pod>();
+    let devices = csi_sidecar_integration::wait_until(
+        "the pod's log through the apiserver",
+        Duration::from_secs(30),
+        async || {
+            let text = pods.logs("isolated", &Default::default()).await.map_err(|e| e.to_string());
+            (text.as_ref().is_ok_and(|t| t.contains("devices:")), text)
+        },
+    )
+    .await;
+    assert_eq!(devices.map(|t| t.trim().to_string()), Ok("devices: lo".to_string()), "only its own loopback");
 
     // While the pod runs, the node has a footprint: what the teardown must remove.
     let footprint = node.footprint.clone();

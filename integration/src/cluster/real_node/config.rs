@@ -1,6 +1,7 @@
 //! The configuration files of a real node, as pure functions of its
 //! directories and ports: containerd's `config.toml`, the loopback-only CNI
-//! network, and the kubelet's `KubeletConfiguration`.
+//! network (and its `lo-eth0` plugin), and the kubelet's
+//! `KubeletConfiguration`.
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +37,11 @@ impl NodeDirs {
     /// The CNI configuration directory (the loopback-only network).
     pub fn cni_conf(&self) -> PathBuf {
         self.base.join("cni")
+    }
+    /// The CNI plugins containerd runs: Debian's `loopback` (a link) and
+    /// [`CNI_LO_ETH0_PLUGIN`].
+    pub fn cni_bin(&self) -> PathBuf {
+        self.base.join("cni-bin")
     }
     /// The kubelet's `--root-dir`.
     pub fn kubelet_root(&self) -> PathBuf {
@@ -94,18 +100,40 @@ state = "{state}"
         state = d(dirs.containerd_state()),
         opt = d(dirs.base.join("copt")),
         runc = d(dirs.base.join("runc")),
-        cni_bin = CNI_BIN_DIR,
+        cni_bin = d(dirs.cni_bin()),
         cni_conf = d(dirs.cni_conf()),
     )
 }
 
-/// Debian's containernetworking-plugins.
+/// Debian's containernetworking-plugins (`loopback` is linked from here).
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
-/// The only network: loopback. NetworkReady turns true; pods must use the
-/// host's network (nothing may get an address outside 127.0.0.0/8).
+/// The only network: loopback, and `lo-eth0` after it. A pod of its own
+/// network namespace gets only its own `lo`; nothing may get an address
+/// outside 127.0.0.0/8.
 pub const CNI_LOOPBACK_CONFLIST: &str =
-    r#"{"cniVersion":"1.0.0","name":"loopback-only","plugins":[{"type":"loopback"}]}"#;
+    r#"{"cniVersion":"1.0.0","name":"loopback-only","plugins":[{"type":"loopback"},{"type":"lo-eth0"}]}"#;
+
+/// The `lo-eth0` CNI plugin: it reports an `eth0` with 127.0.0.1/8 and
+/// creates no device and no address. containerd 1.6 refuses a sandbox whose
+/// network result has no address on `eth0` ("failed to find network info
+/// for sandbox"); with this, pods that are not `hostNetwork` run, each in
+/// a network namespace with nothing but its own loopback (reached through
+/// the kubelet: logs, exec, port-forward, shared volumes). Their pod IP is
+/// 127.0.0.1, as a host-network pod's.
+pub const CNI_LO_ETH0_PLUGIN: &str = r#"#!/bin/sh
+# lo-eth0: reports eth0 as 127.0.0.1/8; creates no device, no address.
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) printf '{"cniVersion":"1.0.0","interfaces":[{"name":"%s","sandbox":"%s"}],"ips":[{"interface":0,"address":"127.0.0.1/8"}]}\n' "${CNI_IFNAME:-eth0}" "$CNI_NETNS" ;;
+DEL | CHECK | GC | STATUS) ;;
+VERSION) printf '{"cniVersion":"1.0.0","supportedVersions":["1.0.0"]}\n' ;;
+*)
+	printf '{"cniVersion":"1.0.0","code":4,"msg":"unknown CNI_COMMAND %s"}\n' "$CNI_COMMAND"
+	exit 4
+	;;
+esac
+"#;
 
 /// What the kubelet's configuration depends on besides the directories.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +144,9 @@ pub struct KubeletSettings {
     pub healthz_port: u16,
     /// The CA of client certificates it accepts.
     pub client_ca: PathBuf,
+    /// Its serving certificate and key (for 127.0.0.1, signed by the
+    /// cluster's server CA, which the apiserver verifies it with).
+    pub serving: (PathBuf, PathBuf),
     /// The cgroup (cgroupfs form, `/name`) the pods' cgroups go under.
     pub cgroup_root: String,
 }
@@ -146,6 +177,8 @@ authentication:
     clientCAFile: {client_ca}
 authorization:
   mode: AlwaysAllow
+tlsCertFile: {tls_cert}
+tlsPrivateKeyFile: {tls_key}
 containerRuntimeEndpoint: {endpoint}
 imageServiceEndpoint: {endpoint}
 cgroupDriver: cgroupfs
@@ -169,6 +202,8 @@ shutdownGracePeriod: 0s
         port = s.port,
         healthz = s.healthz_port,
         client_ca = d(&s.client_ca),
+        tls_cert = d(&s.serving.0),
+        tls_key = d(&s.serving.1),
         cgroup_root = s.cgroup_root,
         pod_logs = d(&dirs.pod_logs()),
         flex = d(&dirs.base.join("flexvolume")),
@@ -188,6 +223,7 @@ mod tests {
             port: 20250,
             healthz_port: 20248,
             client_ca: PathBuf::from("/x/client-ca.crt"),
+            serving: (PathBuf::from("/x/kubelet.crt"), PathBuf::from("/x/kubelet.key")),
             cgroup_root: "/csn-1-r1".into(),
         }
     }
@@ -216,7 +252,8 @@ mod tests {
                 continue;
             };
             let path = path.trim_start_matches("unix://");
-            let read_only = path == CNI_BIN_DIR || path.ends_with("client-ca.crt") || path.starts_with("/csn-");
+            let read_only = ["client-ca.crt", "kubelet.crt", "kubelet.key"].iter().any(|f| path.ends_with(f))
+                || path.starts_with("/csn-");
             assert!(read_only || path.starts_with("/tmp/csn-1/r1/"), "{path} (line `{line}`) is outside the node");
         }
         assert!(yaml.contains("cgroupRoot: /csn-1-r1"));

@@ -135,8 +135,24 @@ pub(super) struct NodeInputs<'a> {
     pub images: &'a Path,
     /// The CA of the client certificates the kubelet accepts.
     pub client_ca: &'a Path,
+    /// The kubelet's serving certificate and key.
+    pub serving: (&'a Path, &'a Path),
     /// The kubelet's kubeconfig.
     pub kubeconfig: &'a Path,
+}
+
+/// The CNI plugins containerd runs, in `dir`: Debian's `loopback` (a link)
+/// and `lo-eth0` ([`config::CNI_LO_ETH0_PLUGIN`]).
+fn install_cni_plugins(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let loopback = Path::new(config::CNI_BIN_DIR).join("loopback");
+    std::os::unix::fs::symlink(&loopback, dir.join("loopback"))
+        .with_context(|| format!("link {}", loopback.display()))?;
+    let plugin = dir.join("lo-eth0");
+    std::fs::write(&plugin, config::CNI_LO_ETH0_PLUGIN).with_context(|| format!("write {}", plugin.display()))?;
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
 }
 
 /// Starts containerd and the kubelet in `base/r1`, imports every `*.tar` of
@@ -149,7 +165,7 @@ pub(super) async fn start_real_node(
     running: &mut Running,
     log: &Log,
 ) -> Result<RealNodeInfo> {
-    let NodeInputs { base, images, client_ca, kubeconfig } = inputs;
+    let NodeInputs { base, images, client_ca, serving, kubeconfig } = inputs;
     preflight(images)?;
     running.host_locks.push(one_node_per_host(log).await?);
     let dirs = NodeDirs { base: base.join("r1") };
@@ -158,6 +174,7 @@ pub(super) async fn start_real_node(
     running.footprints.push(footprint.clone());
     std::fs::create_dir_all(dirs.cni_conf()).with_context(|| format!("create {}", dirs.cni_conf().display()))?;
     std::fs::write(dirs.cni_conf().join("10-loopback.conflist"), config::CNI_LOOPBACK_CONFLIST)?;
+    install_cni_plugins(&dirs.cni_bin())?;
     std::fs::write(dirs.containerd_config(), containerd_toml(&dirs))?;
     footprint.create_cgroups().context("create the node's cgroup root")?;
 
@@ -193,8 +210,13 @@ pub(super) async fn start_real_node(
 
     // kubelet
     let [port, healthz_port] = free_ports::<2>()?;
-    let settings =
-        KubeletSettings { port, healthz_port, client_ca: client_ca.to_path_buf(), cgroup_root: cgroup_root.clone() };
+    let settings = KubeletSettings {
+        port,
+        healthz_port,
+        client_ca: client_ca.to_path_buf(),
+        serving: (serving.0.to_path_buf(), serving.1.to_path_buf()),
+        cgroup_root: cgroup_root.clone(),
+    };
     std::fs::write(dirs.kubelet_config(), kubelet_yaml(&dirs, &settings))?;
     let root = dirs.kubelet_root();
     std::fs::create_dir_all(&root)?;
