@@ -35,6 +35,12 @@
 #             promtool (Prometheus' rule checker and rule unit tester, for
 #             the chart's alerts in integration/tests/no_cluster/monitoring.rs; built
 #             only when named, from integration/go/promtool)
+#             e2e.test (Kubernetes' storage e2e suite with a main of our own,
+#             `go test -c`, for integration/scripts/e2e.sh; built only when
+#             named, from integration/go/e2e)
+#             csi-mock-proxy (the pod side of the e2e mock driver's proxy
+#             mode, for e2e.sh's images; built only when named, from
+#             integration/go/kube)
 #
 # Environment:
 #   CSI_SIDECAR_KUBE_VERSION the Kubernetes version of the cluster under test
@@ -58,7 +64,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate promtool)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate promtool e2e.test csi-mock-proxy)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 KUBE_VERSION=${CSI_SIDECAR_KUBE_VERSION:-}
@@ -79,7 +85,8 @@ build_of() {
 	case $1 in
 	etcd) if [[ -n $KUBE_VERSION ]]; then echo etcdver; else echo etcd; fi ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) if [[ -n $KUBE_VERSION ]]; then echo kubever; else echo kube; fi ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate) echo kube ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy) echo kube ;;
+	e2e.test) echo e2e ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
 	promtool) echo promtool ;;
@@ -116,7 +123,8 @@ package_of() {
 	case $1 in
 	etcd) echo . ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) echo "k8s.io/kubernetes/cmd/$1" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | kubectl) echo "./cmd/$1" ;;
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy | kubectl) echo "./cmd/$1" ;;
+	e2e.test) echo . ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;
 	promtool) echo github.com/prometheus/prometheus/cmd/promtool ;;
@@ -127,8 +135,11 @@ package_of() {
 own_sources() {
 	case $1 in
 	etcd) echo "$GO_DIR/etcd/main.go" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate)
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy)
 		find "$GO_DIR/kube/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
+		;;
+	e2e.test)
+		find "$GO_DIR/e2e" -type f -name '*.go' | LC_ALL=C sort
 		;;
 	kubectl)
 		find "$GO_DIR/helm/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
@@ -158,7 +169,7 @@ recipe() {
 		TAGS=""
 		LDFLAGS="-s -w"
 		;;
-	kube | kubever)
+	kube | kubever | e2e)
 		if [[ $build == kubever ]]; then
 			[[ -f $gomod ]] || die "CSI_SIDECAR_KUBE_VERSION=$KUBE_VERSION: no module $gomod (kube-version-module.sh $KUBE_VERSION)"
 			# A version needing a newer Go names it (toolchain line): from the proxy.
@@ -173,6 +184,8 @@ recipe() {
 		# Same tags and version stamping as upstream release builds
 		# (hack/lib/golang.sh, hack/lib/version.sh).
 		TAGS="selinux,notest,grpcnotrace"
+		# e2e.test as hack/make-rules builds it: a test binary, no notest.
+		[[ $build != e2e ]] || TAGS=""
 		LDFLAGS="-s -w"
 		for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 			LDFLAGS+=" -X $p.gitVersion=$VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
@@ -295,6 +308,8 @@ build_components() {
 		log "building ${todo[*]} ($mod module, $VERSION, $GO_VERSION) ..."
 		start=$SECONDS
 		local gobuild=(go build -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/")
+		# A test binary: `go test -c` of the wrapper's own test package.
+		[[ $build != e2e ]] || gobuild=(go test -c -trimpath -buildvcs=false -ldflags="$LDFLAGS" -o "$tmp/e2e.test")
 		[[ -z $TAGS ]] || gobuild+=(-tags="$TAGS")
 		[[ $build != etcdver ]] || gobuild+=(-modfile="$(modfile_of "$build")")
 		(cd "$GO_DIR/$mod" && "${nice_cmd[@]}" "${gobuild[@]}" "${pkgs[@]}") >&2 ||
@@ -400,7 +415,7 @@ if [[ -n $KUBE_VERSION ]]; then
 		fi
 	done
 fi
-for build in etcd etcdver kube kubever helm snapshotter promtool; do
+for build in etcd etcdver kube kubever helm snapshotter promtool e2e; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(build_of "$comp") == "$build" ]]; then

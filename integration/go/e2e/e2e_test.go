@@ -1,0 +1,47 @@
+// Package e2e is Kubernetes' storage e2e suite (k8s.io/kubernetes/test/e2e:
+// the "CSI Mock" specs and the external testsuites) built as one test
+// binary to run against csi-sidecar. Its only difference from Kubernetes'
+// own e2e.test: the files under --repo-root are read before the manifests
+// built into the binary (e2e.test reads them after), so this project's
+// patched copies of the mock driver's manifests win (integration/e2e/).
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"k8s.io/kubernetes/test/e2e"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	"k8s.io/kubernetes/test/e2e/framework/testfiles"
+	testingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
+
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/storage"
+	_ "k8s.io/kubernetes/test/e2e/storage/csimock"
+	_ "k8s.io/kubernetes/test/e2e/storage/external"
+)
+
+func TestMain(m *testing.M) {
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "unknown arguments: %q\n", flag.Args())
+		os.Exit(2)
+	}
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	if root := framework.TestContext.RepoRoot; root != "" {
+		testfiles.AddFileSource(testfiles.RootFileSource{Root: root})
+	}
+	testfiles.AddFileSource(testingmanifests.GetE2ETestingManifestsFS())
+	os.Exit(m.Run())
+}
+
+func TestE2E(t *testing.T) {
+	e2e.RunE2ETests(t)
+}
