@@ -17,7 +17,20 @@
 # Every image carries exactly one name, a full localhost/ reference: a short
 # or temporary tag would be imported under a generated name.
 #
-# Usage: integration/scripts/node-images.sh --out DIR [--sidecar-binary PATH]
+# With --e2e, also the images Kubernetes' storage e2e manifests name, under
+# their exact references (integration/scripts/e2e.sh):
+#
+#   registry.k8s.io/sig-storage/csi-provisioner:v6.1.1 (and csi-attacher,
+#   csi-resizer, csi-snapshotter, csi-node-driver-registrar at the
+#   manifests' versions)                      csi-sidecar's image, entrypoint
+#                                             the upstream program's name
+#   registry.k8s.io/sig-storage/hostpathplugin:v1.17.1
+#                                             csi-mock-proxy as /hostpathplugin
+#                                             (the proxy mode only)
+#   registry.k8s.io/e2e-test-images/busybox:1.36.1-1 and :1.37.0-1,
+#   registry.k8s.io/pause:3.10.2              busybox-static
+#
+# Usage: integration/scripts/node-images.sh --out DIR [--sidecar-binary PATH] [--e2e]
 #   --sidecar-binary  the csi-sidecar binary to put in the image (default:
 #                     image.sh builds the release binary)
 # Needs root and umoci (apt-get install umoci busybox-static).
@@ -30,9 +43,13 @@ die() {
 	exit 1
 }
 
-OUT="" SIDECAR_BIN=""
+OUT="" SIDECAR_BIN="" E2E=0
 while (($#)); do
 	case $1 in
+	--e2e)
+		E2E=1
+		shift
+		;;
 	--out)
 		OUT=$2
 		shift 2
@@ -119,3 +136,34 @@ else
 fi
 retag "$WORK/csi-sidecar" csi-sidecar localhost/csi-sidecar:dev
 archive "$WORK/csi-sidecar" csi-sidecar
+
+((E2E)) || exit 0
+# The e2e manifests' sidecars: csi-sidecar's layout under each reference,
+# with the upstream program's name as entrypoint (the manifests give args
+# only).
+for pair in csi-provisioner:v6.1.1 csi-attacher:v4.11.0 csi-resizer:v2.1.0 csi-snapshotter:v8.5.0 \
+	csi-node-driver-registrar:v2.16.0; do
+	program=${pair%%:*}
+	cp -a "$WORK/csi-sidecar" "$WORK/e2e-$program"
+	umoci config --image "$WORK/e2e-$program:localhost/csi-sidecar:dev" --tag "registry.k8s.io/sig-storage/$pair" \
+		--config.entrypoint "/$program" >/dev/null
+	umoci rm --image "$WORK/e2e-$program:localhost/csi-sidecar:dev"
+	archive "$WORK/e2e-$program" "e2e-$program"
+done
+PROXY=$(bash integration/scripts/build-components.sh --print-path csi-mock-proxy)
+with_proxy() {
+	with_busybox "$1"
+	install -m 0755 "$PROXY" "$1/hostpathplugin"
+}
+image e2e-hostpathplugin registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 with_proxy /hostpathplugin
+# The e2e specs run busybox's applets by name (sleep, mkdir, base64, ...).
+with_applets() {
+	with_busybox "$1"
+	local applet
+	for applet in $("$BUSYBOX" --list); do
+		[[ -e $1/bin/$applet ]] || ln -s busybox "$1/bin/$applet"
+	done
+}
+image e2e-busybox-1.36 registry.k8s.io/e2e-test-images/busybox:1.36.1-1 with_applets /bin/sh
+image e2e-busybox-1.37 registry.k8s.io/e2e-test-images/busybox:1.37.0-1 with_applets /bin/sh
+image e2e-pause registry.k8s.io/pause:3.10.2 with_busybox /bin/busybox sleep 2147483647

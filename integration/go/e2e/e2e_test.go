@@ -1,9 +1,10 @@
 // Package e2e is Kubernetes' storage e2e suite (k8s.io/kubernetes/test/e2e:
 // the "CSI Mock" specs and the external testsuites) built as one test
-// binary to run against csi-sidecar. Its only difference from Kubernetes'
-// own e2e.test: the files under --repo-root are read before the manifests
-// built into the binary (e2e.test reads them after), so this project's
-// patched copies of the mock driver's manifests win (integration/e2e/).
+// binary to run against csi-sidecar on this project's test world. Its
+// differences from Kubernetes' own e2e.test: the files under --repo-root
+// are read before the manifests built into the binary (e2e.test reads them
+// after), and the mock driver's manifests are changed as this world needs
+// (manifests.go, with --csi-sidecar.apiserver).
 package e2e
 
 import (
@@ -25,6 +26,8 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/storage/external"
 )
 
+var apiserver = flag.String("csi-sidecar.apiserver", "", "host:port of the apiserver, for the mock driver's pods (their in-cluster configuration)")
+
 func TestMain(m *testing.M) {
 	config.CopyFlags(config.Flags, flag.CommandLine)
 	framework.RegisterCommonFlags(flag.CommandLine)
@@ -38,7 +41,11 @@ func TestMain(m *testing.M) {
 	if root := framework.TestContext.RepoRoot; root != "" {
 		testfiles.AddFileSource(testfiles.RootFileSource{Root: root})
 	}
-	testfiles.AddFileSource(testingmanifests.GetE2ETestingManifestsFS())
+	var builtIn testfiles.FileSource = testingmanifests.GetE2ETestingManifestsFS()
+	if *apiserver != "" {
+		builtIn = worldManifests{inner: builtIn, apiserver: *apiserver}
+	}
+	testfiles.AddFileSource(builtIn)
 	os.Exit(m.Run())
 }
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Kubernetes' own storage e2e specs against csi-sidecar (issue 42; results
+# and the cause of every failure in docs/e2e.md).
+#
+# Builds e2e.test (integration/go/e2e: Kubernetes' storage e2e packages in a
+# test main of our own, cached like the other components), the images under
+# the references the e2e manifests name (node-images.sh --e2e: csi-sidecar
+# as each upstream sidecar, csi-mock-proxy as hostpathplugin's proxy mode,
+# busybox and pause), starts the test world with a real node and the
+# snapshot-controller, runs the specs serially, keeps the JUnit report and
+# the log, prints a summary, and stops the world (nothing left behind).
+#
+# Usage: integration/scripts/e2e.sh
+#   E2E_FOCUS  the specs (default: the "CSI Mock" specs)
+#   E2E_SKIP   the specs left out (default: Disruptive|SELinux|Alpha|OffByDefault)
+#   E2E_OUT    where the images, the report and the log go (default target/e2e)
+# Needs root (the real node) and the packages install-node-packages.sh installs.
+set -euo pipefail
+cd "$(dirname -- "${BASH_SOURCE[0]}")/../.."
+
+log() { printf 'e2e: %s\n' "$*" >&2; }
+die() {
+	printf 'e2e: FAIL: %s\n' "$*" >&2
+	exit 1
+}
+
+FOCUS=${E2E_FOCUS:-CSI Mock}
+SKIP=${E2E_SKIP:-Disruptive|SELinux|Alpha|OffByDefault}
+OUT=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
+((EUID == 0)) || die "needs root (the real node runs containerd and the kubelet)"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+if command -v apt-get >/dev/null; then
+	bash integration/scripts/install-node-packages.sh
+fi
+bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet \
+	snapshot-controller csi-mock-driver csi-mock-proxy e2e.test >&2
+E2E_TEST=$(bash integration/scripts/build-components.sh --print-path e2e.test)
+cargo build --release --locked -p csi-sidecar --bin csi-sidecar >&2
+cargo build --locked -p csi-sidecar-integration --bin cluster >&2
+TARGET=${CARGO_TARGET_DIR:-target}
+bash integration/scripts/node-images.sh --out "$OUT/images" --sidecar-binary "$TARGET/release/csi-sidecar" --e2e
+
+log "starting the test world (control plane, snapshot-controller, real node) ..."
+rm -rf "$OUT/cluster" "$OUT/cluster.json"
+"$TARGET/debug/cluster" serve --real-node "$OUT/images" --snapshots --ignore-stdin --quiet \
+	--run-dir "$OUT/cluster" --info-file "$OUT/cluster.json" >"$OUT/cluster.out" &
+WORLD=$!
+stop_world() {
+	kill -TERM "$WORLD" 2>/dev/null || true
+	wait "$WORLD" || log "the test world's teardown reported a failure (see $OUT/cluster/logs)"
+}
+trap stop_world EXIT
+for _ in $(seq 1 120); do
+	[[ -s $OUT/cluster.json ]] && break
+	kill -0 "$WORLD" 2>/dev/null || die "the test world did not start (see $OUT/cluster/logs)"
+	sleep 1
+done
+[[ -s $OUT/cluster.json ]] || die "the test world was not ready within 120 s"
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, d))' "$OUT/cluster.json" "$1"; }
+KUBECONFIG_FILE=$(field kubeconfig)
+APISERVER="127.0.0.1:$(field 'ports["apiserver"]')"
+KUBELET_ROOT=$(field 'real_node["root_dir"]')
+
+log "running the specs matching '$FOCUS' (skipping '$SKIP') ..."
+set +e
+(cd "$OUT" && "$E2E_TEST" --kubeconfig="$KUBECONFIG_FILE" --provider=skeleton --kubelet-root-dir="$KUBELET_ROOT" \
+	--csi-sidecar.apiserver="$APISERVER" -ginkgo.focus="$FOCUS" -ginkgo.skip="$SKIP" -ginkgo.no-color -ginkgo.v \
+	-ginkgo.junit-report="$OUT/junit.xml" -test.run=TestE2E) >"$OUT/e2e.log" 2>&1
+rc=$?
+set -e
+log "summary ($OUT/junit.xml, $OUT/e2e.log):"
+grep -E '^Ran [0-9]+ of|^(SUCCESS|FAIL)! --' "$OUT/e2e.log" >&2 || log "no ginkgo summary: see $OUT/e2e.log"
+grep -E '^  \[FAIL\]' "$OUT/e2e.log" >&2 || true
+exit "$rc"
