@@ -115,11 +115,9 @@ pub async fn serving(address: &str, ca: &[u8]) -> Result<bool, String> {
 pub async fn wait_serving(address: &str, ca: &[u8], timeout: Duration) {
     crate::wait_until("the server SERVING", timeout, async || {
         let answer = serving(address, ca).await;
-        (answer == Ok(true), answer)
+        (answer == Ok(true), format!("{address}: {answer:?}"))
     })
-    .await
-    .map(drop)
-    .unwrap_or_else(|e| panic!("the server at {address}: {e}"));
+    .await;
 }
 
 /// A stream's block records (offset, size), or the status that ended it.
@@ -131,20 +129,23 @@ fn refusal(s: tonic::Status) -> (Code, String) {
 
 /// The records of a `GetMetadataAllocated` call.
 pub async fn allocated(c: &mut SnapshotMetadataClient<Channel>, req: api::GetMetadataAllocatedRequest) -> Records {
-    let mut stream = c.get_metadata_allocated(req).await.map_err(refusal)?.into_inner();
-    let mut out = Vec::new();
-    while let Some(r) = stream.message().await.map_err(refusal)? {
-        out.extend(r.block_metadata.iter().map(|b| (b.byte_offset, b.size_bytes)));
-    }
-    Ok(out)
+    records(c.get_metadata_allocated(req).await, |r| &r.block_metadata).await
 }
 
 /// The records of a `GetMetadataDelta` call.
 pub async fn delta(c: &mut SnapshotMetadataClient<Channel>, req: api::GetMetadataDeltaRequest) -> Records {
-    let mut stream = c.get_metadata_delta(req).await.map_err(refusal)?.into_inner();
+    records(c.get_metadata_delta(req).await, |r| &r.block_metadata).await
+}
+
+/// Every record of a call's stream of responses (`blocks` of each).
+async fn records<T>(
+    call: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
+    blocks: fn(&T) -> &[api::BlockMetadata],
+) -> Records {
+    let mut stream = call.map_err(refusal)?.into_inner();
     let mut out = Vec::new();
     while let Some(r) = stream.message().await.map_err(refusal)? {
-        out.extend(r.block_metadata.iter().map(|b| (b.byte_offset, b.size_bytes)));
+        out.extend(blocks(&r).iter().map(|b| (b.byte_offset, b.size_bytes)));
     }
     Ok(out)
 }

@@ -206,7 +206,7 @@ pub fn sanitize(name: &str) -> String {
 /// list refused (the informer lists instead), and the health monitor's
 /// dry-run claim status question without the optional rule (events
 /// instead).
-fn tolerated_refusal(line: &str) -> bool {
+pub fn tolerated_refusal(line: &str) -> bool {
     line.contains("refuses streaming lists") || line.contains(CLAIM_STATUS_REFUSED)
 }
 
