@@ -18,6 +18,9 @@
 //! - Removing is a JSON patch naming the entry (`test` + `remove` at its
 //!   index): a changed list makes the `test` fail instead of removing the
 //!   wrong entry.
+//! - A role that refuses the patch but grants `update` (upstream's RBAC on
+//!   claims) gets the same edit as an update of the object read fresh
+//!   ([`update_fallback::update_instead`]).
 
 use std::fmt::Debug;
 
@@ -26,6 +29,8 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde::{Serialize, de::DeserializeOwned};
+
+use super::update_fallback;
 
 /// How a finalizer is added to objects of one API group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,12 +111,26 @@ where
         return Ok(());
     }
     let name = obj.meta().name.clone().unwrap_or_default();
-    match form {
+    let result = match form {
         AddForm::StrategicMerge => {
             let body = strategic_add(obj.meta().finalizers.as_deref(), finalizer);
             api.patch(&name, &PatchParams::default(), &Patch::Strategic(body)).await.map(|_| ())
         }
         AddForm::TestedJsonPatch => add_tested(api, obj, &name, finalizer).await,
+    };
+    match result {
+        // A role with `update` but not `patch` (upstream's on claims).
+        Err(e) if update_fallback::refused(&e) => {
+            update_fallback::update_instead(api, &name, &e, |o| {
+                let absent = !has(o, finalizer);
+                if absent {
+                    o.meta_mut().finalizers.get_or_insert_with(Vec::new).push(finalizer.to_string());
+                }
+                absent
+            })
+            .await
+        }
+        other => other,
     }
 }
 
@@ -160,6 +179,20 @@ where
             api.patch(&name, &PatchParams::default(), &Patch::Strategic(body)).await.map(|_| ())
         }
         AddForm::TestedJsonPatch => remove_tested(api, obj, &name, finalizer).await,
+    };
+    let result = match result {
+        // A role with `update` but not `patch` (upstream's on claims).
+        Err(e) if update_fallback::refused(&e) => {
+            update_fallback::update_instead(api, &name, &e, |o| {
+                let present = has(o, finalizer);
+                if let Some(list) = o.meta_mut().finalizers.as_mut() {
+                    list.retain(|f| f != finalizer);
+                }
+                present
+            })
+            .await
+        }
+        other => other,
     };
     match result {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),

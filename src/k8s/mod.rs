@@ -2,6 +2,7 @@
 //! request budget), one informer cache, work queues, events, leader election.
 //! Controller modules use these; none of them opens its own watch.
 
+pub mod access;
 pub mod budget;
 pub mod cache;
 pub mod cached;
@@ -24,6 +25,7 @@ pub mod secret_templates;
 pub mod secrets;
 pub mod shared_lease;
 pub mod snapshot_api;
+pub mod update_fallback;
 
 use std::{collections::BTreeMap, time::Duration};
 

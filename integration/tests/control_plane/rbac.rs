@@ -276,6 +276,9 @@ fn the_code_touches_no_kind_the_rbac_does_not_cover() {
         "TokenReview",
         "SubjectAccessReview",
         "SnapshotMetadataService",
+        // src/k8s/access.rs: what the process's own role allows, a question
+        // every authenticated user may ask (system:basic-user): no rule.
+        "SelfSubjectAccessReview",
     ]
     .into_iter()
     .map(str::to_string)
@@ -408,6 +411,41 @@ async fn health_monitor_runs_with_the_optional_claim_status_rule() {
     c.finish().await;
 }
 
+/// The debug line of a patch the role refused, written as an update.
+const PATCH_REFUSED_UPDATE_INSTEAD: &str = "Patch refused; writing the object with an update instead";
+/// The info line of a restore whose snapshot the role may not write.
+const RESTORE_WITHOUT_SNAPSHOT_FINALIZER: &str = "Restoring without the snapshot's source-protection finalizer";
+
+/// Drop-in: an operator who swaps the image keeps upstream's RBAC. The
+/// provisioner's whole run (the reschedule's claim write included) works
+/// under upstream external-provisioner's ClusterRole, which grants `update`
+/// where csi-sidecar's grants `patch` on claims, and no `watch` on
+/// VolumeSnapshots.
+#[tokio::test]
+async fn provisioner_runs_under_upstreams_rbac() {
+    let module = Module::Provisioner;
+    let mut c = Cycle::start(module.control_plane(false), module, Rules::Upstream("external-provisioner.yaml")).await;
+    let sweep_off = csi_sidecar::modules::provisioner::SWEEP_OFF_WITHOUT_WATCH;
+    const EXPECTED: &[&str] = &[
+        PATCH_REFUSED_UPDATE_INSTEAD,
+        RESTORE_WITHOUT_SNAPSHOT_FINALIZER,
+        csi_sidecar::modules::provisioner::SWEEP_OFF_WITHOUT_WATCH,
+    ];
+    c.expected_refusals = EXPECTED;
+    if let Err(f) = c.run().await {
+        panic!("the provisioner under upstream's RBAC failed: {}\n----- csi-sidecar log -----\n{}", f.reason, f.log);
+    }
+    let log = c.sidecar.logs();
+    // The claim writes went out as updates (the reschedule, the clone
+    // source's finalizer on and off), the restore went on without writing
+    // its snapshot, and the sweep said once that it is off.
+    let updates = log.lines().filter(|l| l.contains(PATCH_REFUSED_UPDATE_INSTEAD)).count();
+    assert!(updates >= 3, "{updates} claim writes fell back to an update:\n{log}");
+    assert!(log.contains(RESTORE_WITHOUT_SNAPSHOT_FINALIZER), "{log}");
+    assert_eq!(log.matches(sweep_off).count(), 1, "{log}");
+    c.finish().await;
+}
+
 #[tokio::test]
 async fn provisioner_runs_under_exactly_the_manifests_rbac() {
     runs_under_the_manifests(Module::Provisioner).await;
@@ -440,6 +478,9 @@ fn without_triple_verdict(module: &str, t: &Triple, outcome: Result<(), cycle::F
     let evidence = if (r.as_str(), v.as_str()) == ("events", "patch") {
         // The recorder falls back to a new Event when the PATCH fails.
         "the aggregation PATCH failed".to_string()
+    } else if r == "volumesnapshots" && matches!(v.as_str(), "list" | "watch") {
+        // The provisioner asks first, and leaves the sweep off.
+        format!("{} verb=\"{v}\"", csi_sidecar::modules::provisioner::SWEEP_OFF_WITHOUT_WATCH)
     } else {
         format!("cannot {v} resource \"{r}\" in API group \"{g}\"")
     };

@@ -194,7 +194,10 @@ impl Provisioner {
             Err(topology::TopologyError::Reschedule(e)) => {
                 // A missing node: upstream reports the lookup's error as it is.
                 failed(e);
-                unselect_node(&self.client, pvc).await;
+                if let Err(e) = unselect_node(&self.client, pvc).await {
+                    tracing::warn!(error = %e, "Removing the selected-node annotation failed");
+                    return Err(Wait::on(WaitingFor::ApiServer));
+                }
                 return Ok(Done::Parked(WaitingFor::Scheduler));
             }
             Err(topology::TopologyError::Retry(e)) => {
@@ -305,7 +308,12 @@ impl Provisioner {
             CreateFailure::Final | CreateFailure::Reschedule => {
                 self.forget_in_flight(uid);
                 if class == CreateFailure::Reschedule {
-                    unselect_node(&self.client, pvc).await;
+                    if let Err(e) = unselect_node(&self.client, pvc).await {
+                        // The scheduler keeps its choice until the
+                        // annotation goes: try the create (and this) again.
+                        tracing::warn!(error = %e, "Removing the selected-node annotation failed");
+                        return Err(Wait::on(WaitingFor::ApiServer));
+                    }
                     return Ok(Done::Parked(waiting_for));
                 }
                 if status.code() == tonic::Code::InvalidArgument {
@@ -329,15 +337,15 @@ impl Provisioner {
     }
 }
 
-/// Asks the scheduler for another node: removes `selected-node`.
-pub(super) async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) {
+/// Asks the scheduler for another node: removes `selected-node` (an update
+/// where the role grants no patch, as upstream's RBAC).
+pub(super) async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) -> Result<(), kube::Error> {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(client.clone(), pvc.metadata.namespace.as_deref().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {upstream::ANN_SELECTED_NODE: null}}});
-    if let Err(e) = api
-        .patch(pvc.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        tracing::warn!(error = %e, "Removing the selected-node annotation failed");
-    }
+    let name = pvc.metadata.name.as_deref().unwrap_or_default();
+    crate::k8s::update_fallback::patch_else_update(&api, name, &Patch::Merge(&patch), |claim| {
+        claim.metadata.annotations.as_mut().and_then(|a| a.remove(upstream::ANN_SELECTED_NODE)).is_some()
+    })
+    .await
 }

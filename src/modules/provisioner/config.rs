@@ -165,16 +165,19 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // list, watch: `run`'s informer of claims (a streaming list; `list` where
     // the apiserver refuses those). patch: `unselect_node` (the selected-node
     // annotation on a reschedule) and the cloning-protection finalizer on a
-    // clone's source (`protect_source`, `sync_clone_source`). get:
-    // `clone_source`, the bound source claim (not in the cache).
+    // clone's source (`protect_source`, `sync_clone_source`); under
+    // upstream's RBAC, which grants `update` instead, each goes out as an
+    // update (k8s/update_fallback.rs). get: `clone_source`, the bound source
+    // claim (not in the cache).
     Rule::new(&[""], &["persistentvolumeclaims"], &["get", "list", "watch", "patch"]),
     // get: `clone_source`, the source's volume. list, watch: the informer.
     // create: `provision`. delete: `delete`. patch: `patch_finalizers`.
     Rule::new(&[""], &["persistentvolumes"], &["get", "list", "watch", "create", "delete", "patch"]),
     // get: a restore's snapshot (`snapshot_source`, `protect_source`,
-    // `release_snapshot`); patch: its source-protection finalizer; list,
-    // watch: the orphan sweep's view (with the snapshot CRDs and a driver
-    // that snapshots).
+    // `release_snapshot`); patch: its source-protection finalizer (refused
+    // under upstream's RBAC: the restore goes on without it, as upstream's);
+    // list, watch: the orphan sweep's view (with the snapshot CRDs and a
+    // driver that snapshots; asked first, and without them the sweep is off).
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get", "list", "watch", "patch"]),
     // `snapshot_source`: the snapshot's bound content (its handle).
     Rule::new(&["snapshot.storage.k8s.io"], &["volumesnapshotcontents"], &["get"]),

@@ -41,7 +41,7 @@ use k8s_openapi::api::{
 use kube::core::PartialObjectMeta;
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PostParams},
     runtime::reflector::ObjectRef,
 };
 use tokio_util::sync::CancellationToken;
@@ -410,17 +410,37 @@ async fn node_of(
 }
 
 /// Whether the snapshot-finalizer sweep runs: the driver can snapshot, the
-/// sweep is not disabled, and the snapshot API is installed (silently off
-/// otherwise).
+/// sweep is not disabled, the snapshot API is installed (silently off
+/// otherwise), and the role may list and watch VolumeSnapshots (upstream's
+/// published RBAC grants `get` and `list` only: then one info line says the
+/// sweep is off, where a refused watch would be retried forever).
 async fn sweep_enabled(cfg: &ProvisionerFlags, client: &Client, driver: &DriverInfo) -> bool {
     if !driver.has_controller_capability(Rpc::CreateDeleteSnapshot) || cfg.snapshot_orphan_sweep_interval.is_zero() {
         return false;
     }
-    crate::k8s::snapshot_api::installed(client, "volumesnapshots").await.unwrap_or_else(|e| {
+    let installed = crate::k8s::snapshot_api::installed(client, "volumesnapshots").await.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "Cannot tell whether the snapshot API is installed; no snapshot sweep");
         false
-    })
+    });
+    if !installed {
+        return false;
+    }
+    for verb in ["list", "watch"] {
+        match crate::k8s::access::may_cluster_wide(client, "snapshot.storage.k8s.io", "volumesnapshots", verb).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(verb, "{SWEEP_OFF_WITHOUT_WATCH}");
+                return false;
+            }
+            // Unknown: try, as before (a refusal is then logged by the watch).
+            Err(e) => tracing::debug!(verb, error = %e, "Cannot ask the apiserver what the role allows"),
+        }
+    }
+    true
 }
+
+/// The line saying the sweep is off for the role's sake.
+pub const SWEEP_OFF_WITHOUT_WATCH: &str = "The snapshot-finalizer sweep is off: the role may not list and watch volumesnapshots cluster-wide (csi-sidecar's RBAC grants both, upstream's get and list)";
 
 /// The VolumeAttributesClass gate: as given, else on where the API is served.
 async fn vac_gate_in_effect(explicit: Option<bool>, client: &Client) -> bool {

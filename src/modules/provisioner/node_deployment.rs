@@ -288,8 +288,15 @@ impl super::Provisioner {
             "resourceVersion": version,
             "annotations": {upstream::ANN_SELECTED_NODE: nd.node},
         }});
-        match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
-            Ok(_) => {
+        let written = match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
+        {
+            // A role with `update` but not `patch` (upstream's RBAC): the
+            // same conditional write as an update of the version we judged.
+            Err(e) if crate::k8s::update_fallback::refused(&e) => own_by_update(&api, name, version, &nd.node).await,
+            other => other.map(drop),
+        };
+        match written {
+            Ok(()) => {
                 tracing::info!(claim = %key, node = %nd.node, "Became the owner of the claim");
                 self.races.forget(key);
                 Ok(Done::Finished)
@@ -348,6 +355,30 @@ impl super::Provisioner {
         }
         false
     }
+}
+
+/// The owner write as an update: the claim read fresh must still be the
+/// version judged (else a 409, as the conditional patch answers).
+async fn own_by_update(
+    api: &kube::Api<PersistentVolumeClaim>,
+    name: &str,
+    version: &str,
+    node: &str,
+) -> Result<(), kube::Error> {
+    let mut claim = api.get(name).await?;
+    if claim.metadata.resource_version.as_deref() != Some(version) {
+        return Err(kube::Error::Api(
+            kube::core::Status::failure(&format!("claim {name} changed since it was judged"), "Conflict")
+                .with_code(409)
+                .boxed(),
+        ));
+    }
+    claim
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(upstream::ANN_SELECTED_NODE.to_string(), node.to_string());
+    api.replace(name, &kube::api::PostParams::default(), &claim).await.map(drop)
 }
 
 #[cfg(test)]

@@ -86,7 +86,15 @@ impl Provisioner {
             ReadSource::Snapshot(snap) => {
                 let ns = snap.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<VolumeSnapshot> = Api::namespaced(self.client.clone(), &ns);
-                crate::k8s::finalizers::add(&api, &*snap, upstream::SNAPSHOT_SOURCE_FINALIZER).await
+                match crate::k8s::finalizers::add(&api, &*snap, upstream::SNAPSHOT_SOURCE_FINALIZER).await {
+                    // Upstream's RBAC grants no write on snapshots: the
+                    // restore goes on without the protection, as upstream's.
+                    Err(e) if crate::k8s::update_fallback::refused(&e) => {
+                        tracing::info!(error = %e, "Restoring without the snapshot's source-protection finalizer: the role may not write VolumeSnapshots");
+                        Ok(())
+                    }
+                    other => other,
+                }
             }
         };
         result.map_err(|e| api_error_text(&e))

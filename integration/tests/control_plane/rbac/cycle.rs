@@ -14,7 +14,7 @@ use csi_sidecar_integration::{
     fault_driver::{FaultDriver, HealthForms, Script, Transport},
     kube_support::{TestNamespace, create, pvc, unique_name},
     process::Proc,
-    sidecar_bin,
+    sidecar_bin, workspace_root,
 };
 use k8s_openapi::{
     ByteString,
@@ -100,6 +100,9 @@ pub enum Rules<'a> {
     /// With one more triple in the module's ClusterRole (a rule the
     /// manifest leaves commented out).
     With(&'a Triple),
+    /// The module's ClusterRole with upstream's rules instead of ours (the
+    /// `rules` of a file in integration/testdata/upstream-rbac/).
+    Upstream(&'a str),
 }
 
 /// Applies the module's file of manifests/rbac plus the ServiceAccount and
@@ -112,7 +115,7 @@ pub async fn apply_rbac(client: &Client, ns: &str, module: &str, change: Rules<'
     docs.extend(load(&rbac_file("controller.yaml")));
     let mut applied = 0;
     for mut d in docs {
-        let component = d["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap_or_default();
+        let component = d["metadata"]["labels"]["app.kubernetes.io/component"].as_str().unwrap_or_default().to_string();
         if component != module && component != "controller" {
             continue;
         }
@@ -132,6 +135,12 @@ pub async fn apply_rbac(client: &Client, ns: &str, module: &str, change: Rules<'
         }
         if let (Rules::With((g, r, v)), "ClusterRole", Some(rules)) = (change, k.as_str(), d["rules"].as_array_mut()) {
             rules.push(serde_json::json!({ "apiGroups": [g], "resources": [r], "verbs": [v] }));
+        }
+        if let (Rules::Upstream(file), "ClusterRole", true) = (change, k.as_str(), component == module) {
+            let path = workspace_root().join("integration/testdata/upstream-rbac").join(file);
+            let upstream =
+                load(&path).into_iter().next().unwrap_or_else(|| panic!("no document in {}", path.display()));
+            d["rules"] = upstream["rules"].clone();
         }
         if let (Rules::Without((g, r, v)), Some(rules)) = (change, d["rules"].as_array_mut()) {
             // Exactly the one triple: a rule naming more resources (nodes
@@ -217,6 +226,9 @@ pub struct Cycle {
     pub sidecar: Proc,
     pub driver_name: String,
     pub node_name: String,
+    /// Refusals this run expects besides [`tolerated_refusal`]'s (phrases of
+    /// the lines that report them).
+    pub expected_refusals: &'static [&'static str],
     _dir: tempfile::TempDir,
 }
 
@@ -338,7 +350,7 @@ impl Cycle {
         }
         let env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, Some(v.as_str()))).collect();
         let sidecar = Proc::spawn_env("csi-sidecar", &sidecar_bin(), &args, &env, dir.path());
-        Cycle { module, ns, driver, sidecar, driver_name, node_name, _dir: dir }
+        Cycle { module, ns, driver, sidecar, driver_name, node_name, expected_refusals: &[], _dir: dir }
     }
 
     pub fn fail(&self, reason: impl Into<String>) -> Failure {
@@ -393,6 +405,7 @@ impl Cycle {
                 // status rule is refused its dry-run question and reports
                 // events instead.)
                 .filter(|l| l.to_lowercase().contains("forbidden") && !tolerated_refusal(l))
+                .filter(|l| !self.expected_refusals.iter().any(|phrase| l.contains(phrase)))
                 .map(str::to_string)
                 .collect();
             (!lines.is_empty()).then(|| lines.join("\n"))

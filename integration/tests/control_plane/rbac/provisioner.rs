@@ -278,6 +278,14 @@ impl Cycle {
         if self.calls_ok("CreateVolume") != 3 || self.calls_ok("DeleteVolume") != 3 {
             return Err(self.fail(format!("driver calls:\n{}", self.driver.logs())));
         }
+        // The snapshot-finalizer sweep is on (without `list` or `watch` on
+        // VolumeSnapshots it is off, said in this line, rather than refused).
+        let sweep_off = csi_sidecar::modules::provisioner::SWEEP_OFF_WITHOUT_WATCH;
+        if !self.expected_refusals.contains(&sweep_off)
+            && let Some(line) = self.sidecar.logs().lines().find(|l| l.contains(sweep_off))
+        {
+            return Err(self.fail(format!("the sweep is off: {line}")));
+        }
         Ok(())
     }
 }
