@@ -82,7 +82,8 @@ func podSpecOf(obj map[string]any) (map[string]any, bool) {
 
 // patchPodSpec: the host's network, the apiserver's address for in-cluster
 // clients (it wins over the Service variables the kubelet sets), images
-// used as imported, the sidecars as root (as upstream's images run).
+// used as imported. Nothing else changes: the containers keep their users
+// and security contexts (csi-sidecar's image runs as root, as upstream's).
 func patchPodSpec(spec map[string]any, host, port string) {
 	spec["hostNetwork"] = true
 	containers, _ := spec["containers"].([]any)
@@ -97,12 +98,5 @@ func patchPodSpec(spec map[string]any, host, port string) {
 			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": port})
 		container["env"] = env
 		container["imagePullPolicy"] = "IfNotPresent"
-		// Finding 1 of docs/e2e.md: upstream's sidecar images run as root
-		// (distroless), csi-sidecar's as 65532, and the mock driver's socket
-		// (root, 0755) refuses 65532. Until that is settled in the image,
-		// the sidecars run as upstream's do.
-		if image, _ := container["image"].(string); strings.HasPrefix(image, "registry.k8s.io/sig-storage/csi-") {
-			container["securityContext"] = map[string]any{"runAsUser": 0}
-		}
 	}
 }

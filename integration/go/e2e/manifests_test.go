@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
@@ -24,6 +25,8 @@ spec:
         - name: csi-provisioner
           image: registry.k8s.io/sig-storage/csi-provisioner:v6.1.1
           imagePullPolicy: Always
+          securityContext:
+            privileged: true
           env:
             - name: ADDRESS
               value: /csi/csi.sock
@@ -44,12 +47,10 @@ spec:
 				Spec struct {
 					HostNetwork bool `json:"hostNetwork"`
 					Containers  []struct {
-						Name            string `json:"name"`
-						ImagePullPolicy string `json:"imagePullPolicy"`
-						SecurityContext *struct {
-							RunAsUser *int64 `json:"runAsUser"`
-						} `json:"securityContext"`
-						Env []struct{ Name, Value string }
+						Name            string         `json:"name"`
+						ImagePullPolicy string         `json:"imagePullPolicy"`
+						SecurityContext map[string]any `json:"securityContext"`
+						Env             []struct{ Name, Value string }
 					} `json:"containers"`
 				} `json:"spec"`
 			} `json:"template"`
@@ -70,9 +71,13 @@ spec:
 		if c.ImagePullPolicy != "IfNotPresent" || env["KUBERNETES_SERVICE_HOST"] != "127.0.0.1" || env["KUBERNETES_SERVICE_PORT"] != "6443" {
 			t.Errorf("%s: pull policy %q, env %v", c.Name, c.ImagePullPolicy, env)
 		}
-		asRoot := c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && *c.SecurityContext.RunAsUser == 0
-		if asRoot != (c.Name == "csi-provisioner") {
-			t.Errorf("%s: runs as root: %v (only the sidecars do)", c.Name, asRoot)
+		// The manifests' own security contexts, untouched.
+		want := map[string]any(nil)
+		if c.Name == "csi-provisioner" {
+			want = map[string]any{"privileged": true}
+		}
+		if !reflect.DeepEqual(c.SecurityContext, want) {
+			t.Errorf("%s: securityContext %v, the manifest says %v", c.Name, c.SecurityContext, want)
 		}
 	}
 	if _, err := patchDocuments([]byte(in), "no-port"); err == nil {
