@@ -38,8 +38,11 @@
 #             e2e.test (Kubernetes' storage e2e suite with a main of our own,
 #             `go test -c`, for integration/scripts/e2e.sh; built only when
 #             named, from integration/go/e2e)
-#             csi-mock-proxy (the pod side of the e2e mock driver's proxy
-#             mode, for e2e.sh's images; built only when named, from
+#             agnhost (Kubernetes' e2e test image program, for e2e.sh's
+#             agnhost image; built only when named, from integration/go/e2e)
+#             hostpath-standin (hostpathplugin in the e2e mock manifests:
+#             the proxy to e2e.test's embedded driver, or the mock service
+#             itself; for e2e.sh's images; built only when named, from
 #             integration/go/kube)
 #
 # Environment:
@@ -64,7 +67,7 @@ GO_DIR=$(cd -- "$SCRIPT_DIR/../go" && pwd)
 CACHE_ROOT=${CSI_SIDECAR_CACHE:-$HOME/.cache/csi-sidecar}
 NICENESS=${CSI_SIDECAR_BUILD_NICE:-10}
 DEFAULT_COMPONENTS=(etcd kube-apiserver kube-controller-manager csi-mock-driver kubelet-plugin-harness)
-ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate promtool e2e.test csi-mock-proxy)
+ALL_COMPONENTS=("${DEFAULT_COMPONENTS[@]}" kube-scheduler hollow-node kubelet helm kubectl snapshot-controller csi-translate promtool e2e.test agnhost hostpath-standin)
 
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly
 KUBE_VERSION=${CSI_SIDECAR_KUBE_VERSION:-}
@@ -85,8 +88,9 @@ build_of() {
 	case $1 in
 	etcd) if [[ -n $KUBE_VERSION ]]; then echo etcdver; else echo etcd; fi ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) if [[ -n $KUBE_VERSION ]]; then echo kubever; else echo kube; fi ;;
-	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy) echo kube ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | hostpath-standin) echo kube ;;
 	e2e.test) echo e2e ;;
+	agnhost) echo agnhost ;;
 	helm | kubectl) echo helm ;;
 	snapshot-controller) echo snapshotter ;;
 	promtool) echo promtool ;;
@@ -101,6 +105,7 @@ build_of() {
 dir_of() {
 	case $1 in
 	snapshotter) echo helm ;;
+	agnhost) echo e2e ;;
 	kubever) echo "kube-versions/$KUBE_VERSION" ;;
 	etcdver) echo etcd ;;
 	*) echo "$1" ;;
@@ -123,8 +128,9 @@ package_of() {
 	case $1 in
 	etcd) echo . ;;
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) echo "k8s.io/kubernetes/cmd/$1" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy | kubectl) echo "./cmd/$1" ;;
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | hostpath-standin | kubectl) echo "./cmd/$1" ;;
 	e2e.test) echo . ;;
+	agnhost) echo k8s.io/kubernetes/test/images/agnhost ;;
 	helm) echo helm.sh/helm/v4/cmd/helm ;;
 	snapshot-controller) echo github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller ;;
 	promtool) echo github.com/prometheus/prometheus/cmd/promtool ;;
@@ -135,7 +141,7 @@ package_of() {
 own_sources() {
 	case $1 in
 	etcd) echo "$GO_DIR/etcd/main.go" ;;
-	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | csi-mock-proxy)
+	csi-mock-driver | kubelet-plugin-harness | hollow-node | csi-translate | hostpath-standin)
 		find "$GO_DIR/kube/cmd/$1" -type f -name '*.go' | LC_ALL=C sort
 		;;
 	e2e.test)
@@ -169,7 +175,7 @@ recipe() {
 		TAGS=""
 		LDFLAGS="-s -w"
 		;;
-	kube | kubever | e2e)
+	kube | kubever | e2e | agnhost)
 		if [[ $build == kubever ]]; then
 			[[ -f $gomod ]] || die "CSI_SIDECAR_KUBE_VERSION=$KUBE_VERSION: no module $gomod (kube-version-module.sh $KUBE_VERSION)"
 			# A version needing a newer Go names it (toolchain line): from the proxy.
@@ -185,7 +191,7 @@ recipe() {
 		# (hack/lib/golang.sh, hack/lib/version.sh).
 		TAGS="selinux,notest,grpcnotrace"
 		# e2e.test as hack/make-rules builds it: a test binary, no notest.
-		[[ $build != e2e ]] || TAGS=""
+		[[ $build != e2e && $build != agnhost ]] || TAGS=""
 		LDFLAGS="-s -w"
 		for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 			LDFLAGS+=" -X $p.gitVersion=$VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
@@ -415,7 +421,7 @@ if [[ -n $KUBE_VERSION ]]; then
 		fi
 	done
 fi
-for build in etcd etcdver kube kubever helm snapshotter promtool e2e; do
+for build in etcd etcdver kube kubever helm snapshotter promtool e2e agnhost; do
 	wanted=()
 	for comp in "${components[@]}"; do
 		if [[ $(build_of "$comp") == "$build" ]]; then

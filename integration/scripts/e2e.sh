@@ -5,14 +5,21 @@
 # Builds e2e.test (integration/go/e2e: Kubernetes' storage e2e packages in a
 # test main of our own, cached like the other components), the images under
 # the references the e2e manifests name (node-images.sh --e2e: csi-sidecar
-# as each upstream sidecar, csi-mock-proxy as hostpathplugin's proxy mode,
+# as each upstream sidecar, hostpath-standin as hostpathplugin,
 # busybox and pause), starts the test world with a real node and the
 # snapshot-controller, runs the specs serially, keeps the JUnit report and
 # the log, prints a summary, and stops the world (nothing left behind).
 #
 # Usage: integration/scripts/e2e.sh
-#   E2E_FOCUS  the specs (default: the "CSI Mock" specs)
-#   E2E_SKIP   the specs left out (default: Disruptive|SELinux|Alpha|OffByDefault)
+#   E2E_SUITE  mock (default): the "CSI Mock" specs, each deploying the e2e
+#              mock driver's manifests with csi-sidecar as the sidecars;
+#              external: Kubernetes' external storage testsuites against
+#              csi-sidecar and the mock driver installed by the Helm chart
+#              (manifests/helm/csi-sidecar/examples/csi-mock-driver.yaml
+#              plus integration/e2e/external-values.yaml: volumes keep
+#              data), described by integration/e2e/testdriver.yaml
+#   E2E_FOCUS  the specs (default: per suite, see below)
+#   E2E_SKIP   the specs left out (default: per suite, see below)
 #   E2E_OUT    where the images, the report and the log go (default target/e2e)
 # Needs root (the real node) and the packages install-node-packages.sh installs.
 set -euo pipefail
@@ -24,8 +31,21 @@ die() {
 	exit 1
 }
 
-FOCUS=${E2E_FOCUS:-CSI Mock}
-SKIP=${E2E_SKIP:-Disruptive|SELinux|Alpha|OffByDefault}
+SUITE=${E2E_SUITE:-mock}
+DRIVER_DEFINITION=$PWD/integration/e2e/testdriver.yaml
+case $SUITE in
+mock)
+	FOCUS=${E2E_FOCUS:-CSI Mock}
+	SKIP=${E2E_SKIP:-Disruptive|SELinux|Alpha|OffByDefault}
+	SUITE_ARGS=()
+	;;
+external)
+	FOCUS=${E2E_FOCUS:-External Storage.*\] (volumes|provisioning|multiVolume|subPath|volumeIO|volume-expand|read-write-once-pod|ephemeral) }
+	SKIP=${E2E_SKIP:-\[Feature:|Disruptive|Slow}
+	SUITE_ARGS=(--storage.testdriver="$DRIVER_DEFINITION")
+	;;
+*) die "E2E_SUITE=$SUITE: mock or external" ;;
+esac
 OUT=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
 ((EUID == 0)) || die "needs root (the real node runs containerd and the kubelet)"
 mkdir -p "$OUT"
@@ -35,7 +55,7 @@ if command -v apt-get >/dev/null; then
 	bash integration/scripts/install-node-packages.sh
 fi
 bash integration/scripts/build-components.sh etcd kube-apiserver kube-controller-manager kube-scheduler kubelet \
-	snapshot-controller csi-mock-driver csi-mock-proxy e2e.test >&2
+	snapshot-controller csi-mock-driver hostpath-standin e2e.test agnhost helm >&2
 E2E_TEST=$(bash integration/scripts/build-components.sh --print-path e2e.test)
 cargo build --release --locked -p csi-sidecar --bin csi-sidecar >&2
 cargo build --locked -p csi-sidecar-integration --bin cluster >&2
@@ -63,10 +83,31 @@ KUBECONFIG_FILE=$(field kubeconfig)
 APISERVER="127.0.0.1:$(field 'ports["apiserver"]')"
 KUBELET_ROOT=$(field 'real_node["root_dir"]')
 
+if [[ $SUITE == external ]]; then
+	HELM=$(bash integration/scripts/build-components.sh --print-path helm)
+	helm() { "$HELM" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+	# In the node's directory: the world's teardown removes it whole, and
+	# its footprint check finds any mount left below it.
+	DATA=$(dirname "$KUBELET_ROOT")/csi-data
+	data_volume=$(printf '[{"name":"csi-data","hostPath":{"path":"%s","type":"DirectoryOrCreate"}}]' "$DATA")
+	log "installing csi-sidecar and the mock driver with the Helm chart (volumes keep data in $DATA) ..."
+	helm install mock manifests/helm/csi-sidecar --namespace csi-mock --create-namespace \
+		--values manifests/helm/csi-sidecar/examples/csi-mock-driver.yaml --values integration/e2e/external-values.yaml \
+		--set node.kubeletDir="$KUBELET_ROOT" \
+		--set-json "extraEnv=[{\"name\":\"KUBERNETES_SERVICE_HOST\",\"value\":\"127.0.0.1\"},{\"name\":\"KUBERNETES_SERVICE_PORT\",\"value\":\"${APISERVER##*:}\"}]" \
+		--set-json "driver.controller.extraVolumes=$data_volume" --set-json "driver.node.extraVolumes=$data_volume" \
+		--wait --timeout 5m >&2
+	uninstall() {
+		helm uninstall mock --namespace csi-mock --wait --timeout 5m >&2 || log "helm uninstall failed"
+		stop_world
+	}
+	trap uninstall EXIT
+fi
+
 log "running the specs matching '$FOCUS' (skipping '$SKIP') ..."
 set +e
 (cd "$OUT" && "$E2E_TEST" --kubeconfig="$KUBECONFIG_FILE" --provider=skeleton --kubelet-root-dir="$KUBELET_ROOT" \
-	--csi-sidecar.apiserver="$APISERVER" -ginkgo.focus="$FOCUS" -ginkgo.skip="$SKIP" -ginkgo.no-color -ginkgo.v \
+	--csi-sidecar.apiserver="$APISERVER" "${SUITE_ARGS[@]}" -ginkgo.focus="$FOCUS" -ginkgo.skip="$SKIP" -ginkgo.no-color -ginkgo.v \
 	-ginkgo.junit-report="$OUT/junit.xml" -test.run=TestE2E) >"$OUT/e2e.log" 2>&1
 rc=$?
 set -e

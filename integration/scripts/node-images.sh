@@ -25,10 +25,14 @@
 #   manifests' versions)                      csi-sidecar's image, entrypoint
 #                                             the upstream program's name
 #   registry.k8s.io/sig-storage/hostpathplugin:v1.17.1
-#                                             csi-mock-proxy as /hostpathplugin
-#                                             (the proxy mode only)
+#                                             hostpath-standin as /hostpathplugin
+#                                             (the proxy mode, and the mock
+#                                             service as the driver)
 #   registry.k8s.io/e2e-test-images/busybox:1.36.1-1 and :1.37.0-1,
 #   registry.k8s.io/pause:3.10.2              busybox-static
+#   registry.k8s.io/e2e-test-images/agnhost:2.63.0
+#                                             agnhost (build-components.sh)
+#                                             with busybox's applets
 #
 # Usage: integration/scripts/node-images.sh --out DIR [--sidecar-binary PATH] [--e2e]
 #   --sidecar-binary  the csi-sidecar binary to put in the image (default:
@@ -126,7 +130,8 @@ with_driver() {
 image csi-mock-driver localhost/csi-mock-driver:local with_driver /csi-mock-driver
 
 # csi-sidecar: image.sh assembles manifests/Dockerfile's runtime stage and
-# checks it (every name runs from the unpacked rootfs as 65532).
+# checks it (every name runs from the unpacked rootfs as the chart's 65532,
+# the prober as the image's root against a root-owned 0755 driver socket).
 if [[ -n $SIDECAR_BIN ]]; then
 	# A debug build carries its debug information: not into the image.
 	objcopy --strip-debug "$SIDECAR_BIN" "$WORK/csi-sidecar.bin" || die "cannot strip $SIDECAR_BIN"
@@ -150,12 +155,12 @@ for pair in csi-provisioner:v6.1.1 csi-attacher:v4.11.0 csi-resizer:v2.1.0 csi-s
 	umoci rm --image "$WORK/e2e-$program:localhost/csi-sidecar:dev"
 	archive "$WORK/e2e-$program" "e2e-$program"
 done
-PROXY=$(bash integration/scripts/build-components.sh --print-path csi-mock-proxy)
-with_proxy() {
+STANDIN=$(bash integration/scripts/build-components.sh --print-path hostpath-standin)
+with_standin() {
 	with_busybox "$1"
-	install -m 0755 "$PROXY" "$1/hostpathplugin"
+	install -m 0755 "$STANDIN" "$1/hostpathplugin"
 }
-image e2e-hostpathplugin registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 with_proxy /hostpathplugin
+image e2e-hostpathplugin registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 with_standin /hostpathplugin
 # The e2e specs run busybox's applets by name (sleep, mkdir, base64, ...).
 with_applets() {
 	with_busybox "$1"
@@ -167,3 +172,11 @@ with_applets() {
 image e2e-busybox-1.36 registry.k8s.io/e2e-test-images/busybox:1.36.1-1 with_applets /bin/sh
 image e2e-busybox-1.37 registry.k8s.io/e2e-test-images/busybox:1.37.0-1 with_applets /bin/sh
 image e2e-pause registry.k8s.io/pause:3.10.2 with_busybox /bin/busybox sleep 2147483647
+# agnhost (the external testsuites' subPath specs), with a shell and the
+# applets as its image has, `pause` as its default command.
+AGNHOST=$(bash integration/scripts/build-components.sh --print-path agnhost)
+with_agnhost() {
+	with_applets "$1"
+	install -m 0755 "$AGNHOST" "$1/agnhost"
+}
+image e2e-agnhost registry.k8s.io/e2e-test-images/agnhost:2.63.0 with_agnhost /agnhost pause

@@ -22,6 +22,10 @@ if ((${#skew[@]})); then
 	bash integration/scripts/build-skew-components.sh "${skew[@]}"
 fi
 
+step "go test: the test world's own Go programs (the mock driver's data mode, the hostpath stand-in)"
+(cd integration/go/kube && GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+	go test ./cmd/csi-mock-driver ./cmd/hostpath-standin)
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

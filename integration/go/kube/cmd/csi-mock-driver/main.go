@@ -24,6 +24,9 @@
 //	--verbose                     also log requests and responses as JSON
 //	--adopt-volumes               calls on a volume another instance created adopt
 //	                              it (see below)
+//	--data-dir DIR                volumes keep data: directories under DIR,
+//	                              copied for snapshots, restores and clones,
+//	                              bind-mounted on publish (data.go; needs root)
 //
 // Every call is logged as one line on stderr:
 //
@@ -136,6 +139,8 @@ type translator struct {
 	instance  string
 	adopted   map[string]string
 	adoptedBy map[string]string
+	// --data-dir: volumes and snapshots as directories (data.go).
+	data *dataDir
 }
 
 // importID turns a caller's volume ID into the service's (--adopt-volumes):
@@ -377,6 +382,13 @@ func (t *translator) intercept(ctx context.Context, req any, info *grpc.UnarySer
 func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var asCalled any // the request with the callers' IDs, for the data
+	if t.data != nil {
+		if err := t.data.before(req); err != nil {
+			return nil, err
+		}
+		asCalled = deepCopy(req)
+	}
 	if err := t.translateRequest(req); err != nil {
 		return nil, err
 	}
@@ -408,6 +420,11 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	// pointers into its own state (maps included).
 	resp = deepCopy(resp)
 	t.translateResponse(resp)
+	if t.data != nil {
+		if err := t.data.after(asCalled, resp); err != nil {
+			return nil, err
+		}
+	}
 	return resp, nil
 }
 
@@ -427,6 +444,7 @@ func main() {
 		nodeVolumeConditionReqd = flag.Bool("node-volume-condition", false, "advertise the node VOLUME_CONDITION capability")
 		verbose                 = flag.Bool("verbose", false, "log requests and responses as JSON")
 		adoptVolumes            = flag.Bool("adopt-volumes", false, "calls on a volume another instance created adopt it (instances in a controller and a node pod)")
+		dataDirPath             = flag.String("data-dir", "", "keep volume data: volumes and snapshots are directories here, published by bind mounts (data.go)")
 	)
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -485,6 +503,12 @@ func main() {
 		tr.instance = fmt.Sprintf("%08x", rand.Uint32())
 		tr.adopted = map[string]string{}
 		tr.adoptedBy = map[string]string{}
+	}
+	if *dataDirPath != "" {
+		if tr.data, err = newDataDir(*dataDirPath); err != nil {
+			logf("--data-dir: %v", err)
+			os.Exit(1)
+		}
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(tr.intercept))
 	csi.RegisterIdentityServer(srv, svc)

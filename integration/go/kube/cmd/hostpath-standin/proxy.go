@@ -1,45 +1,19 @@
-// csi-mock-proxy stands in for the kubernetes-csi hostpath driver in the one
-// mode Kubernetes' storage e2e "CSI Mock" specs run it in when the mock
-// driver lives inside e2e.test (`hostpathplugin -proxy-endpoint=tcp://:9000`):
-// it relays each connection to the CSI socket to the next connection on the
-// TCP port. e2e.test opens those TCP connections ahead of time through the
-// apiserver's port-forward, and serves gRPC on them. Nothing is parsed: the
-// bytes are copied both ways until either side closes.
-//
-// The hostpath driver's other flags are accepted and ignored, so the e2e
-// manifests run it unchanged.
 package main
 
 import (
-	"flag"
-	"fmt"
 	"io"
 	"log"
 	"net"
-	"os"
-	"strings"
 	"sync"
 )
 
-func main() {
-	endpoint := flag.String("endpoint", "unix:///csi/csi.sock", "the CSI socket the sidecars and the kubelet dial")
-	proxy := flag.String("proxy-endpoint", "", "tcp://[host]:port where e2e.test's connections arrive")
-	flag.String("nodeid", "", "ignored (hostpath driver flag)")
-	flag.String("drivername", "", "ignored (hostpath driver flag)")
-	flag.Int("v", 0, "ignored (log verbosity)")
-	flag.Parse()
-	if *proxy == "" {
-		fail("only the proxy mode is provided: -proxy-endpoint is required")
-	}
-	socket := strings.TrimPrefix(*endpoint, "unix://")
-	if err := os.Remove(socket); err != nil && !os.IsNotExist(err) {
-		fail("remove the stale socket %s: %v", socket, err)
-	}
+// relayForever accepts a client on the CSI socket, then the next connection
+// on the TCP address, relays the two, and repeats; it returns only by exiting.
+func relayForever(socket, address string) {
 	clients, err := net.Listen("unix", socket)
 	if err != nil {
 		fail("listen on %s: %v", socket, err)
 	}
-	address := strings.TrimPrefix(*proxy, "tcp://")
 	upstream, err := net.Listen("tcp", address)
 	if err != nil {
 		fail("listen on %s: %v", address, err)
@@ -74,9 +48,4 @@ func relay(a, b net.Conn) {
 	}()
 	io.Copy(b, a)
 	done()
-}
-
-func fail(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "csi-mock-proxy: "+format+"\n", args...)
-	os.Exit(1)
 }
