@@ -8,7 +8,8 @@
 # as each upstream sidecar, hostpath-standin as hostpathplugin,
 # busybox and pause), starts the test world with a real node and the
 # snapshot-controller, runs the specs serially, keeps the JUnit report and
-# the log, prints a summary, and stops the world (nothing left behind).
+# the log, writes the summary table (e2e-summary.py: summary.md), and stops
+# the world (nothing left behind).
 #
 # Usage: integration/scripts/e2e.sh
 #   E2E_SUITE  mock (default): the "CSI Mock" specs, each deploying the e2e
@@ -40,8 +41,10 @@ mock)
 	SUITE_ARGS=()
 	;;
 external)
-	FOCUS=${E2E_FOCUS:-External Storage.*\] (volumes|provisioning|multiVolume|subPath|volumeIO|volume-expand|read-write-once-pod|ephemeral) }
-	SKIP=${E2E_SKIP:-\[Feature:|Disruptive|Slow}
+	focus='External Storage.*\] (volumes|provisioning|multiVolume|subPath|volumeIO|volume-expand|read-write-once-pod|ephemeral) '
+	skip='\[Feature:|Disruptive|Slow'
+	FOCUS=${E2E_FOCUS:-$focus}
+	SKIP=${E2E_SKIP:-$skip}
 	SUITE_ARGS=(--storage.testdriver="$DRIVER_DEFINITION")
 	;;
 *) die "E2E_SUITE=$SUITE: mock or external" ;;
@@ -114,4 +117,9 @@ set -e
 log "summary ($OUT/junit.xml, $OUT/e2e.log):"
 grep -E '^Ran [0-9]+ of|^(SUCCESS|FAIL)! --' "$OUT/e2e.log" >&2 || log "no ginkgo summary: see $OUT/e2e.log"
 grep -E '^  \[FAIL\]' "$OUT/e2e.log" >&2 || true
+if [[ -s $OUT/junit.xml ]]; then
+	python3 integration/scripts/e2e-summary.py "$OUT/junit.xml" >"$OUT/summary.md"
+	log "the summary table: $OUT/summary.md"
+	head -n 20 "$OUT/summary.md" >&2
+fi
 exit "$rc"
