@@ -7,7 +7,7 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     component_bin,
     kube_support::{
-        TestNamespace, bound_pv, create, pvc, storage_class, unique_name, wait_deleted, wait_event, wait_for,
+        TestNamespace, bound_pv, create, csi_pv, pvc, storage_class, unique_name, wait_deleted, wait_event, wait_for,
     },
     process::Proc,
     symlinked_bin, wait_until,
@@ -151,6 +151,39 @@ async fn retain_keeps_the_backend_volume() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(pvs.get_opt(&name).await.expect("get").is_some(), "a Retain PV stays");
     assert_eq!(s.calls_ok("DeleteVolume"), 0, "no DeleteVolume for Retain:\n{}", s.driver.logs());
+    ns.delete().await;
+}
+
+/// A statically provisioned PV of the driver with reclaim policy Delete
+/// (upstream's HonorPVReclaimPolicy, KEP-2644; Kubernetes' e2e "CSI Mock
+/// honor pv reclaim policy" static specs): protected by the finalizer while
+/// bound, and its backend volume deleted with the claim.
+#[tokio::test]
+async fn a_static_delete_volume_is_protected_and_deleted_with_its_claim() {
+    let cp = ControlPlane::shared();
+    let ns = TestNamespace::new(&cp.client().await, "static").await;
+    let s = Setup::start(cp, &[]);
+    let pvs: Api<PersistentVolume> = Api::all(ns.client().clone());
+    let name = ns.scoped("static-pv");
+    // The mock driver starts with volume "1".
+    let mut pv = csi_pv(&name, &s.driver_name, "1", "1Mi");
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.persistent_volume_reclaim_policy = Some("Delete".into());
+    }
+    create(&pvs, &pv).await;
+    let mut claim = pvc("static", None, "1Mi");
+    if let Some(spec) = claim.spec.as_mut() {
+        spec.volume_name = Some(name.clone());
+    }
+    create(&ns.api(), &claim).await;
+    wait_for(&pvs, &name, T, |p| p.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER)).await;
+
+    Api::<PersistentVolumeClaim>::namespaced(ns.client().clone(), ns.name())
+        .delete("static", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_deleted(&pvs, &name, T).await;
+    assert_eq!(s.calls_ok("DeleteVolume"), 1, "the backend volume deleted once:\n{}", s.driver.logs());
     ns.delete().await;
 }
 

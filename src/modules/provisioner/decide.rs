@@ -589,14 +589,18 @@ pub fn decide_volume(pv: &PersistentVolume, driver: &str) -> VolumeDecision {
     let Some(spec) = pv.spec.as_ref() else { return VolumeDecision::Ignore };
     let ann = |k: &str| pv.metadata.annotations.as_ref().and_then(|a| a.get(k)).map(String::as_str);
     let provisioned_by = ann(upstream::ANN_PROVISIONED_BY);
-    // Only dynamically provisioned volumes: a static PV naming the driver
-    // is never deleted by the provisioner. A migrated in-tree volume was
-    // provisioned by the plugin's name (or is annotated as migrated to the driver).
+    // Dynamically provisioned volumes: provisioned by the driver; a migrated
+    // in-tree volume by the plugin's name (or annotated as migrated to the
+    // driver).
     let in_tree = Plugin::for_driver(driver).map(Plugin::in_tree_name);
-    let ours = provisioned_by == Some(driver)
+    let provisioned = provisioned_by == Some(driver)
         || (provisioned_by.is_some() && provisioned_by == in_tree && migration::is_migrated_to(pv, driver))
         || (provisioned_by.is_some() && ann(upstream::ANN_MIGRATED_TO) == Some(driver));
-    if !ours {
+    // Statically provisioned ones name the driver in spec.csi (upstream's
+    // HonorPVReclaimPolicy, KEP-2644): protected while bound, and deleted
+    // only when they carry the finalizer.
+    let made_by_hand = provisioned_by.is_none() && spec.csi.as_ref().is_some_and(|c| c.driver == driver);
+    if !provisioned && !made_by_hand {
         return VolumeDecision::Ignore;
     }
     let has_finalizer = pv.metadata.finalizers.iter().flatten().any(|f| f == upstream::PV_FINALIZER);
@@ -604,6 +608,7 @@ pub fn decide_volume(pv: &PersistentVolume, driver: &str) -> VolumeDecision {
     let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
     let deleting = pv.metadata.deletion_timestamp.is_some();
     match (reclaim, released, has_finalizer) {
+        ("Delete", true, false) if made_by_hand => VolumeDecision::Ignore,
         ("Delete", true, _) => VolumeDecision::Delete,
         ("Delete", false, false) if !deleting => VolumeDecision::AddFinalizer,
         ("Delete", false, _) => VolumeDecision::Ignore,

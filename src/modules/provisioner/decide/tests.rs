@@ -288,6 +288,16 @@ fn pv(reclaim: &str, phase: &str, finalizer: bool, deleting: bool, by: &str) -> 
     }
 }
 
+/// A PV made by hand for `driver`'s volume: no provisioned-by annotation.
+fn static_pv(reclaim: &str, phase: &str, finalizer: bool, driver: &str) -> PersistentVolume {
+    let mut v = pv(reclaim, phase, finalizer, false, driver);
+    v.metadata.annotations = None;
+    if let Some(csi) = v.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+        csi.driver = driver.into();
+    }
+    v
+}
+
 #[test]
 fn volume_decisions() {
     use VolumeDecision::*;
@@ -301,6 +311,17 @@ fn volume_decisions() {
         (pv("Retain", "Released", false, false, DRIVER), Ignore),
         (pv("Delete", "Released", true, false, "someone-else"), Ignore),
         (pv("Delete", "Bound", false, true, DRIVER), Ignore),
+        // Statically provisioned (no provisioned-by annotation), named by
+        // spec.csi.driver: protected while bound, deleted once released if
+        // protected (upstream's HonorPVReclaimPolicy, KEP-2644).
+        (static_pv("Delete", "Bound", false, DRIVER), AddFinalizer),
+        (static_pv("Delete", "Bound", true, DRIVER), Ignore),
+        (static_pv("Delete", "Released", true, DRIVER), Delete),
+        (static_pv("Delete", "Released", false, DRIVER), Ignore),
+        (static_pv("Retain", "Bound", true, DRIVER), RemoveFinalizer),
+        (static_pv("Retain", "Bound", false, DRIVER), Ignore),
+        (static_pv("Delete", "Bound", false, "someone-else"), Ignore),
+        (static_pv("Delete", "Released", true, "someone-else"), Ignore),
     ];
     for (v, want) in table {
         assert_eq!(
