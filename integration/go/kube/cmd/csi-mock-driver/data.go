@@ -125,6 +125,11 @@ func (d *dataDir) publish(r *csi.NodePublishVolumeRequest) error {
 	if _, err := os.Stat(source); err != nil {
 		return fmt.Errorf("volume %s has no data directory: %w", r.VolumeId, err)
 	}
+	// The mock service makes the target of a persistent volume, not of an
+	// inline one.
+	if err := os.MkdirAll(r.TargetPath, 0o750); err != nil {
+		return err
+	}
 	if err := unix.Mount(source, r.TargetPath, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind-mounting %s on %s: %w", source, r.TargetPath, err)
 	}

@@ -139,6 +139,7 @@ type translator struct {
 	instance  string
 	adopted   map[string]string
 	adoptedBy map[string]string
+	ephemeral map[string]bool // inline ephemeral volume IDs published here
 	// --data-dir: volumes and snapshots as directories (data.go).
 	data *dataDir
 }
@@ -189,8 +190,23 @@ func (t *translator) exportID(id *string) {
 	*id = t.instance + "-" + *id
 }
 
-// importIDs applies importID to every request that names a volume.
+// importIDs applies importID to every request that names a volume, but an
+// inline ephemeral volume's: the kubelet names those, and the mock service
+// keeps them apart from the volumes it created (adopting one would make the
+// service refuse its publish with AlreadyExists).
 func (t *translator) importIDs(ctx context.Context, req any) error {
+	switch r := req.(type) {
+	case *csi.NodePublishVolumeRequest:
+		if r.GetVolumeContext()[ephemeralKey] == "true" {
+			t.ephemeral[r.VolumeId] = true
+			return nil
+		}
+	case *csi.NodeUnpublishVolumeRequest:
+		if t.ephemeral[r.VolumeId] {
+			delete(t.ephemeral, r.VolumeId)
+			return nil
+		}
+	}
 	var id *string
 	switch r := req.(type) {
 	case *csi.DeleteVolumeRequest:
@@ -497,7 +513,7 @@ func main() {
 		ul.SetUnlinkOnClose(false)
 	}
 
-	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose, topology: *topologyValue}
+	tr := &translator{internal: *name, external: *nodeID, verbose: *verbose, topology: *topologyValue, ephemeral: map[string]bool{}}
 	if *adoptVolumes {
 		tr.adopter = svc
 		tr.instance = fmt.Sprintf("%08x", rand.Uint32())
