@@ -161,9 +161,14 @@ with_standin() {
 	install -m 0755 "$STANDIN" "$1/hostpathplugin"
 }
 image e2e-hostpathplugin registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 with_standin /hostpathplugin
-# The e2e specs run busybox's applets by name (sleep, mkdir, base64, ...).
+# The e2e specs run busybox's applets by name (sleep, mkdir, base64, ...),
+# and read owners by name (`ls -l` shows group 0 as "root" only with an
+# /etc/group, as the e2e busybox images have).
 with_applets() {
 	with_busybox "$1"
+	mkdir -p "$1/etc"
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$1/etc/passwd"
+	printf 'root:x:0:\nnobody:x:65534:\n' >"$1/etc/group"
 	local applet
 	for applet in $("$BUSYBOX" --list); do
 		[[ -e $1/bin/$applet ]] || ln -s busybox "$1/bin/$applet"

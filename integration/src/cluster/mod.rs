@@ -92,7 +92,8 @@ const KCM_CONTROLLERS: &str = "persistentvolume-binder-controller,persistentvolu
 const KCM_WORKLOAD_CONTROLLERS: &str = "deployment-controller,replicaset-controller,daemonset-controller,\
                                         statefulset-controller,namespace-controller,\
                                         garbage-collector-controller,serviceaccount-controller,\
-                                        root-ca-certificate-publisher-controller";
+                                        root-ca-certificate-publisher-controller,ephemeral-volume-controller,\
+                                        resourcequota-controller";
 
 /// What the launcher reports when the cluster is ready (the JSON line on its
 /// stdout, also written to `<run_dir>/cluster.json`). All paths are absolute.

@@ -12,7 +12,7 @@ use csi_sidecar_integration::{
     cluster::ControlPlane,
     kube_support::{TestNamespace, create, pvc, wait_deleted, wait_for},
 };
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, ServiceAccount};
 
 /// The node runs a pod for real (its container writes to an emptyDir and
 /// reads its projected ServiceAccount token), and a pod of its own network
@@ -71,6 +71,41 @@ async fn a_real_node_runs_a_pod_and_leaves_nothing_behind() {
     )
     .await;
     assert_eq!(devices.map(|t| t.trim().to_string()), Ok("devices: lo".to_string()), "only its own loopback");
+
+    // A generic ephemeral volume: kube-controller-manager's ephemeral-volume
+    // controller makes the pod's claim (the storage e2e specs use them).
+    let mut with_ephemeral = busybox_pod("ephemeral", "sleep 3600");
+    if let Some(volume) = with_ephemeral.spec.as_mut().and_then(|s| s.volumes.as_mut()).and_then(|v| v.first_mut()) {
+        volume.empty_dir = None;
+        volume.ephemeral = Some(
+            serde_json::from_value(serde_json::json!({"volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "no-such-class",
+                "resources": {"requests": {"storage": "1Mi"}},
+            }}}))
+            .expect("an ephemeral volume source"),
+        );
+    }
+    create(&ns.api::<Pod>(), &with_ephemeral).await;
+    let claim =
+        wait_for(&ns.api::<PersistentVolumeClaim>(), "ephemeral-scratch", Duration::from_secs(60), |_| true).await;
+    let owner = claim.metadata.owner_references.unwrap_or_default();
+    assert!(owner.iter().any(|o| o.kind == "Pod" && o.name == "ephemeral"), "the claim's owners: {owner:?}");
+
+    // A ResourceQuota gets its usage counted (the resource-quota controller;
+    // the storage e2e expansion specs wait for it).
+    let quota: ResourceQuota = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "claims"},
+        "spec": {"hard": {"persistentvolumeclaims": "10"}},
+    }))
+    .expect("a quota");
+    create(&ns.api::<ResourceQuota>(), &quota).await;
+    let counted = wait_for(&ns.api::<ResourceQuota>(), "claims", Duration::from_secs(60), |q| {
+        q.status.as_ref().and_then(|s| s.used.as_ref()).is_some_and(|u| u.contains_key("persistentvolumeclaims"))
+    })
+    .await;
+    let used = counted.status.and_then(|s| s.used).unwrap_or_default();
+    assert_eq!(used.get("persistentvolumeclaims").map(|q| q.0.as_str()), Some("1"), "the ephemeral pod's claim");
 
     // While the pod runs, the node has a footprint: what the teardown must remove.
     let footprint = node.footprint.clone();
