@@ -42,7 +42,9 @@ mock)
 	;;
 external)
 	focus='External Storage.*\] (volumes|provisioning|multiVolume|subPath|volumeIO|volume-expand|read-write-once-pod|ephemeral) '
-	skip='\[Feature:|Disruptive|Slow'
+	# "any volume data source" deploys a volume populator and the data
+	# source validator, whose images are not built here.
+	skip='\[Feature:|Disruptive|Slow|any volume data source'
 	FOCUS=${E2E_FOCUS:-$focus}
 	SKIP=${E2E_SKIP:-$skip}
 	SUITE_ARGS=(--storage.testdriver="$DRIVER_DEFINITION")

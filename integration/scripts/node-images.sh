@@ -30,6 +30,9 @@
 #                                             service as the driver)
 #   registry.k8s.io/e2e-test-images/busybox:1.36.1-1 and :1.37.0-1,
 #   registry.k8s.io/pause:3.10.2              busybox-static
+#   registry.k8s.io/e2e-test-images/nginx:1.15-4
+#                                             the busybox image (the specs
+#                                             give their own command)
 #   registry.k8s.io/e2e-test-images/agnhost:2.63.0
 #                                             agnhost (build-components.sh)
 #                                             with busybox's applets
@@ -176,6 +179,8 @@ with_applets() {
 }
 image e2e-busybox-1.36 registry.k8s.io/e2e-test-images/busybox:1.36.1-1 with_applets /bin/sh
 image e2e-busybox-1.37 registry.k8s.io/e2e-test-images/busybox:1.37.0-1 with_applets /bin/sh
+# The volumes suite's exec spec runs its own shell command in nginx's image.
+image e2e-nginx registry.k8s.io/e2e-test-images/nginx:1.15-4 with_applets /bin/sh
 image e2e-pause registry.k8s.io/pause:3.10.2 with_busybox /bin/busybox sleep 2147483647
 # agnhost (the external testsuites' subPath specs), with a shell and the
 # applets as its image has, `pause` as its default command.
