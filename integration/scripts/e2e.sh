@@ -119,6 +119,11 @@ set -e
 log "summary ($OUT/junit.xml, $OUT/e2e.log):"
 grep -E '^Ran [0-9]+ of|^(SUCCESS|FAIL)! --' "$OUT/e2e.log" >&2 || log "no ginkgo summary: see $OUT/e2e.log"
 grep -E '^  \[FAIL\]' "$OUT/e2e.log" >&2 || true
+# A spec naming an image the world does not have makes containerd try a
+# pull (a name lookup off the loopback, refused): say which, to add it to
+# node-images.sh --e2e or skip the spec.
+pulls=$(grep -o 'PullImage \\\?"[^"\\]*' "$OUT/cluster/logs/containerd.log" 2>/dev/null | sed 's/.*"//' | sort -u || true)
+[[ -z $pulls ]] || log "images the specs named that the world does not have (pull attempted): $(echo $pulls)"
 if [[ -s $OUT/junit.xml ]]; then
 	python3 integration/scripts/e2e-summary.py "$OUT/junit.xml" >"$OUT/summary.md"
 	log "the summary table: $OUT/summary.md"
