@@ -209,6 +209,12 @@ func (t *translator) importIDs(ctx context.Context, req any) error {
 	}
 	var id *string
 	switch r := req.(type) {
+	case *csi.CreateVolumeRequest: // a clone's source
+		if src := r.GetVolumeContentSource().GetVolume(); src != nil {
+			id = &src.VolumeId
+		}
+	case *csi.CreateSnapshotRequest:
+		id = &r.SourceVolumeId
 	case *csi.DeleteVolumeRequest:
 		id = &r.VolumeId
 	case *csi.ControllerPublishVolumeRequest:
@@ -235,7 +241,8 @@ func (t *translator) importIDs(ctx context.Context, req any) error {
 		id = &r.VolumeId
 	case *csi.NodeExpandVolumeRequest:
 		id = &r.VolumeId
-	default:
+	}
+	if id == nil {
 		return nil
 	}
 	return t.importID(ctx, id)
@@ -408,6 +415,12 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	if err := t.translateRequest(req); err != nil {
 		return nil, err
 	}
+	// The caller's content source, as named (the mock answers with its own
+	// slice index instead of the source's ID).
+	var asked *csi.VolumeContentSource
+	if r, ok := req.(*csi.CreateVolumeRequest); ok && r.VolumeContentSource != nil {
+		asked = deepCopy(r.VolumeContentSource).(*csi.VolumeContentSource)
+	}
 	if err := t.importIDs(ctx, req); err != nil {
 		return nil, err
 	}
@@ -436,6 +449,9 @@ func (t *translator) call(ctx context.Context, req any, handler grpc.UnaryHandle
 	// pointers into its own state (maps included).
 	resp = deepCopy(resp)
 	t.translateResponse(resp)
+	if r, ok := resp.(*csi.CreateVolumeResponse); ok && asked != nil && r.GetVolume().GetContentSource() != nil {
+		r.Volume.ContentSource = asked
+	}
 	if t.data != nil {
 		if err := t.data.after(asCalled, resp); err != nil {
 			return nil, err
