@@ -112,7 +112,7 @@ fi
 log "running the specs matching '$FOCUS' (skipping '$SKIP') ..."
 set +e
 (cd "$OUT" && "$E2E_TEST" --kubeconfig="$KUBECONFIG_FILE" --provider=skeleton --kubelet-root-dir="$KUBELET_ROOT" \
-	--csi-sidecar.apiserver="$APISERVER" "${SUITE_ARGS[@]}" -ginkgo.focus="$FOCUS" -ginkgo.skip="$SKIP" -ginkgo.no-color -ginkgo.v \
+	--csi-sidecar.apiserver="$APISERVER" "${SUITE_ARGS[@]}" -ginkgo.focus="$FOCUS" -ginkgo.skip="$SKIP" -ginkgo.no-color -ginkgo.v -ginkgo.timeout=24h \
 	-ginkgo.junit-report="$OUT/junit.xml" -test.run=TestE2E) >"$OUT/e2e.log" 2>&1
 rc=$?
 set -e
