@@ -5,6 +5,9 @@ with the counts per area and in all. Specs the focus left out ("skipped"
 with no message) are not listed; a spec skipped by the spec itself (a
 missing capability) is, with its reason.
 
+A spec in several reports (a rerun) gets the outcome of the last report
+given: name them oldest first.
+
 Usage: e2e-summary.py JUNIT.xml [JUNIT.xml ...]
 """
 
@@ -15,14 +18,30 @@ import xml.etree.ElementTree as ET
 # The area of a spec: "CSI Mock volume expansion ..." -> "CSI Mock volume
 # expansion"; "External Storage [Driver: d] [Testpattern: p] volumes ..." ->
 # "External Storage: volumes".
-MOCK = re.compile(r"\[sig-storage\] CSI Mock (\S+(?: \S+)?)")
+MOCK = re.compile(r"\[sig-storage\] CSI Mock (.*)")
+# The "CSI Mock" specs' top-level containers (test/e2e/storage/csimock).
+MOCK_AREAS = [
+    "fsgroup as mount option",
+    "honor pv reclaim policy",
+    "volume attach",
+    "volume expansion",
+    "volume fsgroup policies",
+    "volume limit",
+    "volume node stage",
+    "volume service account token",
+    "volume snapshot",
+    "volume storage capacity",
+    "workload info",
+]
 EXTERNAL = re.compile(r"External Storage \[Driver: [^\]]+\] \[Testpattern: [^\]]+\] (\S+)")
 
 
 def area(name):
     m = MOCK.search(name)
     if m:
-        return "CSI Mock " + m.group(1)
+        rest = m.group(1)
+        known = [a for a in MOCK_AREAS if rest.startswith(a)]
+        return "CSI Mock " + (known[0] if known else " ".join(rest.split()[:2]))
     m = EXTERNAL.search(name)
     if m:
         return "External Storage: " + m.group(1)
@@ -55,7 +74,11 @@ def cases(path):
 
 
 def main(paths):
-    rows = sorted(c for p in paths for c in cases(p))
+    latest = {}
+    for p in paths:
+        for c in cases(p):
+            latest[c[1]] = c
+    rows = sorted(latest.values())
     totals = {}
     for a, _, status, _, _ in rows:
         t = totals.setdefault(a, {"passed": 0, "failed": 0, "skipped": 0})
