@@ -20,7 +20,7 @@
 //!   wrong entry.
 //! - A role that refuses the patch but grants `update` (upstream's RBAC on
 //!   claims) gets the same edit as an update of the object read fresh
-//!   ([`update_fallback::update_instead`]).
+//!   ([`update_fallback::or_update_instead`]).
 
 use std::fmt::Debug;
 
@@ -118,20 +118,15 @@ where
         }
         AddForm::TestedJsonPatch => add_tested(api, obj, &name, finalizer).await,
     };
-    match result {
-        // A role with `update` but not `patch` (upstream's on claims).
-        Err(e) if update_fallback::refused(&e) => {
-            update_fallback::update_instead(api, &name, &e, |o| {
-                let absent = !has(o, finalizer);
-                if absent {
-                    o.meta_mut().finalizers.get_or_insert_with(Vec::new).push(finalizer.to_string());
-                }
-                absent
-            })
-            .await
+    // A role with `update` but not `patch` (upstream's on claims).
+    update_fallback::or_update_instead(result, api, &name, |o| {
+        let absent = !has(o, finalizer);
+        if absent {
+            o.meta_mut().finalizers.get_or_insert_with(Vec::new).push(finalizer.to_string());
         }
-        other => other,
-    }
+        absent
+    })
+    .await
 }
 
 async fn add_tested<K>(api: &Api<K>, obj: &K, name: &str, finalizer: &str) -> Result<(), kube::Error>
@@ -180,20 +175,15 @@ where
         }
         AddForm::TestedJsonPatch => remove_tested(api, obj, &name, finalizer).await,
     };
-    let result = match result {
-        // A role with `update` but not `patch` (upstream's on claims).
-        Err(e) if update_fallback::refused(&e) => {
-            update_fallback::update_instead(api, &name, &e, |o| {
-                let present = has(o, finalizer);
-                if let Some(list) = o.meta_mut().finalizers.as_mut() {
-                    list.retain(|f| f != finalizer);
-                }
-                present
-            })
-            .await
+    // A role with `update` but not `patch` (upstream's on claims).
+    let result = update_fallback::or_update_instead(result, api, &name, |o| {
+        let present = has(o, finalizer);
+        if let Some(list) = o.meta_mut().finalizers.as_mut() {
+            list.retain(|f| f != finalizer);
         }
-        other => other,
-    };
+        present
+    })
+    .await;
     match result {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other,

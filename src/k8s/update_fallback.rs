@@ -43,8 +43,24 @@ where
     api.replace(name, &PostParams::default(), &obj).await.map(drop)
 }
 
-/// `patch`; when the role refuses it, [`update_instead`] with `change`, the
-/// same edit made on the whole object.
+/// The outcome of a patch of `name`: as it is, unless the role refused it;
+/// then [`update_instead`] with `change`, the same edit on the whole object.
+pub async fn or_update_instead<K>(
+    patched: Result<(), kube::Error>,
+    api: &Api<K>,
+    name: &str,
+    change: impl FnOnce(&mut K) -> bool,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    match patched {
+        Err(e) if refused(&e) => update_instead(api, name, &e, change).await,
+        other => other,
+    }
+}
+
+/// `patch`, or [`update_instead`] with `change` when the role refuses it.
 pub async fn patch_else_update<K, P>(
     api: &Api<K>,
     name: &str,
@@ -55,8 +71,6 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     P: Serialize + Debug,
 {
-    match api.patch(name, &PatchParams::default(), patch).await {
-        Err(e) if refused(&e) => update_instead(api, name, &e, change).await,
-        other => other.map(drop),
-    }
+    let patched = api.patch(name, &PatchParams::default(), patch).await.map(drop);
+    or_update_instead(patched, api, name, change).await
 }

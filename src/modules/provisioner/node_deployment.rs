@@ -288,13 +288,16 @@ impl super::Provisioner {
             "resourceVersion": version,
             "annotations": {upstream::ANN_SELECTED_NODE: nd.node},
         }});
-        let written = match api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
-        {
-            // A role with `update` but not `patch` (upstream's RBAC): the
-            // same conditional write as an update of the version we judged.
-            Err(e) if crate::k8s::update_fallback::refused(&e) => own_by_update(&api, name, version, &nd.node).await,
-            other => other.map(drop),
-        };
+        // A role with `update` but not `patch` (upstream's RBAC): the same
+        // write as an update carrying the version we judged (409 on a change).
+        let written =
+            crate::k8s::update_fallback::patch_else_update(&api, name, &kube::api::Patch::Merge(&patch), |claim| {
+                claim.metadata.resource_version = Some(version.to_string());
+                let annotations = claim.metadata.annotations.get_or_insert_with(Default::default);
+                annotations.insert(upstream::ANN_SELECTED_NODE.to_string(), nd.node.clone());
+                true
+            })
+            .await;
         match written {
             Ok(()) => {
                 tracing::info!(claim = %key, node = %nd.node, "Became the owner of the claim");
@@ -355,30 +358,6 @@ impl super::Provisioner {
         }
         false
     }
-}
-
-/// The owner write as an update: the claim read fresh must still be the
-/// version judged (else a 409, as the conditional patch answers).
-async fn own_by_update(
-    api: &kube::Api<PersistentVolumeClaim>,
-    name: &str,
-    version: &str,
-    node: &str,
-) -> Result<(), kube::Error> {
-    let mut claim = api.get(name).await?;
-    if claim.metadata.resource_version.as_deref() != Some(version) {
-        return Err(kube::Error::Api(
-            kube::core::Status::failure(&format!("claim {name} changed since it was judged"), "Conflict")
-                .with_code(409)
-                .boxed(),
-        ));
-    }
-    claim
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(upstream::ANN_SELECTED_NODE.to_string(), node.to_string());
-    api.replace(name, &kube::api::PostParams::default(), &claim).await.map(drop)
 }
 
 #[cfg(test)]
