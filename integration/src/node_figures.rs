@@ -1,21 +1,44 @@
 //! The node process's documented memory figures (docs/benchmarks.md, "Node
-//! process") and the check `bench-node` makes against them: a measured RSS
-//! more than [`TOLERANCE`] above its documented figure fails the run, so a
-//! drift (a stale `src/node-text.order`, new per-process state) shows in the
-//! change that causes it. The documentation is the only place the figures
-//! are kept: updating them there moves the limit.
+//! process") and the check `bench-node` makes against them, so a growth shows
+//! in the change that causes it. The documentation is the only place the
+//! figures are kept: updating them there moves the limit.
+//!
+//! Two kinds of figure, two tolerances. The anonymous memory (heap, stacks:
+//! the process's own state) does not depend on the link's layout and may be
+//! [`STATE_TOLERANCE`] above its figure. The total RSS is mostly text pages,
+//! and which of them a process touches moves with LLVM's inlining whenever
+//! any code changes, however far from the node paths, until
+//! `src/node-text.order` is regenerated: it may be [`LAYOUT_TOLERANCE`] above
+//! its figure, which covers a list gone stale that way but not one that no
+//! longer matches (a dependency change renames every function).
 
 use std::fmt;
 
 /// The documentation file holding the figures, relative to the workspace root.
 pub const DOCS: &str = "docs/benchmarks.md";
 
-/// How far above its documented figure a measurement may be.
-pub const TOLERANCE: f64 = 0.10;
+/// How far above its documented figure the anonymous memory may be.
+pub const STATE_TOLERANCE: f64 = 0.10;
+
+/// How far above its documented figure the total RSS may be. After a
+/// controller-only change the list measured +28 % (6.4 / 7.0 MiB idle / peak
+/// for 5.0 / 5.5); a build without it +112 % (10.6 / 11.2).
+pub const LAYOUT_TOLERANCE: f64 = 0.50;
+
+/// The least a figure may move by: the anonymous memory is about half a MiB,
+/// where 10 % is a dozen pages and two runs differ by as much (0.45 to 0.52).
+pub const MIN_SLACK_MIB: f64 = 0.25;
+
+/// The largest measurement `documented` allows at `tolerance`.
+pub fn limit(documented_mib: f64, tolerance: f64) -> f64 {
+    documented_mib + (documented_mib * tolerance).max(MIN_SLACK_MIB)
+}
 
 /// The first cell of the table rows holding the figures.
 const IDLE_ROW: &str = "RSS idle (registered)";
 const PEAK_ROW: &str = "Peak RSS over the run (VmHWM)";
+const ANON_IDLE_ROW: &str = "Anonymous RSS idle (RssAnon)";
+const ANON_PEAK_ROW: &str = "Anonymous RSS peak (largest RssAnon sampled)";
 
 /// The run the figures are documented for: `bench-node --requests 100000
 /// --concurrency 16` on `/healthz`.
@@ -39,6 +62,10 @@ pub struct NodeFigures {
     pub idle_mib: f64,
     /// VmHWM after the run.
     pub peak_mib: f64,
+    /// RssAnon once registered.
+    pub anon_idle_mib: f64,
+    /// The largest RssAnon sampled during the run.
+    pub anon_peak_mib: f64,
 }
 
 /// The documentation does not hold a figure in the expected form.
@@ -54,7 +81,12 @@ pub enum FigureError {
 
 /// Reads both figures from the text of [`DOCS`].
 pub fn parse(markdown: &str) -> Result<NodeFigures, FigureError> {
-    Ok(NodeFigures { idle_mib: figure(markdown, IDLE_ROW)?, peak_mib: figure(markdown, PEAK_ROW)? })
+    Ok(NodeFigures {
+        idle_mib: figure(markdown, IDLE_ROW)?,
+        peak_mib: figure(markdown, PEAK_ROW)?,
+        anon_idle_mib: figure(markdown, ANON_IDLE_ROW)?,
+        anon_peak_mib: figure(markdown, ANON_PEAK_ROW)?,
+    })
 }
 
 /// The first bold `N MiB` of the second cell of the row whose first cell is `row`.
@@ -75,35 +107,53 @@ pub struct Exceeded {
     pub measured_mib: f64,
     /// Documented, in MiB.
     pub documented_mib: f64,
+    /// The fraction above the documented figure allowed.
+    pub tolerance: f64,
 }
 
 impl fmt::Display for Exceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: measured {:.1} MiB, more than {:.0} % above the {:.1} MiB of {DOCS} (limit {:.2} MiB)",
+            "{}: measured {:.2} MiB, above its limit of {:.2} MiB (the {:.2} MiB of {DOCS} + {:.0} %, at least {MIN_SLACK_MIB} MiB)",
             self.figure,
             self.measured_mib,
-            TOLERANCE * 100.0,
+            limit(self.documented_mib, self.tolerance),
             self.documented_mib,
-            limit(self.documented_mib)
+            self.tolerance * 100.0,
         )
     }
 }
 
-fn limit(documented_mib: f64) -> f64 {
-    documented_mib * (1.0 + TOLERANCE)
+impl Exceeded {
+    /// Whether this is the anonymous memory (the process's own state) rather
+    /// than the total, which a stale text order also moves.
+    pub fn is_state(&self) -> bool {
+        self.tolerance == STATE_TOLERANCE
+    }
 }
 
-/// The figures of `measured` that exceed `documented` by more than
-/// [`TOLERANCE`]. Only a run of the [`DOCUMENTED_RUN`]'s shape is checked:
-/// other shapes have no documented figures.
+/// The figures of `measured` above their [`limit`]: `documented` plus its
+/// tolerance, at least [`MIN_SLACK_MIB`] ([`STATE_TOLERANCE`] for the anonymous memory,
+/// [`LAYOUT_TOLERANCE`] for the total). Only a run of the
+/// [`DOCUMENTED_RUN`]'s shape is checked: other shapes have no documented
+/// figures.
 pub fn check(measured: NodeFigures, documented: NodeFigures) -> Vec<Exceeded> {
-    [(IDLE_ROW, measured.idle_mib, documented.idle_mib), (PEAK_ROW, measured.peak_mib, documented.peak_mib)]
-        .into_iter()
-        .filter(|(_, m, d)| *m > limit(*d))
-        .map(|(figure, measured_mib, documented_mib)| Exceeded { figure, measured_mib, documented_mib })
-        .collect()
+    [
+        (IDLE_ROW, measured.idle_mib, documented.idle_mib, LAYOUT_TOLERANCE),
+        (PEAK_ROW, measured.peak_mib, documented.peak_mib, LAYOUT_TOLERANCE),
+        (ANON_IDLE_ROW, measured.anon_idle_mib, documented.anon_idle_mib, STATE_TOLERANCE),
+        (ANON_PEAK_ROW, measured.anon_peak_mib, documented.anon_peak_mib, STATE_TOLERANCE),
+    ]
+    .into_iter()
+    .filter(|(_, m, d, tolerance)| *m > limit(*d, *tolerance))
+    .map(|(figure, measured_mib, documented_mib, tolerance)| Exceeded {
+        figure,
+        measured_mib,
+        documented_mib,
+        tolerance,
+    })
+    .collect()
 }
 
 #[cfg(test)]
@@ -115,21 +165,31 @@ mod tests {
 |---|---|---|
 | RSS idle (registered) | **4.5 MiB** | about 40 MiB idle together |
 | Peak RSS over the run (VmHWM) | **5.2 MiB**: 5.1 / 5.2 / 5.2 MiB at 10 / 50 / 100 % | |
+| Anonymous RSS idle (RssAnon) | **1.2 MiB** | |
+| Anonymous RSS peak (largest RssAnon sampled) | **1.6 MiB** | |
 ";
+
+    fn figures(idle_mib: f64, peak_mib: f64, anon_idle_mib: f64, anon_peak_mib: f64) -> NodeFigures {
+        NodeFigures { idle_mib, peak_mib, anon_idle_mib, anon_peak_mib }
+    }
 
     #[test]
     fn the_figures_are_read_from_the_table() {
-        assert_eq!(parse(TABLE), Ok(NodeFigures { idle_mib: 4.5, peak_mib: 5.2 }));
+        assert_eq!(parse(TABLE), Ok(figures(4.5, 5.2, 1.2, 1.6)));
     }
 
     #[test]
     fn a_missing_row_or_figure_is_an_error_naming_it() {
+        let totals = "| RSS idle (registered) | **4.5 MiB** | |\n| Peak RSS over the run (VmHWM) | **5 MiB** | |\n";
+        let no_anon_peak = format!("{totals}| Anonymous RSS idle (RssAnon) | **1 MiB** | |\n");
         let cases: &[(&str, FigureError)] = &[
             ("", FigureError::NoRow(IDLE_ROW)),
             ("| RSS idle (registered) | **4.5 MiB** | |", FigureError::NoRow(PEAK_ROW)),
             ("| RSS idle (registered) | 4.5 MiB | |", FigureError::NoFigure(IDLE_ROW)),
             ("| RSS idle (registered) | **4.5 MB** | |", FigureError::NoFigure(IDLE_ROW)),
             ("| RSS idle (registered) | **about 4 MiB** | |", FigureError::NoFigure(IDLE_ROW)),
+            (totals, FigureError::NoRow(ANON_IDLE_ROW)),
+            (&no_anon_peak, FigureError::NoRow(ANON_PEAK_ROW)),
         ];
         for (text, want) in cases {
             assert_eq!(parse(text).as_ref(), Err(want), "{text:?}");
@@ -141,19 +201,30 @@ mod tests {
         let text = std::fs::read_to_string(crate::workspace_root().join(DOCS)).expect("read the docs");
         let f = parse(&text).expect("the node figures");
         assert!(f.idle_mib > 0.0 && f.peak_mib >= f.idle_mib, "{f:?}");
+        assert!(f.anon_idle_mib > 0.0 && f.anon_peak_mib >= f.anon_idle_mib, "{f:?}");
+        assert!(f.anon_idle_mib < f.idle_mib && f.anon_peak_mib < f.peak_mib, "{f:?}");
     }
 
     #[test]
-    fn only_figures_more_than_ten_percent_above_fail() {
-        let doc = NodeFigures { idle_mib: 5.0, peak_mib: 6.0 };
-        let m = |idle_mib, peak_mib| NodeFigures { idle_mib, peak_mib };
+    fn the_total_may_drift_with_the_layout_and_the_state_only_by_its_slack() {
+        let doc = figures(5.0, 6.0, 0.5, 3.0);
         let names = |measured| check(measured, doc).into_iter().map(|e| e.figure).collect::<Vec<_>>();
         let table: &[(NodeFigures, &[&str])] = &[
-            (m(4.0, 5.0), &[]),
-            (m(5.5, 6.6), &[]),
-            (m(5.51, 6.6), &[IDLE_ROW]),
-            (m(5.5, 6.61), &[PEAK_ROW]),
-            (m(7.5, 8.1), &[IDLE_ROW, PEAK_ROW]),
+            (figures(4.0, 5.0, 0.4, 2.9), &[]),
+            // A text order gone stale with an ordinary change: +28 % total,
+            // the same state.
+            (figures(6.5, 7.8, 0.5, 3.0), &[]),
+            // At the limits: +50 % total; +0.25 MiB (more than 10 % of 0.5),
+            // +10 % of 3.0 (more than 0.25).
+            (figures(7.5, 9.0, 0.75, 3.3), &[]),
+            (figures(7.51, 9.0, 0.5, 3.0), &[IDLE_ROW]),
+            (figures(7.5, 9.01, 0.5, 3.0), &[PEAK_ROW]),
+            // No text order at all: +112 %.
+            (figures(10.6, 13.0, 0.5, 3.0), &[IDLE_ROW, PEAK_ROW]),
+            // New per-process state, hidden in the total's allowance.
+            (figures(5.2, 6.3, 0.76, 3.0), &[ANON_IDLE_ROW]),
+            (figures(5.2, 6.3, 0.5, 3.31), &[ANON_PEAK_ROW]),
+            (figures(8.0, 9.5, 1.5, 3.5), &[IDLE_ROW, PEAK_ROW, ANON_IDLE_ROW, ANON_PEAK_ROW]),
         ];
         for (measured, want) in table {
             assert_eq!(names(*measured), *want, "{measured:?}");
@@ -162,10 +233,17 @@ mod tests {
 
     #[test]
     fn the_message_names_the_figure_and_the_limit() {
-        let e = Exceeded { figure: IDLE_ROW, measured_mib: 7.5, documented_mib: 5.0 };
+        let e = Exceeded { figure: IDLE_ROW, measured_mib: 8.0, documented_mib: 5.0, tolerance: LAYOUT_TOLERANCE };
         assert_eq!(
             e.to_string(),
-            "RSS idle (registered): measured 7.5 MiB, more than 10 % above the 5.0 MiB of docs/benchmarks.md (limit 5.50 MiB)"
+            "RSS idle (registered): measured 8.00 MiB, above its limit of 7.50 MiB (the 5.00 MiB of docs/benchmarks.md + 50 %, at least 0.25 MiB)"
         );
+        assert!(!e.is_state());
+        let e = Exceeded { figure: ANON_IDLE_ROW, measured_mib: 0.8, documented_mib: 0.5, tolerance: STATE_TOLERANCE };
+        assert_eq!(
+            e.to_string(),
+            "Anonymous RSS idle (RssAnon): measured 0.80 MiB, above its limit of 0.75 MiB (the 0.50 MiB of docs/benchmarks.md + 10 %, at least 0.25 MiB)"
+        );
+        assert!(e.is_state());
     }
 }
