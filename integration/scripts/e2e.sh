@@ -12,15 +12,18 @@
 # the world (nothing left behind).
 #
 # Usage: integration/scripts/e2e.sh
-#   E2E_SUITE  mock (default): the "CSI Mock" specs, each deploying the e2e
+#   E2E_SUITE  all (default): mock, then external, each in a world of its
+#              own, their reports in E2E_OUT/mock and E2E_OUT/external; the
+#              run fails if either does;
+#              mock: the "CSI Mock" specs, each deploying the e2e
 #              mock driver's manifests with csi-sidecar as the sidecars;
 #              external: Kubernetes' external storage testsuites against
 #              csi-sidecar and the mock driver installed by the Helm chart
 #              (manifests/helm/csi-sidecar/examples/csi-mock-driver.yaml
 #              plus integration/e2e/external-values.yaml: volumes keep
 #              data), described by integration/e2e/testdriver.yaml
-#   E2E_FOCUS  the specs (default: per suite, see below)
-#   E2E_SKIP   the specs left out (default: per suite, see below)
+#   E2E_FOCUS  the specs (default: per suite, see below; only with one suite)
+#   E2E_SKIP   the specs left out (default: per suite, see below; only with one suite)
 #   E2E_OUT    where the images, the report and the log go (default target/e2e)
 # Needs root (the real node) and the packages install-node-packages.sh installs.
 set -euo pipefail
@@ -32,7 +35,19 @@ die() {
 	exit 1
 }
 
-SUITE=${E2E_SUITE:-mock}
+SUITE=${E2E_SUITE:-all}
+if [[ $SUITE == all ]]; then
+	[[ -z ${E2E_FOCUS:-}${E2E_SKIP:-} ]] || die "E2E_FOCUS and E2E_SKIP choose specs of one suite: set E2E_SUITE=mock or E2E_SUITE=external"
+	out=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
+	failed=()
+	for suite in mock external; do
+		log "the $suite suite (report in $out/$suite) ..."
+		E2E_SUITE=$suite E2E_OUT=$out/$suite bash integration/scripts/e2e.sh || failed+=("$suite")
+	done
+	((${#failed[@]} == 0)) || die "failed: ${failed[*]} (see $out/<suite>/summary.md and e2e.log)"
+	log "both suites passed"
+	exit 0
+fi
 DRIVER_DEFINITION=$PWD/integration/e2e/testdriver.yaml
 case $SUITE in
 mock)
@@ -49,7 +64,7 @@ external)
 	SKIP=${E2E_SKIP:-$skip}
 	SUITE_ARGS=(--storage.testdriver="$DRIVER_DEFINITION")
 	;;
-*) die "E2E_SUITE=$SUITE: mock or external" ;;
+*) die "E2E_SUITE=$SUITE: all, mock or external" ;;
 esac
 OUT=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
 ((EUID == 0)) || die "needs root (the real node runs containerd and the kubelet)"
