@@ -194,11 +194,7 @@ impl Provisioner {
             Err(topology::TopologyError::Reschedule(e)) => {
                 // A missing node: upstream reports the lookup's error as it is.
                 failed(e);
-                if let Err(e) = unselect_node(&self.client, pvc).await {
-                    tracing::warn!(error = %e, "Removing the selected-node annotation failed");
-                    return Err(Wait::on(WaitingFor::ApiServer));
-                }
-                return Ok(Done::Parked(WaitingFor::Scheduler));
+                return reschedule(&self.client, pvc, WaitingFor::Scheduler).await;
             }
             Err(topology::TopologyError::Retry(e)) => {
                 failed(format!("error generating accessibility requirements: {e}"));
@@ -308,13 +304,7 @@ impl Provisioner {
             CreateFailure::Final | CreateFailure::Reschedule => {
                 self.forget_in_flight(uid);
                 if class == CreateFailure::Reschedule {
-                    if let Err(e) = unselect_node(&self.client, pvc).await {
-                        // The scheduler keeps its choice until the
-                        // annotation goes: try the create (and this) again.
-                        tracing::warn!(error = %e, "Removing the selected-node annotation failed");
-                        return Err(Wait::on(WaitingFor::ApiServer));
-                    }
-                    return Ok(Done::Parked(waiting_for));
+                    return reschedule(&self.client, pvc, waiting_for).await;
                 }
                 if status.code() == tonic::Code::InvalidArgument {
                     // Infeasible: slow retry (upstream's "slow set"), which
@@ -337,9 +327,22 @@ impl Provisioner {
     }
 }
 
+/// Hands the claim back to the scheduler and parks it on `parked_on`. The
+/// scheduler keeps its choice until the annotation goes, so a failed removal
+/// is retried (with the step that led here) rather than parked.
+async fn reschedule(client: &Client, pvc: &PersistentVolumeClaim, parked_on: WaitingFor) -> Reconciled {
+    match unselect_node(client, pvc).await {
+        Ok(()) => Ok(Done::Parked(parked_on)),
+        Err(e) => {
+            tracing::warn!(error = %e, "Removing the selected-node annotation failed");
+            Err(Wait::on(WaitingFor::ApiServer))
+        }
+    }
+}
+
 /// Asks the scheduler for another node: removes `selected-node` (an update
 /// where the role grants no patch, as upstream's RBAC).
-pub(super) async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) -> Result<(), kube::Error> {
+async fn unselect_node(client: &Client, pvc: &PersistentVolumeClaim) -> Result<(), kube::Error> {
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(client.clone(), pvc.metadata.namespace.as_deref().unwrap_or_default());
     let patch = serde_json::json!({"metadata": {"annotations": {upstream::ANN_SELECTED_NODE: null}}});
