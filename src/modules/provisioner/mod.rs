@@ -382,14 +382,10 @@ fn add_handlers(
     }
     let (volumes, name) = (queues.volumes.clone(), driver.to_string());
     views.volumes.on_change_with_resync(upstream::RESYNC, shutdown, move |c| {
+        // Only a volume with something to do: the decision depends on the PV
+        // alone, so its next change (or the resync) brings it back.
         let pv = c.object();
-        // Ours, a migrated in-tree volume, or one made by hand for the
-        // driver (decide_volume checks which).
-        let migrated = pv.spec.as_ref().and_then(|s| s.migrated_driver()) == Some(&*name)
-            || pv.annotation(upstream::ANN_MIGRATED_TO) == Some(&*name);
-        let provisioned_by = pv.annotation(upstream::ANN_PROVISIONED_BY);
-        let by_hand = provisioned_by.is_none() && pv.spec.as_ref().and_then(|s| s.csi_driver()) == Some(&*name);
-        if !c.is_deleted() && (provisioned_by == Some(&*name) || (provisioned_by.is_some() && migrated) || by_hand) {
+        if !c.is_deleted() && decide::decide_volume(&pv.to_full(), &name) != VolumeDecision::Ignore {
             volumes.add(PvKey::of(&pv.metadata));
         }
     });
