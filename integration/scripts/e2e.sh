@@ -36,15 +36,15 @@ die() {
 }
 
 SUITE=${E2E_SUITE:-all}
+OUT=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
 if [[ $SUITE == all ]]; then
 	[[ -z ${E2E_FOCUS:-}${E2E_SKIP:-} ]] || die "E2E_FOCUS and E2E_SKIP choose specs of one suite: set E2E_SUITE=mock or E2E_SUITE=external"
-	out=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
 	failed=()
 	for suite in mock external; do
-		log "the $suite suite (report in $out/$suite) ..."
-		E2E_SUITE=$suite E2E_OUT=$out/$suite bash integration/scripts/e2e.sh || failed+=("$suite")
+		log "the $suite suite (report in $OUT/$suite) ..."
+		E2E_SUITE=$suite E2E_OUT=$OUT/$suite bash integration/scripts/e2e.sh || failed+=("$suite")
 	done
-	((${#failed[@]} == 0)) || die "failed: ${failed[*]} (see $out/<suite>/summary.md and e2e.log)"
+	((${#failed[@]} == 0)) || die "failed: ${failed[*]} (see $OUT/<suite>/summary.md and e2e.log)"
 	log "both suites passed"
 	exit 0
 fi
@@ -66,7 +66,6 @@ external)
 	;;
 *) die "E2E_SUITE=$SUITE: all, mock or external" ;;
 esac
-OUT=${E2E_OUT:-${CARGO_TARGET_DIR:-target}/e2e}
 ((EUID == 0)) || die "needs root (the real node runs containerd and the kubelet)"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

@@ -226,7 +226,7 @@ async fn main() -> anyhow::Result<()> {
     for e in &exceeded {
         eprintln!("bench-node: {e}");
     }
-    let cause = if exceeded.iter().any(node_figures::Exceeded::is_state) {
+    let cause = if exceeded.iter().any(|e| e.kind == node_figures::Kind::State) {
         "The process's own memory (heap, stacks) grew"
     } else {
         "Only the text pages grew: src/node-text.order no longer matches the code (a dependency change \
