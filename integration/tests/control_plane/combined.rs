@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use csi_sidecar_integration::{
     bench::open_watches,
-    cluster::ControlPlane,
+    cluster::{ControlPlane, launcher_bin},
     component_bin,
     failover::{fast_leader_election, leads, wait_one_leader},
     fault_driver::{FaultDriver, FaultEnv, HealthForms, Script, Transport},
@@ -363,7 +363,11 @@ async fn the_resizer_shares_the_watches_of_provisioner_and_attacher() {
 /// VolumeSnapshotClasses (the provisioner reads the same content view).
 #[tokio::test]
 async fn provisioner_attacher_resizer_and_snapshotter_watch_each_kind_once() {
-    let cp = ControlPlane::with_snapshots();
+    // A control plane of its own, as the other watch-counting tests: the
+    // counts are the apiserver's, so another test's sidecar on a shared one
+    // (a_panicking_sync_stays_in_its_sync) closing its watches between the
+    // base and the check hides this process's.
+    let cp = ControlPlane::spawn_launcher(&launcher_bin(), &["--snapshots"]).expect("a control plane with snapshots");
     let client = cp.client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let csi = dir.path().join("csi.sock");
@@ -374,7 +378,7 @@ async fn provisioner_attacher_resizer_and_snapshotter_watch_each_kind_once() {
         dir.path(),
     );
     let base = watches(&client).await;
-    let mut combined = spawn(dir.path(), "combined", cp, &csi, &["provisioner", "attacher", "resizer", "snapshotter"]);
+    let mut combined = spawn(dir.path(), "combined", &cp, &csi, &["provisioner", "attacher", "resizer", "snapshotter"]);
     synced(&combined, 4).await;
     // The snapshotter's contents and classes; the provisioner's snapshots
     // (its restore finalizer sweep) and its reads of contents share them.
